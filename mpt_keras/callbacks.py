@@ -1,0 +1,52 @@
+"""Keras callbacks that know the global train step.
+
+Keras tells callbacks the batch index within an epoch; the toolkit's callbacks
+need the run's global step, which survives restarts. It is the optimizer's
+`iterations`, read once when `fit` starts and then counted on the host, so no
+callback adds a host-device sync per step.
+"""
+
+from __future__ import annotations
+
+import keras
+
+
+class GlobalStepCallback(keras.callbacks.Callback):
+    """Base callback maintaining `self.global_step`: train steps done so far.
+
+    `global_step` is exact when every train step advances the optimizer's
+    `iterations` (as `mpt_keras.LossScaleOptimizer` does, skipped steps
+    included) and `model.fit` runs one step per batch index.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.global_step = 0
+        self._epoch_start_step = 0
+
+    def on_train_begin(self, logs=None):
+        self.global_step = int(self.model.optimizer.iterations.numpy())
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start_step = self.global_step
+
+    def on_train_batch_end(self, batch, logs=None):
+        # With steps_per_execution > 1, `batch` is the index of the last step run.
+        self.global_step = self._epoch_start_step + batch + 1
+
+
+class StopAtStep(GlobalStepCallback):
+    """Stops `model.fit` once the global step reaches `last_step`.
+
+    Args:
+        last_step: The run's total number of train steps.
+    """
+
+    def __init__(self, last_step: int):
+        super().__init__()
+        self.last_step = last_step
+
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, logs)
+        if self.global_step >= self.last_step:
+            self.model.stop_training = True

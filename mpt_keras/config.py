@@ -1,0 +1,381 @@
+"""Run configuration: frozen dataclasses parsed strictly from JSON.
+
+A run is configured in layers, each strict: the dataclass defaults, then a config
+file (`configs/*.json`), then `--config_override` (a JSON object merged key by key
+into the file's), then the launcher's dedicated flags (`--precision`, `--steps`,
+...). The resolved result is written to `model_dir/config.json`; reading that file
+back gives the same `TrainConfig`.
+
+An unknown key, a value of the wrong type or out of range is a `UserInputError`
+naming the file, the dotted key and what is allowed. This module imports neither
+TensorFlow nor Keras, so a bad config fails in well under a second.
+
+Example:
+
+    config = TrainConfig.from_json("configs/digits_cnn.json")
+    config = config.merged({"train": {"steps": 20}})
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from mpt_keras.errors import UserInputError
+
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
+STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
+JIT_COMPILE = ("auto", "true", "false")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+LR_SCHEDULES = ("constant", "cosine")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Which dataset feeds the run and how it is batched.
+
+    Attributes:
+        name: `mpt_digits`, `mpt_python_source` (both embedded, offline) or any
+            TFDS dataset name prepared under `data_dir`.
+        data_dir: TFDS data directory; `None` uses TFDS' default
+            (`~/tensorflow_datasets`).
+        train_split: The split to train on.
+        eval_split: The split to validate on.
+        batch_size: Global batch size of a train step.
+        eval_batch_size: Batch size for validation.
+        sequence_length: Tokens per example for language models; unused for
+            images.
+        eval_examples: Validation examples to evaluate (0: the whole split).
+    """
+
+    name: str = "mpt_digits"
+    data_dir: str | None = None
+    train_split: str = "train"
+    eval_split: str = "validation"
+    batch_size: int = 64
+    eval_batch_size: int = 256
+    sequence_length: int = 64
+    eval_examples: int = 0
+
+    def __post_init__(self):
+        _require(bool(self.name), "data.name", "a non-empty TFDS dataset name", self.name)
+        _require(self.batch_size >= 1, "data.batch_size", "an integer >= 1", self.batch_size)
+        _require(
+            self.eval_batch_size >= 1,
+            "data.eval_batch_size",
+            "an integer >= 1",
+            self.eval_batch_size,
+        )
+        _require(
+            self.sequence_length >= 2,
+            "data.sequence_length",
+            "an integer >= 2",
+            self.sequence_length,
+        )
+        _require(
+            self.eval_examples >= 0, "data.eval_examples", "an integer >= 0", self.eval_examples
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Which reference model to build.
+
+    Attributes:
+        name: A name from `mpt_keras.models.MODEL_NAMES`.
+        options: Keyword arguments of that model's builder (checked against its
+            signature when the model is built).
+    """
+
+    name: str = "cnn"
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """The inner optimizer that the loss-scale optimizer wraps.
+
+    Attributes:
+        name: One of `OPTIMIZERS`.
+        learning_rate: Peak learning rate.
+        weight_decay: Decoupled weight decay (`adamw` only).
+        schedule: `constant`, or `cosine` decay to zero over the run's steps.
+        warmup_steps: Linear warm-up steps before the schedule.
+        global_clipnorm: Clip the global gradient norm to this value; `None` off.
+    """
+
+    name: str = "adam"
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.0
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    global_clipnorm: float | None = None
+
+    def __post_init__(self):
+        _require_choice(self.name, "optimizer.name", OPTIMIZERS)
+        _require_choice(self.schedule, "optimizer.schedule", LR_SCHEDULES)
+        _require(
+            self.learning_rate > 0, "optimizer.learning_rate", "a number > 0", self.learning_rate
+        )
+        _require(
+            self.weight_decay >= 0, "optimizer.weight_decay", "a number >= 0", self.weight_decay
+        )
+        _require(
+            self.warmup_steps >= 0, "optimizer.warmup_steps", "an integer >= 0", self.warmup_steps
+        )
+        _require(
+            self.global_clipnorm is None or self.global_clipnorm > 0,
+            "optimizer.global_clipnorm",
+            "null or a number > 0",
+            self.global_clipnorm,
+        )
+        _require(
+            self.weight_decay == 0 or self.name == "adamw",
+            "optimizer.weight_decay",
+            "0 unless optimizer.name is 'adamw'",
+            self.weight_decay,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything that decides what a run computes.
+
+    Attributes:
+        precision: Global dtype policy: `float32`, `mixed_float16`,
+            `mixed_bfloat16` (or `auto`, resolved by hardware).
+        manifest: Path of a precision manifest (layer-wise policies), or `None`.
+        seed: Seed of weights initialisation and data order.
+        steps: Total number of train steps of the run (a resumed run stops here).
+        checkpoint_every: Steps between checkpoints; also the length of one
+            Keras "epoch" of `model.fit`, so the progress bar reports per interval.
+        eval_every: Steps between validations; a multiple of `checkpoint_every`.
+        keep_checkpoints: Checkpoints kept in `model_dir/checkpoints`.
+        log_every: Steps between TensorBoard summaries of the train metrics.
+        strategy: tf.distribute strategy: one of `STRATEGIES`.
+        virtual_cpus: Split the CPU into this many logical devices (0: off).
+        jit_compile: XLA compilation of the train step: `auto`, `true`, `false`.
+        data: See `DataConfig`.
+        model: See `ModelConfig`.
+        optimizer: See `OptimizerConfig`.
+    """
+
+    precision: str = "float32"
+    manifest: str | None = None
+    seed: int = 0
+    steps: int = 200
+    checkpoint_every: int = 100
+    eval_every: int = 100
+    keep_checkpoints: int = 3
+    log_every: int = 10
+    strategy: str = "auto"
+    virtual_cpus: int = 0
+    jit_compile: str = "auto"
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+
+    def __post_init__(self):
+        _require_choice(self.precision, "precision", PRECISIONS)
+        _require_choice(self.strategy, "strategy", STRATEGIES)
+        _require_choice(self.jit_compile, "jit_compile", JIT_COMPILE)
+        _require(self.steps >= 1, "steps", "an integer >= 1", self.steps)
+        _require(
+            self.checkpoint_every >= 1, "checkpoint_every", "an integer >= 1", self.checkpoint_every
+        )
+        _require(
+            self.eval_every >= 1 and self.eval_every % self.checkpoint_every == 0,
+            "eval_every",
+            f"a positive multiple of checkpoint_every ({self.checkpoint_every})",
+            self.eval_every,
+        )
+        _require(
+            self.keep_checkpoints >= 1, "keep_checkpoints", "an integer >= 1", self.keep_checkpoints
+        )
+        _require(self.log_every >= 1, "log_every", "an integer >= 1", self.log_every)
+        _require(self.virtual_cpus >= 0, "virtual_cpus", "an integer >= 0", self.virtual_cpus)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], source: str = "config") -> TrainConfig:
+        """Builds a config from a JSON-like mapping, strictly.
+
+        Args:
+            values: Keys and values as in the JSON file; missing keys keep their
+                defaults.
+            source: What the values came from (a file name, a flag), for messages.
+
+        Returns:
+            The validated config.
+
+        Raises:
+            UserInputError: On an unknown key, a wrong type or a bad value.
+        """
+        try:
+            return _build(cls, values, prefix="")
+        except UserInputError as error:
+            raise UserInputError(f"{source}: {error}") from None
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> TrainConfig:
+        """Reads a config file; see `from_dict`."""
+        return cls.from_dict(read_json_object(path), source=os.fspath(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain JSON-serialisable values (`from_dict` inverts it)."""
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        """The config as indented JSON text."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    def merged(self, overrides: Mapping[str, Any], source: str = "override") -> TrainConfig:
+        """Returns this config with `overrides` merged in, key by key.
+
+        JSON objects (the sections and `model.options`) merge key by key; any
+        other value replaces the one it overrides.
+
+        Args:
+            overrides: A JSON-like mapping shaped like the config file.
+            source: What the overrides came from, for messages.
+
+        Raises:
+            UserInputError: As `from_dict`.
+        """
+        if not isinstance(overrides, Mapping):
+            raise UserInputError(
+                f"{source}: expected a JSON object, received {type(overrides).__name__}"
+            )
+        return TrainConfig.from_dict(_deep_merge(self.to_dict(), overrides), source=source)
+
+
+def read_json_object(path: str | os.PathLike) -> dict[str, Any]:
+    """Reads a JSON file holding one object.
+
+    Raises:
+        UserInputError: When the file is missing, unreadable, not JSON (naming
+            the line and column) or not an object.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read()
+    except FileNotFoundError:
+        raise UserInputError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserInputError(f"{path}: cannot be read ({error})") from None
+    return parse_json_object(text, path)
+
+
+def parse_json_object(text: str, source: str) -> dict[str, Any]:
+    """Parses JSON text holding one object; errors name `source` and the position."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise UserInputError(
+            f"{source}: malformed JSON at line {error.lineno} column {error.colno}: {error.msg}"
+        ) from None
+    if not isinstance(value, dict):
+        raise UserInputError(f"{source}: expected a JSON object, received {type(value).__name__}")
+    return value
+
+
+def _deep_merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _deep_merge(dict(merged[key]), value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _build(cls: type, values: Any, prefix: str) -> Any:
+    """Instantiates dataclass `cls` from `values`, checking keys and types."""
+    if not isinstance(values, Mapping):
+        raise UserInputError(
+            f"{prefix.rstrip('.') or 'config'} must be a JSON object, "
+            f"received {json.dumps(values)}"
+        )
+    fields = {field.name: field for field in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise UserInputError(
+            f"unknown key '{prefix}{unknown[0]}'. Allowed keys"
+            f"{' in ' + prefix.rstrip('.') if prefix else ''}: {', '.join(fields)}"
+        )
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for name, value in values.items():
+        kwargs[name] = _convert(hints[name], value, f"{prefix}{name}")
+    return cls(**kwargs)
+
+
+def _convert(hint: Any, value: Any, key: str) -> Any:
+    """Checks `value` against type `hint`, recursing into nested dataclasses."""
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, prefix=key + ".")
+    allowed = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, _UnionType) else (hint,)
+    if value is None and type(None) in allowed:
+        return None
+    for kind in allowed:
+        if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if kind is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if kind is str and isinstance(value, str):
+            return value
+        if typing.get_origin(kind) is Mapping and isinstance(value, Mapping):
+            return dict(value)
+    names = " or ".join(_TYPE_NAMES.get(typing.get_origin(kind) or kind, str(kind)) for kind in allowed)
+    raise UserInputError(f"key '{key}' must be {names}, received {json.dumps(value)}")
+
+
+_UnionType = type(int | None)
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", Mapping: "a JSON object",
+               type(None): "null"}
+
+
+def _require(ok: bool, key: str, allowed: str, received: Any) -> None:
+    if not ok:
+        raise UserInputError(f"key '{key}' must be {allowed}, received {json.dumps(received)}")
+
+
+def _require_choice(value: str, key: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise UserInputError(
+            f"key '{key}' must be one of {', '.join(choices)}; received {json.dumps(value)}"
+        )
+
+
+def resolve_config(
+    path: str | os.PathLike,
+    config_override: str | None = None,
+    **flag_values: Any,
+) -> TrainConfig:
+    """Resolves a run's config: the file, then `config_override`, then flags.
+
+    Args:
+        path: The config file.
+        config_override: A JSON object (text) merged into the file's config.
+        **flag_values: Top-level keys set by dedicated flags (`precision`,
+            `steps`, ...); `None` values are left to the file.
+
+    Returns:
+        The resolved config.
+
+    Raises:
+        UserInputError: Naming the file, `--config_override` or `--<flag>` that
+            was wrong.
+    """
+    config = TrainConfig.from_json(path)
+    if config_override:
+        overrides = parse_json_object(config_override, "--config_override")
+        config = config.merged(overrides, source="--config_override")
+    for name, value in flag_values.items():
+        if value is not None:
+            config = config.merged({name: value}, source=f"--{name}")
+    return config

@@ -1,0 +1,157 @@
+"""A small decoder-only Transformer language model.
+
+Layer paths are stable so that precision manifests can match on them:
+
+    token_embedding, position_embedding
+    block_<i>/attention_norm            LayerNormalization
+    block_<i>/attention                 MultiHeadAttention (causal)
+    block_<i>/attention/query|key|value|attention_output
+    block_<i>/mlp_norm                  LayerNormalization
+    block_<i>/mlp_up                    Dense, GELU
+    block_<i>/mlp_down                  Dense
+    final_norm                          LayerNormalization
+    logits                              Dense over the vocabulary
+
+Blocks are pre-norm residual blocks (as GPT-2): `x + attention(norm(x))`, then
+`x + mlp(norm(x))`.
+"""
+
+from __future__ import annotations
+
+import keras
+
+
+@keras.saving.register_keras_serializable(package="mpt_keras")
+class PositionEmbedding(keras.layers.Layer):
+    """Adds a learned embedding of each position to a sequence of vectors.
+
+    Args:
+        sequence_length: Longest sequence the layer accepts.
+        **kwargs: Standard `keras.layers.Layer` arguments.
+    """
+
+    def __init__(self, sequence_length: int, **kwargs):
+        super().__init__(**kwargs)
+        self.sequence_length = sequence_length
+
+    def build(self, input_shape):
+        self.embeddings = self.add_weight(
+            shape=(self.sequence_length, input_shape[-1]),
+            initializer=keras.initializers.RandomNormal(stddev=0.02),
+            name="embeddings",
+        )
+
+    def call(self, inputs):
+        length = keras.ops.shape(inputs)[-2]
+        positions = keras.ops.cast(self.embeddings[:length], self.compute_dtype)
+        return inputs + positions
+
+    def get_config(self):
+        return {**super().get_config(), "sequence_length": self.sequence_length}
+
+
+@keras.saving.register_keras_serializable(package="mpt_keras")
+class DecoderBlock(keras.layers.Layer):
+    """A pre-norm Transformer decoder block with causal self-attention.
+
+    Args:
+        d_model: Width of the residual stream.
+        num_heads: Attention heads; `d_model` must be divisible by it.
+        mlp_ratio: Hidden width of the MLP as a multiple of `d_model`.
+        dropout: Dropout rate on the attention and MLP outputs.
+        **kwargs: Standard `keras.layers.Layer` arguments.
+    """
+
+    def __init__(
+        self, d_model: int, num_heads: int, mlp_ratio: int = 4, dropout: float = 0.0, **kwargs
+    ):
+        super().__init__(**kwargs)
+        if d_model % num_heads:
+            raise ValueError(
+                "d_model must be divisible by num_heads. "
+                f"Received: d_model={d_model}, num_heads={num_heads}"
+            )
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.mlp_ratio = mlp_ratio
+        self.dropout = dropout
+        self.attention_norm = keras.layers.LayerNormalization(
+            epsilon=1e-5, name="attention_norm", dtype=self.dtype_policy
+        )
+        self.attention = keras.layers.MultiHeadAttention(
+            num_heads,
+            d_model // num_heads,
+            dropout=dropout,
+            name="attention",
+            dtype=self.dtype_policy,
+        )
+        self.mlp_norm = keras.layers.LayerNormalization(
+            epsilon=1e-5, name="mlp_norm", dtype=self.dtype_policy
+        )
+        self.mlp_up = keras.layers.Dense(
+            d_model * mlp_ratio, activation="gelu", name="mlp_up", dtype=self.dtype_policy
+        )
+        self.mlp_down = keras.layers.Dense(d_model, name="mlp_down", dtype=self.dtype_policy)
+        self.mlp_dropout = keras.layers.Dropout(dropout, name="mlp_dropout")
+
+    def build(self, input_shape):
+        self.attention_norm.build(input_shape)
+        self.attention.build(input_shape, input_shape)
+        self.mlp_norm.build(input_shape)
+        self.mlp_up.build(input_shape)
+        self.mlp_down.build((*input_shape[:-1], self.d_model * self.mlp_ratio))
+
+    def call(self, inputs, training=None):
+        normed = self.attention_norm(inputs)
+        x = inputs + self.attention(normed, normed, use_causal_mask=True, training=training)
+        hidden = self.mlp_up(self.mlp_norm(x))
+        return x + self.mlp_dropout(self.mlp_down(hidden), training=training)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "d_model": self.d_model,
+            "num_heads": self.num_heads,
+            "mlp_ratio": self.mlp_ratio,
+            "dropout": self.dropout,
+        }
+
+
+def build_transformer_lm(
+    vocab_size: int,
+    sequence_length: int,
+    *,
+    num_layers: int = 2,
+    d_model: int = 64,
+    num_heads: int = 4,
+    mlp_ratio: int = 4,
+    dropout: float = 0.0,
+) -> keras.Model:
+    """A decoder-only Transformer LM that maps token ids to next-token logits.
+
+    Args:
+        vocab_size: Number of token ids (width of `logits`).
+        sequence_length: Tokens per example.
+        num_layers: Decoder blocks.
+        d_model: Width of the residual stream.
+        num_heads: Attention heads per block.
+        mlp_ratio: MLP hidden width as a multiple of `d_model`.
+        dropout: Dropout rate inside the blocks.
+
+    Returns:
+        A functional `keras.Model` named `transformer_lm`, from int token ids
+        `[batch, sequence_length]` to logits `[batch, sequence_length, vocab]`.
+    """
+    tokens = keras.Input(shape=(sequence_length,), dtype="int32", name="tokens")
+    x = keras.layers.Embedding(
+        vocab_size,
+        d_model,
+        embeddings_initializer=keras.initializers.RandomNormal(stddev=0.02),
+        name="token_embedding",
+    )(tokens)
+    x = PositionEmbedding(sequence_length, name="position_embedding")(x)
+    for index in range(num_layers):
+        x = DecoderBlock(d_model, num_heads, mlp_ratio, dropout, name=f"block_{index}")(x)
+    x = keras.layers.LayerNormalization(epsilon=1e-5, name="final_norm")(x)
+    logits = keras.layers.Dense(vocab_size, name="logits")(x)
+    return keras.Model(tokens, logits, name="transformer_lm")

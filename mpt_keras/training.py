@@ -1,0 +1,259 @@
+"""`run_training`: the composition root of a training run.
+
+config -> strategy -> (under the precision policy and the strategy's scope)
+model -> optimizer -> compile -> restore the latest checkpoint -> data from the
+restored step -> `model.fit` with checkpoints and telemetry -> final validation
+-> `model.keras` and `metrics.json` in `model_dir`.
+
+The run is cut into Keras epochs of `checkpoint_every` steps: the progress bar
+reports per interval, a checkpoint is saved at the end of each, and a rerun on
+the same `model_dir` resumes at the exact step it reached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+from typing import Any
+
+import keras
+import numpy as np
+from absl import logging
+
+from mpt_keras import data, distribute, models
+from mpt_keras.callbacks import StopAtStep
+from mpt_keras.checkpointing import Checkpointer, SaveCheckpoints
+from mpt_keras.config import OptimizerConfig, TrainConfig
+from mpt_keras.errors import UserInputError
+from mpt_keras.files import write_json_atomic, write_text_atomic
+from mpt_keras.monitor import MixedPrecisionMonitor
+from mpt_keras.policies import global_policy, precision_report
+
+CONFIG_FILE = "config.json"
+PRECISION_REPORT_FILE = "precision_report.json"
+METRICS_FILE = "metrics.json"
+MODEL_FILE = "model.keras"
+LOGS_SUBDIR = "logs"
+
+# A rerun on an existing model_dir may change only how long and how it runs,
+# not what it computes: the checkpoint would not match, or would mean another run.
+_RESUMABLE_CHANGES = frozenset(
+    {"steps", "checkpoint_every", "eval_every", "keep_checkpoints", "log_every", "jit_compile"}
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Runtime:
+    """Where and how a run executes; nothing here changes what it computes.
+
+    Attributes:
+        model_dir: Directory of the run's outputs and checkpoints.
+        verbose: Keras `fit` verbosity; `None` shows a progress bar on a
+            terminal and one line per checkpoint interval otherwise.
+    """
+
+    model_dir: str
+    verbose: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _TaskData:
+    train: tuple[np.ndarray, np.ndarray]
+    validation: tuple[np.ndarray, np.ndarray]
+    model_dimensions: dict[str, Any]
+
+
+def run_training(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
+    """Trains `config` into `runtime.model_dir`, resuming from its checkpoints.
+
+    Args:
+        config: The resolved run configuration.
+        runtime: Where the run writes and how it reports progress.
+
+    Returns:
+        The final metrics, as written to `metrics.json`: `step`, `precision`,
+        and the validation metrics (`val_loss`, `val_accuracy`, and for language
+        models `val_perplexity` and `val_bits_per_byte`).
+
+    Raises:
+        UserInputError: For a bad config, dataset or `model_dir`.
+    """
+    _check_supported(config)
+    model_dir = runtime.model_dir
+    _prepare_model_dir(model_dir, config)
+    strategy = distribute.make_strategy(config.strategy, config.virtual_cpus)
+    task = models.model_task(config.model.name)
+    task_data = _load_data(config, task)
+
+    keras.utils.set_random_seed(config.seed)
+    with global_policy(config.precision), strategy.scope():
+        model = models.build_model(
+            config.model.name, config.model.options, **task_data.model_dimensions
+        )
+        optimizer = _make_optimizer(config)
+        model.compile(
+            optimizer=optimizer,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+            jit_compile=config.jit_compile == "true",
+        )
+        optimizer.build(model.trainable_variables)
+        checkpointer = Checkpointer(model_dir, model, optimizer, keep=config.keep_checkpoints)
+        step = checkpointer.restore()
+        write_json_atomic(os.path.join(model_dir, PRECISION_REPORT_FILE), precision_report(model))
+
+        validation = data.eval_batches(*task_data.validation, config.data.eval_batch_size)
+        if step < config.steps:
+            _fit(model, config, runtime, checkpointer, task_data, validation, step)
+        else:
+            logging.info("Step %d of %d already done: evaluating only.", step, config.steps)
+        metrics = _final_metrics(model, validation, task, config)
+        _save_model_atomic(model, os.path.join(model_dir, MODEL_FILE))
+    write_json_atomic(os.path.join(model_dir, METRICS_FILE), metrics)
+    logging.info("Final metrics: %s", metrics)
+    return metrics
+
+
+def _check_supported(config: TrainConfig) -> None:
+    if config.precision == "auto":
+        raise UserInputError(
+            "precision 'auto' is not supported yet. Allowed: float32, mixed_float16, mixed_bfloat16"
+        )
+    if config.manifest is not None:
+        raise UserInputError("manifest is not supported yet. Allowed: null (no manifest)")
+
+
+def _prepare_model_dir(model_dir: str, config: TrainConfig) -> None:
+    """Creates `model_dir`, refusing one that holds a different run."""
+    try:
+        os.makedirs(model_dir, exist_ok=True)
+    except OSError as error:
+        raise UserInputError(f"model_dir {model_dir}: cannot be created ({error.strerror})") from None
+    if not os.access(model_dir, os.W_OK):
+        raise UserInputError(f"model_dir {model_dir}: not writable")
+    config_path = os.path.join(model_dir, CONFIG_FILE)
+    if os.path.exists(config_path):
+        previous = TrainConfig.from_json(config_path).to_dict()
+        current = config.to_dict()
+        changed = sorted(
+            key for key in current if current[key] != previous[key] and key not in _RESUMABLE_CHANGES
+        )
+        if changed:
+            raise UserInputError(
+                f"model_dir {model_dir} holds a run whose '{changed[0]}' differs "
+                f"({previous[changed[0]]!r} there, {current[changed[0]]!r} now): use a new "
+                f"model_dir, or change only {', '.join(sorted(_RESUMABLE_CHANGES))} to resume"
+            )
+    write_text_atomic(config_path, config.to_json())
+
+
+def _load_data(config: TrainConfig, task: str) -> _TaskData:
+    source = config.data
+    if task == models.CLASSIFICATION:
+        train = data.classification_arrays(source.name, source.train_split, source.data_dir)
+        validation = data.classification_arrays(source.name, source.eval_split, source.data_dir)
+        dimensions = {"input_shape": train.features.shape[1:], "num_classes": train.num_classes}
+        train_arrays = (train.features, train.labels)
+        validation_arrays = (validation.features, validation.labels)
+    else:
+        train_arrays = data.language_model_windows(
+            source.name, source.train_split, source.data_dir, source.sequence_length
+        )
+        validation_arrays = data.language_model_windows(
+            source.name, source.eval_split, source.data_dir, source.sequence_length
+        )
+        dimensions = {"vocab_size": data.VOCAB_SIZE, "sequence_length": source.sequence_length}
+    if source.eval_examples:
+        validation_arrays = tuple(array[: source.eval_examples] for array in validation_arrays)
+    return _TaskData(train_arrays, validation_arrays, dimensions)
+
+
+def _make_optimizer(config: TrainConfig) -> keras.Optimizer:
+    settings = config.optimizer
+    learning_rate = _learning_rate(settings, config.steps)
+    clipping = {"global_clipnorm": settings.global_clipnorm}
+    if settings.name == "adam":
+        inner = keras.optimizers.Adam(learning_rate, **clipping)
+    elif settings.name == "adamw":
+        inner = keras.optimizers.AdamW(learning_rate, weight_decay=settings.weight_decay, **clipping)
+    else:
+        inner = keras.optimizers.SGD(learning_rate, momentum=0.9, **clipping)
+    if config.precision == "mixed_float16":
+        return keras.optimizers.LossScaleOptimizer(inner)
+    return inner
+
+
+def _learning_rate(settings: OptimizerConfig, steps: int) -> float | keras.optimizers.schedules.LearningRateSchedule:
+    if settings.schedule == "constant" and not settings.warmup_steps:
+        return settings.learning_rate
+    warmup = settings.warmup_steps
+    return keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=0.0 if warmup else settings.learning_rate,
+        decay_steps=max(1, steps - warmup),
+        alpha=1.0 if settings.schedule == "constant" else 0.0,
+        warmup_target=settings.learning_rate if warmup else None,
+        warmup_steps=warmup,
+    )
+
+
+def _fit(
+    model: keras.Model,
+    config: TrainConfig,
+    runtime: Runtime,
+    checkpointer: Checkpointer,
+    task_data: _TaskData,
+    validation,
+    step: int,
+) -> None:
+    interval = config.checkpoint_every
+    train = data.train_batches(
+        *task_data.train, config.data.batch_size, seed=config.seed, start_step=step
+    )
+    first_epoch = step // interval
+    verbose = runtime.verbose if runtime.verbose is not None else (1 if sys.stdout.isatty() else 2)
+    logging.info(
+        "Training steps %d..%d in intervals of %d (%s).",
+        step + 1,
+        config.steps,
+        interval,
+        config.precision,
+    )
+    model.fit(
+        train,
+        initial_epoch=first_epoch,
+        epochs=first_epoch + math.ceil((config.steps - step) / interval),
+        steps_per_epoch=interval,
+        validation_data=validation,
+        validation_freq=config.eval_every // interval,
+        callbacks=[
+            StopAtStep(config.steps),
+            MixedPrecisionMonitor(
+                os.path.join(runtime.model_dir, LOGS_SUBDIR), update_freq=config.log_every
+            ),
+            SaveCheckpoints(checkpointer),
+        ],
+        shuffle=False,  # The stream is shuffled by the data pipeline, by step.
+        verbose=verbose,
+    )
+
+
+def _final_metrics(model: keras.Model, validation, task: str, config: TrainConfig) -> dict[str, Any]:
+    results = model.evaluate(validation, return_dict=True, verbose=0)
+    metrics: dict[str, Any] = {
+        "step": int(model.optimizer.iterations.numpy()),
+        "precision": config.precision,
+    }
+    metrics.update({f"val_{name}": float(value) for name, value in results.items()})
+    if task == models.LANGUAGE_MODEL:
+        metrics["val_perplexity"] = math.exp(metrics["val_loss"])
+        metrics["val_bits_per_byte"] = metrics["val_loss"] / math.log(2)
+    return metrics
+
+
+def _save_model_atomic(model: keras.Model, path: str) -> None:
+    # Keras insists on the .keras suffix, so the temporary name keeps it.
+    partial = os.path.join(os.path.dirname(path), ".partial." + os.path.basename(path))
+    model.save(partial)
+    os.replace(partial, path)

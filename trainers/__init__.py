@@ -1,0 +1,1 @@
+"""absl launchers: each parses its flags and calls one `mpt_keras` function."""

@@ -1,0 +1,65 @@
+"""mpt-train: trains a Keras model with mixed-precision compute from a config.
+
+    mpt-train --config=configs/digits_cnn.json --model_dir=/tmp/digits
+
+Flags override the config file; `--config_override` takes a JSON object merged
+into it (`'{"data": {"batch_size": 32}}'`). Rerunning on the same `model_dir`
+resumes from its last checkpoint and stops at `--steps` in all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from absl import flags
+
+from trainers import cli  # First: quiets TensorFlow before it is imported.
+
+import mpt_keras
+from mpt_keras import config as config_lib
+
+_CONFIG = flags.DEFINE_string("config", None, "Run config file (JSON).", required=True)
+_MODEL_DIR = flags.DEFINE_string(
+    "model_dir", None, "Directory of checkpoints, logs and results.", required=True
+)
+_PRECISION = flags.DEFINE_enum(
+    "precision", None, config_lib.PRECISIONS, "Global dtype policy; default: the config's."
+)
+_MANIFEST = flags.DEFINE_string("manifest", None, "Precision manifest (JSON) to apply.")
+_STRATEGY = flags.DEFINE_enum(
+    "strategy", None, config_lib.STRATEGIES, "tf.distribute strategy; default: the config's."
+)
+_VIRTUAL_CPUS = flags.DEFINE_integer(
+    "virtual_cpus", None, "Split the CPU into N logical devices (for mirrored).", lower_bound=0
+)
+_JIT_COMPILE = flags.DEFINE_enum(
+    "jit_compile", None, config_lib.JIT_COMPILE, "XLA-compile the train step."
+)
+_STEPS = flags.DEFINE_integer("steps", None, "Total train steps of the run.", lower_bound=1)
+_CONFIG_OVERRIDE = flags.DEFINE_string(
+    "config_override", None, "JSON object merged into the config file's."
+)
+
+
+def main(argv: Sequence[str]) -> None:
+    del argv  # Checked by cli.run.
+    config = config_lib.resolve_config(
+        _CONFIG.value,
+        _CONFIG_OVERRIDE.value,
+        precision=_PRECISION.value,
+        manifest=_MANIFEST.value,
+        strategy=_STRATEGY.value,
+        virtual_cpus=_VIRTUAL_CPUS.value,
+        jit_compile=_JIT_COMPILE.value,
+        steps=_STEPS.value,
+    )
+    mpt_keras.run_training(config, mpt_keras.Runtime(model_dir=_MODEL_DIR.value))
+
+
+def run() -> None:
+    """Console-script entry point of `mpt-train`."""
+    cli.run(main)
+
+
+if __name__ == "__main__":
+    run()
