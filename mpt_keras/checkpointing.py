@@ -40,7 +40,17 @@ class Checkpointer:
         self, model_dir: str, model: keras.Model, optimizer: keras.Optimizer, keep: int
     ):
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-        self._checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=self._step)
+        # The variables, not the objects: tf.train.Checkpoint does not track a
+        # Keras 3 model's variables (only the optimizer's references to the
+        # trainable ones), which would lose non-trainable state such as
+        # normalization statistics and dropout seeds. Listed in their (stable)
+        # creation order: their paths carry auto-generated name suffixes that
+        # depend on what else the process has built.
+        self._checkpoint = tf.train.Checkpoint(
+            model=list(model.variables),
+            optimizer=list(optimizer.variables),
+            step=self._step,
+        )
         self._manager = tf.train.CheckpointManager(
             self._checkpoint,
             directory=os.path.join(model_dir, CHECKPOINT_SUBDIR),

@@ -1,7 +1,8 @@
 """tf.distribute strategies by name.
 
-    auto         what the machine has: here, one device
-    one_device   the first GPU, else the CPU
+    auto         what the machine has; on one device, TensorFlow's default
+                 strategy (no distribution machinery in the input pipeline)
+    one_device   OneDeviceStrategy on the first GPU, else the CPU
 
 `mirrored`, `multi_worker` and `tpu` are valid names in a config, but this
 version does not run them yet: `make_strategy` says so in one line.
@@ -35,5 +36,7 @@ def make_strategy(name: str, virtual_cpus: int = 0) -> tf.distribute.Strategy:
             f"virtual_cpus={virtual_cpus} needs strategy 'mirrored', which is not supported "
             "yet. Allowed: 0"
         )
+    if name == "auto":
+        return tf.distribute.get_strategy()
     gpus = tf.config.list_logical_devices("GPU")
     return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else "/cpu:0")

@@ -62,7 +62,8 @@ def precision_report(model: keras.Model) -> dict[str, Any]:
         `{"model": name, "layers": [...]}` where each layer entry holds `path`
         (the layer names from the model down, joined by "/"), `class`,
         `policy`, `compute_dtype` and `variable_dtype`, in depth-first order;
-        and `"variables"`, the dtypes of the model's variables with their count.
+        and `"trainable_variables"`: how many trainable variables have each
+        dtype (the master weights: all float32 under a `mixed_*` policy).
     """
     layers = [
         {
@@ -75,9 +76,9 @@ def precision_report(model: keras.Model) -> dict[str, Any]:
         for path, layer in iter_layers(model)
     ]
     variable_dtypes: dict[str, int] = {}
-    for variable in model.variables:
+    for variable in model.trainable_variables:
         variable_dtypes[variable.dtype] = variable_dtypes.get(variable.dtype, 0) + 1
-    return {"model": model.name, "layers": layers, "variables": variable_dtypes}
+    return {"model": model.name, "layers": layers, "trainable_variables": variable_dtypes}
 
 
 def iter_layers(layer: keras.layers.Layer, prefix: str = "") -> Iterator[tuple[str, Any]]:

@@ -52,10 +52,12 @@ class Runtime:
         model_dir: Directory of the run's outputs and checkpoints.
         verbose: Keras `fit` verbosity; `None` shows a progress bar on a
             terminal and one line per checkpoint interval otherwise.
+        callbacks: More Keras callbacks for `model.fit`, after the toolkit's.
     """
 
     model_dir: str
     verbose: int | None = None
+    callbacks: tuple[keras.callbacks.Callback, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,6 +235,7 @@ def _fit(
                 os.path.join(runtime.model_dir, LOGS_SUBDIR), update_freq=config.log_every
             ),
             SaveCheckpoints(checkpointer),
+            *runtime.callbacks,
         ],
         shuffle=False,  # The stream is shuffled by the data pipeline, by step.
         verbose=verbose,

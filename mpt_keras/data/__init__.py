@@ -1,0 +1,28 @@
+"""Datasets: offline TFDS loading into memory, and deterministic batching.
+
+Importing this package registers the embedded TFDS builders `mpt_digits` and
+`mpt_python_source`.
+"""
+
+# Defining the builder classes is what registers them with TFDS.
+from mpt_keras.data import digits, python_source  # noqa: F401
+from mpt_keras.data.loading import (
+    EMBEDDED_DATASETS,
+    VOCAB_SIZE,
+    ClassificationData,
+    classification_arrays,
+    language_model_windows,
+    load_split,
+)
+from mpt_keras.data.pipeline import eval_batches, train_batches
+
+__all__ = [
+    "EMBEDDED_DATASETS",
+    "VOCAB_SIZE",
+    "ClassificationData",
+    "classification_arrays",
+    "eval_batches",
+    "language_model_windows",
+    "load_split",
+    "train_batches",
+]

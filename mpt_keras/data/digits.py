@@ -1,0 +1,101 @@
+"""`mpt_digits`: scikit-learn's bundled 8x8 handwritten digits as a TFDS dataset.
+
+The 1,797 images are read from the CSV that ships inside scikit-learn, so the
+dataset is prepared without any network access.
+"""
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import tensorflow_datasets as tfds
+from sklearn import datasets as sklearn_datasets
+
+_DESCRIPTION = """\
+The 1,797 8x8 grayscale handwritten digits of the UCI "Optical Recognition of
+Handwritten Digits" test set, as bundled with scikit-learn
+(`sklearn.datasets.load_digits`). Pixel counts 0..16 are rescaled to uint8 with
+`round(v * 255 / 16)` (0 -> 0, 16 -> 255). Example i (in scikit-learn order) is
+in `validation` iff i % 5 == 0 (360 examples), else in `train` (1,437 examples);
+both splits keep scikit-learn order.
+"""
+
+_CITATION = """\
+@misc{alpaydin1998optical,
+  author = {Alpaydin, E. and Kaynak, C.},
+  title = {Optical Recognition of Handwritten Digits},
+  year = {1998},
+  howpublished = {UCI Machine Learning Repository},
+  doi = {10.24432/C50P49}
+}
+"""
+
+_HOMEPAGE = (
+    "https://archive.ics.uci.edu/dataset/80/"
+    "optical+recognition+of+handwritten+digits"
+)
+
+_MAX_COUNT = 16
+_VALIDATION_EVERY = 5
+
+
+def _rescale(counts: np.ndarray) -> np.ndarray:
+    """Maps scikit-learn's 0..16 pixel counts to uint8 0..255.
+
+    Args:
+        counts: Pixel counts in [0, 16], any shape.
+
+    Returns:
+        `round(counts * 255 / 16)` as uint8, same shape.
+    """
+    return np.rint(counts * 255.0 / _MAX_COUNT).astype(np.uint8)
+
+
+class MptDigits(tfds.core.GeneratorBasedBuilder):
+    """The scikit-learn digits, split deterministically into train/validation."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Initial release."}
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        # Not dataset_info_from_configs(): a README.md next to this module would
+        # silently replace the description.
+        return tfds.core.DatasetInfo(
+            builder=self,
+            description=_DESCRIPTION,
+            features=tfds.features.FeaturesDict(
+                {
+                    "image": tfds.features.Image(shape=(8, 8, 1), dtype=np.uint8),
+                    "label": tfds.features.ClassLabel(num_classes=10),
+                }
+            ),
+            supervised_keys=("image", "label"),
+            homepage=_HOMEPAGE,
+            citation=_CITATION,
+            # Keys are sklearn indices: keep that order rather than TFDS's hash order.
+            disable_shuffling=True,
+        )
+
+    def _split_generators(
+        self, dl_manager: tfds.download.DownloadManager
+    ) -> dict[str, Iterator[tuple[int, dict[str, Any]]]]:
+        del dl_manager  # The data ships with scikit-learn.
+        digits = sklearn_datasets.load_digits()
+        images = _rescale(digits.images)[..., np.newaxis]
+        labels = digits.target.astype(np.int64)
+        indices = np.arange(len(labels))
+        is_validation = indices % _VALIDATION_EVERY == 0
+        return {
+            "train": self._generate_examples(
+                images, labels, indices[~is_validation]
+            ),
+            "validation": self._generate_examples(
+                images, labels, indices[is_validation]
+            ),
+        }
+
+    def _generate_examples(
+        self, images: np.ndarray, labels: np.ndarray, indices: np.ndarray
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
+        for i in indices:
+            yield int(i), {"image": images[i], "label": int(labels[i])}

@@ -1,0 +1,248 @@
+"""The one place datasets are loaded: TFDS splits, offline, as numpy arrays.
+
+Embedded datasets (`EMBEDDED_DATASETS`) are generated locally under `data_dir`
+on first use. Any other TFDS dataset must already be prepared in `data_dir`:
+nothing is ever downloaded, so a missing dataset fails at once instead of
+waiting on network timeouts.
+
+Limitation: `classification_arrays` and `language_model_windows` materialize the
+whole split in memory as numpy arrays, so they suit datasets that fit in RAM
+(mnist, cifar10, imdb_reviews, the embedded ones), not web-scale corpora.
+"""
+
+import dataclasses
+from collections.abc import Iterable
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
+from tensorflow_datasets.core import naming
+
+from mpt_keras.errors import UserInputError
+
+EMBEDDED_DATASETS = ("mpt_digits", "mpt_python_source")
+
+VOCAB_SIZE = 256
+"""Byte-level tokens: every token is one byte of UTF-8 text."""
+
+_ALLOWED_NAMES = (
+    f"Allowed: {', '.join(EMBEDDED_DATASETS)}, or any name in tfds.list_builders()."
+)
+
+# GCS access is already off by default in tfds 4.9.10; saying so keeps a future
+# default from reaching for the network.
+_OFFLINE = tfds.download.DownloadConfig(try_download_gcs=False)
+
+_READ_BATCH = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassificationData:
+    """One split of an image classification dataset, in memory.
+
+    Attributes:
+        features: float32 images in [0, 1], shape [N, H, W, C].
+        labels: int32 class ids in [0, num_classes), shape [N].
+        num_classes: Number of classes of the dataset (not only of this split).
+    """
+
+    features: np.ndarray
+    labels: np.ndarray
+    num_classes: int
+
+
+def load_split(name: str, split: str, data_dir: str | None) -> tf.data.Dataset:
+    """Loads one split of a TFDS dataset as raw example dicts, without network.
+
+    Args:
+        name: An embedded dataset name or any TFDS name (with optional
+            `/config` and `:version`).
+        split: A split name such as "train", or a TFDS slice such as
+            "train[:10%]".
+        data_dir: TFDS data directory; None means the TFDS default.
+
+    Returns:
+        The examples in their stored order (not shuffled).
+
+    Raises:
+        UserInputError: If the dataset is unknown, not prepared in `data_dir`,
+            or has no such split, or the split is empty.
+    """
+    _prepared_builder(name, split, data_dir)
+    return tfds.load(name, split=split, data_dir=data_dir, download=False)
+
+
+def classification_arrays(
+    name: str, split: str, data_dir: str | None
+) -> ClassificationData:
+    """Loads an image classification split into memory.
+
+    Args:
+        name: A dataset with a uint8 `image` feature of fixed shape and a
+            `label` ClassLabel feature (e.g. mpt_digits, mnist, cifar10).
+        split: See `load_split`.
+        data_dir: See `load_split`.
+
+    Returns:
+        The split's images scaled to [0, 1] and its labels.
+
+    Raises:
+        UserInputError: As `load_split`, or if the dataset lacks those features.
+    """
+    builder = _prepared_builder(name, split, data_dir)
+    features = builder.info.features
+    image, label = _feature(features, "image"), _feature(features, "label")
+    if not (
+        isinstance(image, tfds.features.Image)
+        and image.np_dtype == np.uint8
+        and None not in image.shape
+        and isinstance(label, tfds.features.ClassLabel)
+    ):
+        raise UserInputError(
+            f"Dataset {name!r} is not an image classification dataset: its "
+            f"features are {_describe(features)}. Allowed: a dataset with a "
+            "fixed-shape uint8 'image' Image and a 'label' ClassLabel, such as "
+            "mpt_digits, mnist or cifar10."
+        )
+    dataset = tfds.load(name, split=split, data_dir=data_dir, download=False)
+    pairs = dataset.map(lambda example: (example["image"], example["label"]))
+    images, labels = _concatenate(tfds.as_numpy(pairs.batch(_READ_BATCH)))
+    return ClassificationData(
+        features=images.astype(np.float32) / 255.0,
+        labels=labels.astype(np.int32),
+        num_classes=label.num_classes,
+    )
+
+
+def language_model_windows(
+    name: str, split: str, data_dir: str | None, sequence_length: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Cuts a text split into byte-level next-token prediction windows.
+
+    The UTF-8 bytes of every example's `text`, in stored order and joined by a
+    single b"\\n" (no separator after the last one), form one token stream. It
+    is cut into non-overlapping windows of `sequence_length + 1` tokens; the
+    trailing tokens that do not fill a window are dropped.
+
+    Args:
+        name: A dataset with a `text` Text feature (e.g. mpt_python_source,
+            imdb_reviews).
+        split: See `load_split`.
+        data_dir: See `load_split`.
+        sequence_length: Tokens per model input, at least 1.
+
+    Returns:
+        (inputs, targets), both int32 of shape [windows, sequence_length] with
+        values in [0, VOCAB_SIZE): targets are inputs shifted left by one token.
+
+    Raises:
+        UserInputError: As `load_split`, if the dataset has no `text` feature,
+            if `sequence_length` < 1, or if the split is shorter than one window.
+    """
+    if sequence_length < 1:
+        raise UserInputError(
+            f"sequence_length {sequence_length} is too small. Allowed: an integer >= 1."
+        )
+    builder = _prepared_builder(name, split, data_dir)
+    features = builder.info.features
+    if not isinstance(_feature(features, "text"), tfds.features.Text):
+        raise UserInputError(
+            f"Dataset {name!r} has no text to model: its features are "
+            f"{_describe(features)}. Allowed: a dataset with a 'text' Text "
+            "feature, such as mpt_python_source or imdb_reviews."
+        )
+    dataset = tfds.load(name, split=split, data_dir=data_dir, download=False)
+    texts = dataset.map(lambda example: example["text"]).batch(_READ_BATCH)
+    stream = b"\n".join(text for batch in tfds.as_numpy(texts) for text in batch)
+    window = sequence_length + 1
+    num_windows = len(stream) // window
+    if num_windows == 0:
+        raise UserInputError(
+            f"Split {split!r} of dataset {name!r} has {len(stream)} bytes, fewer "
+            f"than one window of sequence_length + 1 = {window}. Allowed: a "
+            f"sequence_length below {len(stream)}."
+        )
+    tokens = np.frombuffer(stream, dtype=np.uint8, count=num_windows * window)
+    windows = tokens.astype(np.int32).reshape(num_windows, window)
+    return np.ascontiguousarray(windows[:, :-1]), np.ascontiguousarray(windows[:, 1:])
+
+
+def _prepared_builder(
+    name: str, split: str, data_dir: str | None
+) -> tfds.core.DatasetBuilder:
+    """Returns the builder of a dataset that is prepared and has `split`.
+
+    Embedded datasets are prepared here if needed; others are only checked.
+    """
+    builder = _builder(name, data_dir)
+    if builder.name in EMBEDDED_DATASETS:
+        builder.download_and_prepare(download_config=_OFFLINE)
+    elif not builder.is_prepared():
+        root = builder.data_dir_root
+        raise UserInputError(
+            f"Dataset {name!r} is not prepared in {root} and cannot be "
+            f"downloaded here: run `tfds build {name} --data_dir={root}` on a "
+            "machine with network access and copy the directory here, or point "
+            "data_dir (config key data.data_dir) at a directory where it is "
+            "prepared."
+        )
+    splits = builder.info.splits
+    try:
+        num_examples = splits[split].num_examples
+    except ValueError as error:
+        raise UserInputError(
+            f"Unknown split {split!r} for dataset {name!r}. Allowed: "
+            f"{', '.join(splits)}, or a TFDS slice of them such as "
+            f"'{next(iter(splits))}[:10%]'."
+        ) from error
+    if num_examples == 0:
+        raise UserInputError(
+            f"Split {split!r} of dataset {name!r} has no examples. Allowed: a "
+            f"split or slice with at least one example among {', '.join(splits)}."
+        )
+    return builder
+
+
+def _builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
+    """Returns the builder for `name`, refusing names that need the network."""
+    try:
+        dataset_name, _ = naming.parse_builder_name_kwargs(name)
+    except ValueError as error:
+        raise UserInputError(
+            f"Unknown dataset {name!r}: not a TFDS dataset name. {_ALLOWED_NAMES}"
+        ) from error
+    if dataset_name.namespace:
+        # Community datasets are fetched from their hosts, never prepared locally.
+        raise UserInputError(
+            f"Unknown dataset {name!r}: community datasets (namespace "
+            f"{dataset_name.namespace!r}) need network access. {_ALLOWED_NAMES}"
+        )
+    try:
+        return tfds.builder(name, data_dir=data_dir)
+    except tfds.core.DatasetNotFoundError as error:
+        raise UserInputError(
+            f"Unknown dataset {name!r}: not a TFDS dataset. {_ALLOWED_NAMES}"
+        ) from error
+    except (ValueError, AssertionError) as error:
+        # A known dataset with a config or version it does not have.
+        reason = str(error).strip().splitlines()[0]
+        raise UserInputError(f"Invalid dataset {name!r}: {reason}") from error
+
+
+def _feature(
+    features: tfds.features.FeaturesDict, key: str
+) -> tfds.features.FeatureConnector | None:
+    """Returns the top-level feature `key`, or None if there is none."""
+    return dict(features.items()).get(key)
+
+
+def _describe(features: tfds.features.FeaturesDict) -> str:
+    """Names a dataset's top-level features and their types, for messages."""
+    return ", ".join(
+        f"{key} ({type(feature).__name__})" for key, feature in features.items()
+    )
+
+
+def _concatenate(batches: Iterable[tuple[np.ndarray, ...]]) -> list[np.ndarray]:
+    """Joins an iterable of batched numpy tuples into one array per component."""
+    return [np.concatenate(parts) for parts in zip(*batches)]

@@ -1,0 +1,133 @@
+"""Tests of mpt_keras.config: strict parsing, layered overrides, messages."""
+
+import json
+
+import pytest
+
+from mpt_keras.config import TrainConfig, parse_json_object, resolve_config
+from mpt_keras.errors import UserInputError
+
+
+def _write(tmp_path, value, name="run.json"):
+    path = tmp_path / name
+    path.write_text(value if isinstance(value, str) else json.dumps(value))
+    return str(path)
+
+
+def test_defaults_round_trip_through_json():
+    config = TrainConfig()
+    assert TrainConfig.from_dict(json.loads(config.to_json())) == config
+
+
+def test_file_values_override_defaults(tmp_path):
+    path = _write(tmp_path, {"steps": 7, "data": {"batch_size": 16}})
+    config = TrainConfig.from_json(path)
+    assert (config.steps, config.data.batch_size, config.data.name) == (7, 16, "mpt_digits")
+
+
+def test_layers_apply_in_order_file_override_flags(tmp_path):
+    path = _write(tmp_path, {"steps": 7, "precision": "float32", "data": {"batch_size": 16}})
+    config = resolve_config(
+        path,
+        '{"steps": 8, "data": {"eval_batch_size": 32}}',
+        steps=9,
+        precision=None,
+    )
+    assert config.steps == 9  # The flag beats the override, which beat the file.
+    assert config.precision == "float32"  # A None flag leaves the file's value.
+    assert (config.data.batch_size, config.data.eval_batch_size) == (16, 32)
+
+
+def test_model_options_merge_key_by_key(tmp_path):
+    path = _write(tmp_path, {"model": {"name": "mlp", "options": {"hidden_units": [8], "dropout": 0.5}}})
+    config = resolve_config(path, '{"model": {"options": {"dropout": 0.0}}}')
+    assert config.model.options == {"hidden_units": [8], "dropout": 0.0}
+
+
+def test_integers_are_accepted_for_floats():
+    assert TrainConfig.from_dict({"optimizer": {"learning_rate": 1}}).optimizer.learning_rate == 1.0
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (
+            {"stpes": 3},
+            "unknown key 'stpes'. Allowed keys: precision, manifest, seed, steps, "
+            "checkpoint_every, eval_every, keep_checkpoints, log_every, strategy, virtual_cpus, "
+            "jit_compile, data, model, optimizer",
+        ),
+        (
+            {"data": {"batch": 3}},
+            "unknown key 'data.batch'. Allowed keys in data: name, data_dir, "
+            "train_split, eval_split, batch_size, eval_batch_size, sequence_length, eval_examples",
+        ),
+        ({"steps": "10"}, "key 'steps' must be an integer, received \"10\""),
+        ({"steps": True}, "key 'steps' must be an integer, received true"),
+        ({"steps": 0}, "key 'steps' must be an integer >= 1, received 0"),
+        (
+            {"precision": "fp16"},
+            "key 'precision' must be one of float32, mixed_float16, mixed_bfloat16, "
+            "auto; received \"fp16\"",
+        ),
+        (
+            {"eval_every": 150},
+            "key 'eval_every' must be a positive multiple of checkpoint_every (100), "
+            "received 150",
+        ),
+        ({"data": [1]}, "data must be a JSON object, received [1]"),
+        (
+            {"optimizer": {"name": "adam", "weight_decay": 0.1}},
+            "key 'optimizer.weight_decay' must be 0 unless optimizer.name is 'adamw', "
+            "received 0.1",
+        ),
+        (
+            {"optimizer": {"global_clipnorm": -1}},
+            "key 'optimizer.global_clipnorm' must be null or a number > 0, received -1.0",
+        ),
+    ],
+)
+def test_bad_values_name_the_file_key_and_what_is_allowed(tmp_path, values, message):
+    path = _write(tmp_path, values)
+    with pytest.raises(UserInputError) as raised:
+        TrainConfig.from_json(path)
+    assert str(raised.value) == f"{path}: {message}"
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(UserInputError, match=r"^/\S+/absent.json: no such file$"):
+        TrainConfig.from_json(tmp_path / "absent.json")
+
+
+def test_malformed_json_names_file_and_position(tmp_path):
+    path = _write(tmp_path, '{\n  "steps": 3,\n}')
+    with pytest.raises(UserInputError) as raised:
+        TrainConfig.from_json(path)
+    assert str(raised.value) == (
+        f"{path}: malformed JSON at line 3 column 1: Expecting property name enclosed in double quotes"
+    )
+
+
+def test_json_that_is_not_an_object():
+    with pytest.raises(UserInputError) as raised:
+        parse_json_object("[1, 2]", "--config_override")
+    assert str(raised.value) == "--config_override: expected a JSON object, received list"
+
+
+def test_flag_errors_name_the_flag(tmp_path):
+    with pytest.raises(UserInputError) as raised:
+        resolve_config(_write(tmp_path, {}), None, virtual_cpus=-1)
+    assert str(raised.value) == "--virtual_cpus: key 'virtual_cpus' must be an integer >= 0, received -1"
+
+
+def test_override_errors_name_the_override(tmp_path):
+    with pytest.raises(UserInputError) as raised:
+        resolve_config(_write(tmp_path, {}), '{"data": {"batch_size": 0}}')
+    assert str(raised.value) == (
+        "--config_override: key 'data.batch_size' must be an integer >= 1, received 0"
+    )
+
+
+def test_config_is_frozen():
+    with pytest.raises(AttributeError):
+        TrainConfig().steps = 3

@@ -1,0 +1,192 @@
+"""Tests of mpt_keras.training.run_training: outputs, resume, refusals."""
+
+import glob
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mpt_keras.callbacks import GlobalStepCallback
+from mpt_keras.config import TrainConfig
+from mpt_keras.errors import UserInputError
+from mpt_keras.training import Runtime, run_training
+
+
+@pytest.fixture(autouse=True)
+def _restore_keras():
+    yield
+    keras.config.set_dtype_policy("float32")
+    keras.backend.clear_session()
+
+
+def _config(tfds_dir, **changes):
+    values = {
+        "precision": "float32",
+        "steps": 6,
+        "checkpoint_every": 3,
+        "eval_every": 3,
+        "log_every": 2,
+        "data": {"name": "mpt_digits", "data_dir": tfds_dir, "batch_size": 16, "eval_examples": 64},
+        "model": {"name": "mlp", "options": {"hidden_units": [16]}},
+        "optimizer": {"name": "adam", "learning_rate": 0.01, "schedule": "cosine", "warmup_steps": 2},
+    }
+    return TrainConfig.from_dict(values).merged(changes)
+
+
+def _weights(model_dir):
+    return [np.asarray(w) for w in keras.saving.load_model(os.path.join(model_dir, "model.keras")).weights]
+
+
+def _scalars(event_dir):
+    values = {}
+    for path in sorted(glob.glob(os.path.join(event_dir, "events.out.tfevents.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                values.setdefault(value.tag, []).append(
+                    (event.step, float(tf.make_ndarray(value.tensor)))
+                )
+    return values
+
+
+def test_run_writes_every_output(tfds_dir, tmp_path):
+    model_dir = str(tmp_path / "run")
+    config = _config(tfds_dir)
+    metrics = run_training(config, Runtime(model_dir, verbose=0))
+
+    assert TrainConfig.from_json(os.path.join(model_dir, "config.json")) == config
+    with open(os.path.join(model_dir, "metrics.json")) as file:
+        assert json.load(file) == metrics
+    assert metrics["step"] == 6
+    assert metrics["precision"] == "float32"
+    assert set(metrics) == {"step", "precision", "val_loss", "val_accuracy"}
+    with open(os.path.join(model_dir, "precision_report.json")) as file:
+        report = json.load(file)
+    assert [layer["path"] for layer in report["layers"]] == ["flatten", "dense_0", "dropout_0", "logits"]
+    assert {layer["compute_dtype"] for layer in report["layers"]} == {"float32"}
+    assert sorted(os.listdir(os.path.join(model_dir, "checkpoints"))) == [
+        "checkpoint",
+        "step-3.data-00000-of-00001",
+        "step-3.index",
+        "step-6.data-00000-of-00001",
+        "step-6.index",
+    ]
+
+    train = _scalars(os.path.join(model_dir, "logs", "train"))
+    assert [step for step, _ in train["loss"]] == [2, 4, 6]
+    assert [step for step, _ in train["accuracy"]] == [2, 4, 6]
+    # Warm-up to 0.01 over 2 steps, then cosine decay to 0 at step 6; Keras
+    # reads the rate for the next update.
+    np.testing.assert_allclose(
+        [value for _, value in train["learning_rate"]], [0.01, 0.005, 0.0], atol=1e-7
+    )
+    validation = _scalars(os.path.join(model_dir, "logs", "validation"))
+    assert [step for step, _ in validation["loss"]] == [3, 6]
+    assert validation["loss"][-1][1] == pytest.approx(metrics["val_loss"], rel=1e-5)
+
+
+class _Crash(Exception):
+    pass
+
+
+class _CrashAtStep(GlobalStepCallback):
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, logs)
+        if self.global_step == self.step:
+            raise _Crash
+
+
+def test_resume_after_a_crash_reaches_the_same_weights_as_an_uninterrupted_run(tfds_dir, tmp_path):
+    # Dropout and a warm-up + cosine schedule make the weights depend on the
+    # exact step, data position, dropout seeds and optimizer state.
+    config = _config(tfds_dir, steps=9, model={"options": {"hidden_units": [16], "dropout": 0.3}})
+    straight = str(tmp_path / "straight")
+    run_training(config, Runtime(straight, verbose=0))
+
+    resumed = str(tmp_path / "resumed")
+    with pytest.raises(_Crash):
+        run_training(config, Runtime(resumed, verbose=0, callbacks=(_CrashAtStep(5),)))
+    assert not os.path.exists(os.path.join(resumed, "metrics.json"))
+    keras.backend.clear_session()
+    metrics = run_training(config, Runtime(resumed, verbose=0))
+    assert metrics["step"] == 9
+
+    for a, b in zip(_weights(straight), _weights(resumed), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_resume_from_a_step_off_the_checkpoint_grid(tfds_dir, tmp_path):
+    # A run that ended at step 4 is extended with checkpoint_every=3: it
+    # continues at 4 and checkpoints at 7, then at its end.
+    model_dir = str(tmp_path / "run")
+    run_training(_config(tfds_dir, steps=4), Runtime(model_dir, verbose=0))
+    metrics = run_training(_config(tfds_dir, steps=8), Runtime(model_dir, verbose=0))
+    assert metrics["step"] == 8
+    steps = sorted(
+        int(name.split("-")[1].split(".")[0])
+        for name in os.listdir(os.path.join(model_dir, "checkpoints"))
+        if name.endswith(".index")
+    )
+    assert steps == [4, 7, 8]
+
+
+def test_finished_run_only_evaluates(tfds_dir, tmp_path):
+    model_dir = str(tmp_path / "run")
+    first = run_training(_config(tfds_dir), Runtime(model_dir, verbose=0))
+    keras.backend.clear_session()
+    again = run_training(_config(tfds_dir), Runtime(model_dir, verbose=0))
+    assert again == pytest.approx(first)
+
+
+def test_model_dir_of_another_run_is_refused(tfds_dir, tmp_path):
+    model_dir = str(tmp_path / "run")
+    run_training(_config(tfds_dir, steps=3), Runtime(model_dir, verbose=0))
+    other = _config(tfds_dir, seed=5)
+    with pytest.raises(UserInputError) as raised:
+        run_training(other, Runtime(model_dir, verbose=0))
+    assert str(raised.value) == (
+        f"model_dir {model_dir} holds a run whose 'seed' differs (0 there, 5 now): use a new "
+        "model_dir, or change only checkpoint_every, eval_every, jit_compile, keep_checkpoints, "
+        "log_every, steps to resume"
+    )
+
+
+@pytest.mark.parametrize("precision, compute_dtype", [("mixed_bfloat16", "bfloat16"), ("mixed_float16", "float16")])
+def test_mixed_precision_keeps_float32_master_weights(tfds_dir, tmp_path, precision, compute_dtype):
+    model_dir = str(tmp_path / "run")
+    metrics = run_training(_config(tfds_dir, precision=precision, steps=3), Runtime(model_dir, verbose=0))
+    assert metrics["step"] == 3
+    with open(os.path.join(model_dir, "precision_report.json")) as file:
+        report = json.load(file)
+    assert {layer["compute_dtype"] for layer in report["layers"]} == {compute_dtype}
+    assert report["trainable_variables"] == {"float32": 4}
+    assert all(np.isfinite(w).all() for w in _weights(model_dir))
+
+
+def test_language_model_reports_perplexity(tfds_dir, tmp_path):
+    config = TrainConfig.from_dict(
+        {
+            "steps": 2,
+            "checkpoint_every": 2,
+            "eval_every": 2,
+            "data": {
+                "name": "mpt_python_source",
+                "data_dir": tfds_dir,
+                "batch_size": 8,
+                "sequence_length": 16,
+                "eval_examples": 32,
+            },
+            "model": {"name": "transformer_lm", "options": {"num_layers": 1, "d_model": 16, "num_heads": 2}},
+        }
+    )
+    metrics = run_training(config, Runtime(str(tmp_path / "lm"), verbose=0))
+    assert metrics["val_perplexity"] == pytest.approx(np.exp(metrics["val_loss"]))
+    assert metrics["val_bits_per_byte"] == pytest.approx(metrics["val_loss"] / np.log(2))
+    # Two steps from a uniform start: the loss is still near log(256).
+    assert 4.5 < metrics["val_loss"] < 5.7
