@@ -8,15 +8,16 @@ seed and the step (see `mpt_keras.data.pipeline`), so the step restores it.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import keras
 import tensorflow as tf
-from absl import logging
 
 from mpt_keras.callbacks import GlobalStepCallback
 
 CHECKPOINT_SUBDIR = "checkpoints"
+_LOGGER = logging.getLogger(__name__)
 
 
 class Checkpointer:
@@ -65,7 +66,7 @@ class Checkpointer:
             return 0
         self._checkpoint.restore(latest).assert_existing_objects_matched()
         step = int(self._step.numpy())
-        logging.info("Resumed from %s at step %d.", latest, step)
+        _LOGGER.info("Resumed from %s at step %d.", latest, step)
         return step
 
     def save(self, step: int) -> str:
@@ -90,4 +91,4 @@ class SaveCheckpoints(GlobalStepCallback):
 
     def on_epoch_end(self, epoch, logs=None):
         path = self._checkpointer.save(self.global_step)
-        logging.info("Step %d: saved %s.", self.global_step, path)
+        _LOGGER.info("Step %d: saved %s.", self.global_step, path)

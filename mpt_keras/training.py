@@ -13,6 +13,7 @@ the same `model_dir` resumes at the exact step it reached.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import sys
@@ -20,7 +21,6 @@ from typing import Any
 
 import keras
 import numpy as np
-from absl import logging
 
 from mpt_keras import data, distribute, models
 from mpt_keras.callbacks import StopAtStep
@@ -36,6 +36,7 @@ PRECISION_REPORT_FILE = "precision_report.json"
 METRICS_FILE = "metrics.json"
 MODEL_FILE = "model.keras"
 LOGS_SUBDIR = "logs"
+_LOGGER = logging.getLogger(__name__)
 
 # A rerun on an existing model_dir may change only how long and how it runs,
 # not what it computes: the checkpoint would not match, or would mean another run.
@@ -110,11 +111,11 @@ def run_training(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
         if step < config.steps:
             _fit(model, config, runtime, checkpointer, task_data, validation, step)
         else:
-            logging.info("Step %d of %d already done: evaluating only.", step, config.steps)
+            _LOGGER.info("Step %d of %d already done: evaluating only.", step, config.steps)
         metrics = _final_metrics(model, validation, task, config)
         _save_model_atomic(model, os.path.join(model_dir, MODEL_FILE))
     write_json_atomic(os.path.join(model_dir, METRICS_FILE), metrics)
-    logging.info("Final metrics: %s", metrics)
+    _LOGGER.info("Final metrics: %s", metrics)
     return metrics
 
 
@@ -215,7 +216,7 @@ def _fit(
     )
     first_epoch = step // interval
     verbose = runtime.verbose if runtime.verbose is not None else (1 if sys.stdout.isatty() else 2)
-    logging.info(
+    _LOGGER.info(
         "Training steps %d..%d in intervals of %d (%s).",
         step + 1,
         config.steps,

@@ -8,11 +8,13 @@ naming what was wrong and what is allowed; never a traceback.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 
 from absl import app, flags
+from absl import logging as absl_logging
 
 USAGE_ERROR = 2
 
@@ -66,6 +68,11 @@ def run(main: Callable[[Sequence[str]], None]) -> None:
             fail(str(error))
 
     def main_with_errors(argv: Sequence[str]) -> None:
+        if not flags.FLAGS["verbosity"].present:
+            # The toolkit's own INFO lines; TFDS (which logs through absl) only
+            # its errors. --verbosity=0 shows everything.
+            absl_logging.set_verbosity(absl_logging.ERROR)
+            logging.getLogger("mpt_keras").setLevel(logging.INFO)
         if len(argv) > 1:
             fail(f"unexpected positional arguments {' '.join(argv[1:])}; all options are --flags")
         try:

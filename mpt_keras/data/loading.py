@@ -175,8 +175,14 @@ def _prepared_builder(
     Embedded datasets are prepared here if needed; others are only checked.
     """
     builder = _builder(name, data_dir)
-    if builder.name in EMBEDDED_DATASETS:
-        builder.download_and_prepare(download_config=_OFFLINE)
+    if builder.name in EMBEDDED_DATASETS and not builder.is_prepared():
+        # Under a second of work: no progress bars in the run's output.
+        shown = tfds.core.utils.tqdm_utils._active
+        tfds.display_progress_bar(False)
+        try:
+            builder.download_and_prepare(download_config=_OFFLINE)
+        finally:
+            tfds.display_progress_bar(shown)
     elif not builder.is_prepared():
         root = builder.data_dir_root
         raise UserInputError(

@@ -1,0 +1,129 @@
+"""End-to-end tests of the mpt-train launcher, run as a user runs it."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(REPO, "configs", "digits_mlp.json")
+
+
+def _launch(*flags, module=False, cwd=REPO):
+    if module:
+        command = [sys.executable, "-m", "trainers.train", *flags]
+    else:
+        command = [shutil.which("mpt-train") or os.path.join(os.path.dirname(sys.executable), "mpt-train"), *flags]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def _tiny(tfds_dir):
+    return json.dumps(
+        {
+            "checkpoint_every": 2,
+            "eval_every": 2,
+            "data": {"data_dir": tfds_dir, "batch_size": 16, "eval_examples": 32},
+        }
+    )
+
+
+@pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16", "mixed_float16"])
+def test_each_precision_trains_end_to_end(tfds_dir, tmp_path, precision):
+    model_dir = str(tmp_path / "run")
+    result = _launch(
+        f"--config={CONFIG}",
+        f"--model_dir={model_dir}",
+        f"--precision={precision}",
+        "--steps=4",
+        f"--config_override={_tiny(tfds_dir)}",
+    )
+    assert result.returncode == 0, result.stderr
+    with open(os.path.join(model_dir, "metrics.json")) as file:
+        metrics = json.load(file)
+    assert (metrics["step"], metrics["precision"]) == (4, precision)
+    with open(os.path.join(model_dir, "config.json")) as file:
+        assert json.load(file)["precision"] == precision
+    assert sorted(os.listdir(model_dir)) == [
+        "checkpoints",
+        "config.json",
+        "logs",
+        "metrics.json",
+        "model.keras",
+        "precision_report.json",
+    ]
+    assert "Traceback" not in result.stderr
+
+
+def test_python_dash_m_runs_and_resumes_to_the_exact_step(tfds_dir, tmp_path):
+    model_dir = str(tmp_path / "run")
+    flags = [f"--config={CONFIG}", f"--model_dir={model_dir}", f"--config_override={_tiny(tfds_dir)}"]
+    first = _launch(*flags, "--steps=2", module=True)
+    assert first.returncode == 0, first.stderr
+    second = _launch(*flags, "--steps=4", module=True)
+    assert second.returncode == 0, second.stderr
+    assert f"Resumed from {model_dir}/checkpoints/step-2 at step 2." in second.stderr
+    with open(os.path.join(model_dir, "metrics.json")) as file:
+        assert json.load(file)["step"] == 4
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--precision=float8"],
+            "flag --precision=float8: value should be one of "
+            "<float32|mixed_float16|mixed_bfloat16|auto>",
+        ),
+        (["--bogus=1"], "Unknown command line flag 'bogus'"),
+        (["--steps=0"], "flag --steps=0: 0 is not a positive integer"),
+        (
+            ["--config={missing}"],
+            "{missing}: no such file",
+        ),
+        (
+            ["--config={malformed}"],
+            "{malformed}: malformed JSON at line 1 column 11: Expecting value",
+        ),
+        (
+            ["--config={unknown_key}"],
+            "{unknown_key}: unknown key 'optimiser'. Allowed keys: precision, manifest, seed, "
+            "steps, checkpoint_every, eval_every, keep_checkpoints, log_every, strategy, "
+            "virtual_cpus, jit_compile, data, model, optimizer",
+        ),
+        (
+            ["--config_override={{\"data\": {{\"name\": \"no_such_set\"}}}}"],
+            "Unknown dataset 'no_such_set'",
+        ),
+        (
+            ["--config_override={{\"data\": {{\"name\": \"mnist\", \"data_dir\": \"{empty}\"}}}}"],
+            "Dataset 'mnist' is not prepared in {empty} and cannot be downloaded here",
+        ),
+        (["--config_override=[1]"], "--config_override: expected a JSON object, received list"),
+        (["extra"], "unexpected positional arguments extra; all options are --flags"),
+        (
+            ["--strategy=tpu"],
+            "strategy 'tpu' is not supported yet. Allowed: auto, one_device",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_on_stderr_and_status_2(tmp_path, flags, message):
+    paths = {
+        "missing": str(tmp_path / "missing.json"),
+        "malformed": str(tmp_path / "malformed.json"),
+        "unknown_key": str(tmp_path / "unknown_key.json"),
+        "empty": str(tmp_path / "empty_tfds"),
+    }
+    (tmp_path / "malformed.json").write_text('{"steps": }')
+    (tmp_path / "unknown_key.json").write_text('{"optimiser": {}}')
+    os.makedirs(paths["empty"])
+    flags = [flag.format(**paths) for flag in flags]
+    if not any(flag.startswith("--config=") for flag in flags):
+        flags.append(f"--config={CONFIG}")
+    result = _launch(*flags, f"--model_dir={tmp_path / 'run'}")
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("mpt-train: error: " + message.format(**paths)), lines[0]
