@@ -7,11 +7,13 @@ precision choice does.
 
 from mpt_keras.config import TrainConfig, resolve_config
 from mpt_keras.errors import UserInputError
+from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 from mpt_keras.monitor import MixedPrecisionMonitor
 from mpt_keras.policies import global_policy, precision_report
 from mpt_keras.training import Runtime, run_training
 
 __all__ = [
+    "LossScaleOptimizer",
     "MixedPrecisionMonitor",
     "Runtime",
     "TrainConfig",

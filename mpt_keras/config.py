@@ -142,6 +142,32 @@ class OptimizerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class LossScaleConfig:
+    """Dynamic loss scaling of `mixed_float16` runs (see `LossScaleOptimizer`).
+
+    Runs in other precisions pin the scale at 1: non-finite steps are still
+    skipped and counted. Values are checked by `LossScaleOptimizer`.
+
+    Attributes:
+        initial_scale: Starting scale.
+        growth_factor: Factor (> 1) applied after `growth_interval` finite steps.
+        backoff_factor: Factor in (0, 1) applied on an overflow.
+        growth_interval: Consecutive finite steps between growths.
+        hysteresis: Overflows since the last growth before the scale backs off.
+        min_scale: The scale never goes below this.
+        max_scale: The scale never goes above this.
+    """
+
+    initial_scale: float = 2.0**15
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    hysteresis: int = 1
+    min_scale: float = 1.0
+    max_scale: float = 2.0**24
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Everything that decides what a run computes.
 
@@ -162,6 +188,7 @@ class TrainConfig:
         data: See `DataConfig`.
         model: See `ModelConfig`.
         optimizer: See `OptimizerConfig`.
+        loss_scale: See `LossScaleConfig`.
     """
 
     precision: str = "float32"
@@ -178,6 +205,7 @@ class TrainConfig:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    loss_scale: LossScaleConfig = dataclasses.field(default_factory=LossScaleConfig)
 
     def __post_init__(self):
         _require_choice(self.precision, "precision", PRECISIONS)

@@ -5,6 +5,8 @@
     train/loss, train/<metric>   running mean over the current Keras epoch,
                                  every `update_freq` steps
     train/learning_rate          the inner optimizer's current learning rate
+    train/loss_scale             the loss scale (a `LossScaleOptimizer`'s)
+    train/skipped_steps          steps skipped so far for non-finite gradients
     validation/loss, ...         at each validation
 
 under `log_dir/train` and `log_dir/validation`, the layout of Keras'
@@ -19,6 +21,7 @@ import keras
 import tensorflow as tf
 
 from mpt_keras.callbacks import GlobalStepCallback
+from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 
 
 class MixedPrecisionMonitor(GlobalStepCallback):
@@ -53,8 +56,12 @@ class MixedPrecisionMonitor(GlobalStepCallback):
     def on_train_batch_end(self, batch, logs=None):
         super().on_train_batch_end(batch, logs)
         if self.global_step % self.update_freq == 0:
+            optimizer = self.model.optimizer
             scalars = dict(logs or {})
-            scalars["learning_rate"] = self.model.optimizer.learning_rate
+            scalars["learning_rate"] = optimizer.learning_rate
+            if isinstance(optimizer, LossScaleOptimizer):
+                scalars["loss_scale"] = optimizer.loss_scale
+                scalars["skipped_steps"] = optimizer.skipped_steps
             self._write("train", scalars)
 
     def on_epoch_end(self, epoch, logs=None):

@@ -28,6 +28,7 @@ from mpt_keras.checkpointing import Checkpointer, SaveCheckpoints
 from mpt_keras.config import OptimizerConfig, TrainConfig
 from mpt_keras.errors import UserInputError
 from mpt_keras.files import write_json_atomic, write_text_atomic
+from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 from mpt_keras.monitor import MixedPrecisionMonitor
 from mpt_keras.policies import global_policy, precision_report
 
@@ -77,7 +78,8 @@ def run_training(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
 
     Returns:
         The final metrics, as written to `metrics.json`: `step`, `precision`,
-        and the validation metrics (`val_loss`, `val_accuracy`, and for language
+        `loss_scale`, `skipped_steps` (steps whose gradients were non-finite,
+        so not applied), and the validation metrics (`val_loss`, `val_accuracy`, and for language
         models `val_perplexity` and `val_bits_per_byte`).
 
     Raises:
@@ -173,7 +175,7 @@ def _load_data(config: TrainConfig, task: str) -> _TaskData:
     return _TaskData(train_arrays, validation_arrays, dimensions)
 
 
-def _make_optimizer(config: TrainConfig) -> keras.Optimizer:
+def _make_optimizer(config: TrainConfig) -> LossScaleOptimizer:
     settings = config.optimizer
     learning_rate = _learning_rate(settings, config.steps)
     clipping = {"global_clipnorm": settings.global_clipnorm}
@@ -184,8 +186,14 @@ def _make_optimizer(config: TrainConfig) -> keras.Optimizer:
     else:
         inner = keras.optimizers.SGD(learning_rate, momentum=0.9, **clipping)
     if config.precision == "mixed_float16":
-        return keras.optimizers.LossScaleOptimizer(inner)
-    return inner
+        scaling = dataclasses.asdict(config.loss_scale)
+    else:
+        # Nothing to scale, but non-finite steps are still skipped and counted.
+        scaling = {"initial_scale": 1.0, "min_scale": 1.0, "max_scale": 1.0, "dynamic": False}
+    try:
+        return LossScaleOptimizer(inner, **scaling)
+    except UserInputError as error:
+        raise UserInputError(f"config section loss_scale: {error}") from None
 
 
 def _learning_rate(settings: OptimizerConfig, steps: int) -> float | keras.optimizers.schedules.LearningRateSchedule:
@@ -245,9 +253,12 @@ def _fit(
 
 def _final_metrics(model: keras.Model, validation, task: str, config: TrainConfig) -> dict[str, Any]:
     results = model.evaluate(validation, return_dict=True, verbose=0)
+    optimizer = model.optimizer
     metrics: dict[str, Any] = {
-        "step": int(model.optimizer.iterations.numpy()),
+        "step": int(optimizer.iterations.numpy()),
         "precision": config.precision,
+        "loss_scale": optimizer.loss_scale,
+        "skipped_steps": optimizer.skipped_steps,
     }
     metrics.update({f"val_{name}": float(value) for name, value in results.items()})
     if task == models.LANGUAGE_MODEL:

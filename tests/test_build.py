@@ -37,8 +37,9 @@ def _python_files(*patterns):
 
 
 def _launchers():
+    """Files runnable as programs: the trainers and the benchmarks."""
     launchers = set()
-    for path in _python_files("trainers/*.py"):
+    for path in _python_files("trainers/*.py", "benchmarks/*.py"):
         with open(os.path.join(REPO, path)) as file:
             if 'if __name__ == "__main__":' in file.read():
                 launchers.add(path)
@@ -80,4 +81,5 @@ def test_console_scripts_are_the_launchers():
     setup.read(os.path.join(REPO, "setup.cfg"))
     scripts = setup["options.entry_points"]["console_scripts"].strip().splitlines()
     modules = {line.split("=")[1].strip().split(":")[0] for line in scripts}
-    assert modules == {path.removesuffix(".py").replace("/", ".") for path in _launchers()}
+    trainers = {path for path in _launchers() if path.startswith("trainers/")}
+    assert modules == {path.removesuffix(".py").replace("/", ".") for path in trainers}

@@ -61,7 +61,10 @@ def test_run_writes_every_output(tfds_dir, tmp_path):
         assert json.load(file) == metrics
     assert metrics["step"] == 6
     assert metrics["precision"] == "float32"
-    assert set(metrics) == {"step", "precision", "val_loss", "val_accuracy"}
+    assert set(metrics) == {
+        "step", "precision", "loss_scale", "skipped_steps", "val_loss", "val_accuracy"
+    }
+    assert (metrics["loss_scale"], metrics["skipped_steps"]) == (1.0, 0)
     with open(os.path.join(model_dir, "precision_report.json")) as file:
         report = json.load(file)
     assert [layer["path"] for layer in report["layers"]] == ["flatten", "dense_0", "dropout_0", "logits"]
@@ -76,6 +79,8 @@ def test_run_writes_every_output(tfds_dir, tmp_path):
 
     train = _scalars(os.path.join(model_dir, "logs", "train"))
     assert [step for step, _ in train["loss"]] == [2, 4, 6]
+    assert train["loss_scale"] == [(2, 1.0), (4, 1.0), (6, 1.0)]
+    assert train["skipped_steps"] == [(2, 0.0), (4, 0.0), (6, 0.0)]
     assert [step for step, _ in train["accuracy"]] == [2, 4, 6]
     # Warm-up to 0.01 over 2 steps, then cosine decay to 0 at step 6; Keras
     # reads the rate for the next update.
@@ -190,3 +195,36 @@ def test_language_model_reports_perplexity(tfds_dir, tmp_path):
     assert metrics["val_bits_per_byte"] == pytest.approx(metrics["val_loss"] / np.log(2))
     # Two steps from a uniform start: the loss is still near log(256).
     assert 4.5 < metrics["val_loss"] < 5.7
+
+
+def test_float16_overflows_are_skipped_counted_and_back_the_scale_off(tfds_dir, tmp_path):
+    # At a scale of 2**24 the float16 gradients overflow: each such step is
+    # skipped and halves the scale, and still counts as a step of the run.
+    model_dir = str(tmp_path / "run")
+    config = _config(
+        tfds_dir,
+        precision="mixed_float16",
+        steps=15,
+        loss_scale={"initial_scale": 2.0**24, "max_scale": 2.0**24},
+    )
+    metrics = run_training(config, Runtime(model_dir, verbose=0))
+    assert metrics["step"] == 15
+    skipped = metrics["skipped_steps"]
+    assert 1 <= skipped < 15
+    assert metrics["loss_scale"] == 2.0 ** (24 - skipped)
+    assert all(np.isfinite(w).all() for w in _weights(model_dir))
+    loaded = keras.saving.load_model(os.path.join(model_dir, "model.keras"))
+    assert (loaded.optimizer.loss_scale, loaded.optimizer.skipped_steps) == (
+        metrics["loss_scale"],
+        skipped,
+    )
+
+
+def test_loss_scale_errors_name_the_config_section(tfds_dir, tmp_path):
+    config = _config(tfds_dir, precision="mixed_float16", loss_scale={"growth_factor": 0.5})
+    with pytest.raises(UserInputError) as raised:
+        run_training(config, Runtime(str(tmp_path / "run"), verbose=0))
+    assert str(raised.value) == (
+        "config section loss_scale: Argument growth_factor must be a finite number > 1. "
+        "Received: growth_factor=0.5"
+    )

@@ -1,0 +1,1 @@
+"""Performance harnesses: ratios measured side by side in one process run."""

@@ -1,0 +1,527 @@
+"""Dynamic loss scaling that stays correct under tf.distribute, clipping and XLA.
+
+`LossScaleOptimizer` is a drop-in subclass of
+`keras.optimizers.LossScaleOptimizer` for the TensorFlow backend. See the class
+docstring for what it changes and why.
+"""
+
+from __future__ import annotations
+
+import numbers
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras import ops
+
+from mpt_keras.errors import UserInputError
+
+_StockLossScaleOptimizer = keras.optimizers.LossScaleOptimizer
+
+# The scale lives in a float32 variable: a bound outside this range would
+# round to 0 or inf, which is exactly what the bounds exist to prevent.
+_SCALE_LOW = float(np.finfo(np.float32).tiny)
+_SCALE_HIGH = float(np.finfo(np.float32).max)
+
+
+@keras.saving.register_keras_serializable(package="mpt_keras")
+class LossScaleOptimizer(_StockLossScaleOptimizer):
+    """Dynamic loss scaling with one verdict for all replicas.
+
+    Wraps `inner_optimizer` like `keras.optimizers.LossScaleOptimizer` (and is
+    one, so `model.compile` does not wrap it again), but each step:
+
+    1. all-reduces the gradients across replicas first (the sum the inner
+       optimizer would compute anyway), then unscales them;
+    2. decides finiteness on those all-reduced, unscaled gradients, so a
+       non-finite gradient on any replica skips the step on every replica and
+       backs the scale off everywhere;
+    3. clips (`clipnorm`, `global_clipnorm`, `clipvalue` of the inner
+       optimizer) the unscaled, all-reduced gradient, so two replicas give the
+       single-device update;
+    4. applies the inner optimizer's update (weight decay, `update_step`, EMA)
+       only if the step is finite; a skipped step leaves weights and slots
+       untouched but still advances `iterations` (ours and the inner
+       optimizer's, so learning-rate schedules follow the step count).
+
+    The scale grows by `growth_factor` after `growth_interval` consecutive
+    finite steps and backs off by `backoff_factor` on an overflow, clamped to
+    `[min_scale, max_scale]`. With `hysteresis=h` the scale backs off on the
+    h-th overflow since the last growth and on every later one until the next
+    growth (DeepSpeed's delayed shift, Megatron's hysteresis); every overflow
+    step is skipped. `dynamic=False` pins the scale at `initial_scale` (e.g. 1
+    for bfloat16 or float32 runs) while still skipping and counting
+    non-finite steps.
+
+    With `gradient_accumulation_steps=k` on the inner optimizer, unscaled
+    float32 gradients are accumulated. A non-finite micro-batch is dropped
+    (counted in `skipped_steps`) and the window goes on; at the end of the
+    window the mean of its finite micro-batches is clipped and applied, as a
+    large batch made of those micro-batches would be. A window without any
+    finite micro-batch applies nothing. Gradients are all-reduced every
+    micro-batch, so that each micro-batch gets one verdict for all replicas.
+
+    All state (scale, growth and overflow counters, skipped steps, per-variable
+    non-finite counts) is optimizer variables updated in-graph (no host sync
+    per step; int64 counters), so it is saved by `model.save` and
+    `tf.train.Checkpoint`.
+
+    Custom loops written for Keras 2 (`get_scaled_loss`,
+    `get_unscaled_gradients`, `apply_gradients`) work unchanged, as do Keras 3
+    loops that pass the gradients of `scale_loss(loss)` to `apply`.
+
+    Limitations: TensorFlow backend only (`stateless_apply` raises). Under a
+    tf.distribute strategy, build the optimizer before a custom `tf.function`
+    loop (`fit` does); building it lazily inside `strategy.run` fails in TF, as
+    with the stock class. Variables with `overwrite_with_gradient` (float8) are
+    written by the base optimizer before the finiteness check, as plain
+    optimizers do. Adam-style bias correction counts skipped steps, since
+    `iterations` does.
+
+    Args:
+        inner_optimizer: The `keras.optimizers.Optimizer` to wrap.
+        initial_scale: Starting loss scale, in `[min_scale, max_scale]`.
+        growth_factor: Factor (> 1) applied after `growth_interval` finite
+            steps.
+        backoff_factor: Factor in (0, 1) applied on an overflow.
+        growth_interval: Consecutive finite steps (int >= 1) between growths.
+        hysteresis: Overflows since the last growth (int >= 1) before the scale
+            backs off.
+        min_scale: Lower bound of the scale (> 0).
+        max_scale: Upper bound of the scale (finite float32).
+        dynamic: If False, the scale stays at `initial_scale`.
+        name: Optimizer name.
+        **kwargs: Accepted for deserialization compatibility with the stock
+            class only; base optimizer arguments belong on `inner_optimizer`.
+
+    Example:
+
+    >>> import keras, numpy as np
+    >>> from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
+    >>> opt = LossScaleOptimizer(keras.optimizers.AdamW(1e-3), growth_interval=2)
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    >>> model.compile(optimizer=opt, loss="mse")
+    >>> _ = model.fit(np.ones((8, 4)), np.ones((8, 1)), batch_size=4, verbose=0)
+    >>> opt.loss_scale, opt.skipped_steps
+    (65536.0, 0)
+    """
+
+    def __init__(
+        self,
+        inner_optimizer: keras.optimizers.Optimizer,
+        initial_scale: float = 2.0**15,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        hysteresis: int = 1,
+        min_scale: float = 1.0,
+        max_scale: float = 2.0**24,
+        dynamic: bool = True,
+        name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        _validate_arguments(
+            inner_optimizer=inner_optimizer,
+            initial_scale=initial_scale,
+            growth_factor=growth_factor,
+            backoff_factor=backoff_factor,
+            growth_interval=growth_interval,
+            hysteresis=hysteresis,
+            min_scale=min_scale,
+            max_scale=max_scale,
+            dynamic=dynamic,
+        )
+        super().__init__(
+            inner_optimizer,
+            initial_scale=float(initial_scale),
+            dynamic_growth_steps=int(growth_interval),
+            name=name,
+            **kwargs,
+        )
+        self.growth_factor = float(growth_factor)
+        self.backoff_factor = float(backoff_factor)
+        self.growth_interval = int(growth_interval)
+        self.hysteresis = int(hysteresis)
+        self.min_scale = float(min_scale)
+        self.max_scale = float(max_scale)
+        self.dynamic = dynamic
+        # get_unscaled_gradients() marks the next apply() as receiving
+        # unscaled gradients. Per thread: MirroredStrategy runs each replica
+        # in its own thread.
+        self._caller_unscaled = threading.local()
+        # Made here, not in build(): a scale_loss() traced before the first
+        # apply() must read the variable, not bake in initial_scale.
+        self.dynamic_scale = self.add_variable(
+            shape=(),
+            initializer=keras.initializers.Constant(self.initial_scale),
+            dtype="float32",
+            name="dynamic_scale",
+        )
+        self.step_counter = self._add_counter("step_counter")
+        self._overflow_counter = self._add_counter("overflow_counter")
+        self._skipped_counter = self._add_counter("skipped_counter")
+
+    def _add_counter(self, name: str, shape: tuple[int, ...] = ()) -> keras.Variable:
+        return self.add_variable(shape=shape, dtype="int64", name=name)
+
+    def build(self, var_list: Sequence[keras.Variable]) -> None:
+        # Not the stock build: __init__ already made the scale variables.
+        self.inner_optimizer.build(var_list)
+        self._nonfinite_counter = self._add_counter(
+            "nonfinite_counter", (len(var_list),)
+        )
+        if self.inner_optimizer.gradient_accumulation_steps:
+            self._accumulated_counter = self._add_counter("accumulated_counter")
+        super(_StockLossScaleOptimizer, self).build(var_list)
+
+    @property
+    def loss_scale(self) -> float | tf.Tensor:
+        """The current loss scale: a float eagerly, a tensor in a graph."""
+        return _read(self.dynamic_scale, float)
+
+    @property
+    def skipped_steps(self) -> int | tf.Tensor:
+        """Steps (micro-batches) skipped because a gradient was non-finite."""
+        return _read(self._skipped_counter, int)
+
+    def nonfinite_counts(self) -> dict[str, int]:
+        """Counts, per variable path, the steps whose gradient was non-finite.
+
+        Call eagerly: reading the counts syncs with the device.
+        """
+        if not self.built:
+            return {}
+        counts = ops.convert_to_numpy(self._nonfinite_counter)
+        return {
+            getattr(v, "path", v.name): int(c)
+            for v, c in zip(self._trainable_variables, counts)
+        }
+
+    def scale_loss(self, loss: tf.Tensor) -> tf.Tensor:
+        return ops.multiply(loss, self.dynamic_scale)
+
+    def get_scaled_loss(self, loss: tf.Tensor) -> tf.Tensor:
+        """Keras 2 name of `scale_loss`."""
+        return self.scale_loss(loss)
+
+    def get_unscaled_gradients(
+        self, grads: Sequence[tf.Tensor | None]
+    ) -> list[tf.Tensor | None]:
+        """Keras 2 style: unscales `grads` for a custom loop.
+
+        The next `apply`/`apply_gradients` in the same thread (replica) then
+        takes its gradients as already unscaled, as in the TF mixed-precision
+        guide; they may be transformed (e.g. clipped) in between.
+        """
+        self._caller_unscaled.pending = True
+        return [None if g is None else _unscale(g, self.dynamic_scale) for g in grads]
+
+    def apply(
+        self,
+        grads: Sequence[tf.Tensor | None],
+        trainable_variables: Sequence[keras.Variable] | None = None,
+    ) -> None:
+        if tf.distribute.in_cross_replica_context():
+            raise ValueError(
+                "apply() must be called in a replica context, e.g. inside "
+                "strategy.run(); it was called in a cross-replica context."
+            )
+        # The stock apply decides finiteness per replica. BaseOptimizer.apply
+        # builds, filters missing gradients and calls _backend_apply_gradients.
+        super(_StockLossScaleOptimizer, self).apply(grads, trainable_variables)
+
+    def stateless_apply(
+        self,
+        optimizer_variables: Sequence[tf.Tensor],
+        grads: Sequence[tf.Tensor],
+        trainable_variables: Sequence[tf.Tensor],
+    ) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
+        # The stock version would update the scale without bounds before
+        # failing; the TF backend has no stateless path (tf.distribute).
+        return super(_StockLossScaleOptimizer, self).stateless_apply(
+            optimizer_variables, grads, trainable_variables
+        )
+
+    def _backend_apply_gradients(
+        self, grads: list[tf.Tensor], trainable_variables: list[keras.Variable]
+    ) -> None:
+        inner = self.inner_optimizer
+        caller_unscaled = getattr(self._caller_unscaled, "pending", False)
+        self._caller_unscaled.pending = False
+        # Reduce first: from here on every replica holds the same values, so
+        # verdict, clipping and state updates agree on all replicas.
+        reduced = self._all_reduce_sum_gradients(zip(grads, trainable_variables))
+        grads = [g for g, _ in reduced]
+        if not caller_unscaled:
+            scale = ops.convert_to_tensor(self.dynamic_scale)
+            grads = [_unscale(g, scale) for g in grads]
+        nonfinite = [~ops.all(ops.isfinite(_values(g))) for g in grads]
+        finite = ~ops.any(ops.stack(nonfinite))
+        assignments = self._counter_updates(finite, nonfinite, trainable_variables)
+        if self.dynamic:
+            assignments += self._scale_updates(finite)
+        should_update = finite
+        if inner.gradient_accumulation_steps:
+            grads, should_update, accumulator_updates = self._accumulate(
+                grads, finite, trainable_variables
+            )
+            assignments += accumulator_updates
+        grads = inner._clip_gradients(grads)
+        tf.__internal__.distribute.interim.maybe_merge_call(
+            self._distributed_apply,
+            tf.distribute.get_strategy(),
+            list(zip(grads, map(_tf_variable, trainable_variables))),
+            should_update,
+            inner.learning_rate,
+            [(_tf_variable(v), value) for v, value in assignments],
+        )
+
+    def _counter_updates(
+        self,
+        finite: tf.Tensor,
+        nonfinite: list[tf.Tensor],
+        trainable_variables: list[keras.Variable],
+    ) -> list[tuple[keras.Variable, tf.Tensor]]:
+        indices = map(self._get_variable_index, trainable_variables)
+        flags = dict(zip(indices, nonfinite))
+        per_variable = [
+            ops.cast(flags.get(i, False), "int64")
+            for i in range(len(self._trainable_variables))
+        ]
+        iterations = self.inner_optimizer._iterations
+        return [
+            (self._skipped_counter, self._skipped_counter + ops.cast(~finite, "int64")),
+            (
+                self._nonfinite_counter,
+                self._nonfinite_counter + ops.stack(per_variable),
+            ),
+            (iterations, iterations + 1),
+        ]
+
+    def _scale_updates(
+        self, finite: tf.Tensor
+    ) -> list[tuple[keras.Variable, tf.Tensor]]:
+        scale = ops.convert_to_tensor(self.dynamic_scale)
+        finite_steps = self.step_counter + 1
+        grow = finite & (finite_steps >= self.growth_interval)
+        # Saturates at hysteresis: from then on every overflow backs off,
+        # until a growth resets it.
+        overflows = ops.minimum(self._overflow_counter + 1, self.hysteresis)
+        back_off = ~finite & (overflows >= self.hysteresis)
+        grown = ops.minimum(scale * self.growth_factor, self.max_scale)
+        backed_off = ops.maximum(scale * self.backoff_factor, self.min_scale)
+        kept_overflows = ops.where(finite, self._overflow_counter, overflows)
+        return [
+            (
+                self.dynamic_scale,
+                ops.where(grow, grown, ops.where(back_off, backed_off, scale)),
+            ),
+            (self.step_counter, ops.where(finite & ~grow, finite_steps, 0)),
+            (self._overflow_counter, ops.where(grow, 0, kept_overflows)),
+        ]
+
+    def _accumulate(
+        self,
+        grads: list[tf.Tensor],
+        finite: tf.Tensor,
+        trainable_variables: list[keras.Variable],
+    ) -> tuple[list[tf.Tensor], tf.Tensor, list[tuple[keras.Variable, tf.Tensor]]]:
+        """Adds a finite micro-batch to the window.
+
+        Returns the mean of the window's finite micro-batches, whether to apply
+        it now (the window ends and holds a finite micro-batch) and the
+        accumulator updates (reset when the window ends).
+        """
+        inner = self.inner_optimizer
+        accumulators = [
+            inner._accumulated_gradients[inner._get_variable_index(v)]
+            for v in trainable_variables
+        ]
+        sums = [
+            ops.where(finite, acc + ops.cast(tf.convert_to_tensor(g), acc.dtype), acc)
+            for acc, g in zip(accumulators, grads)
+        ]
+        count = self._accumulated_counter + ops.cast(finite, "int64")
+        steps = inner.gradient_accumulation_steps
+        window_ends = (inner._iterations + 1) % steps == 0
+        means = [s / ops.cast(ops.maximum(count, 1), s.dtype) for s in sums]
+        updates = [
+            (acc, ops.where(window_ends, ops.zeros_like(s), s))
+            for acc, s in zip(accumulators, sums)
+        ]
+        updates.append((self._accumulated_counter, ops.where(window_ends, 0, count)))
+        return means, window_ends & (count > 0), updates
+
+    def _distributed_apply(
+        self,
+        distribution: tf.distribute.Strategy,
+        grads_and_vars: list[tuple[tf.Tensor, tf.Variable]],
+        should_update: tf.Tensor,
+        learning_rate: tf.Tensor,
+        assignments: list[tuple[tf.Variable, tf.Tensor]],
+    ) -> None:
+        """Writes the step in the merged (cross-replica) context.
+
+        A cond whose branch updates mirrored variables must run here, not in a
+        replica context. Every replica computed the same `should_update` from
+        all-reduced gradients, so the first one speaks for all.
+        """
+
+        def update() -> None:
+            for grad, var in grads_and_vars:
+                distribution.extended.update(
+                    var, self._update_variable, args=(grad, learning_rate), group=False
+                )
+            self._update_moving_average()
+
+        ops.cond(
+            distribution.experimental_local_results(should_update)[0],
+            update,
+            lambda: None,
+        )
+        # After the cond, so that the update reads the old iterations (Adam's
+        # bias correction, EMA).
+        for var, value in assignments:
+            distribution.extended.update(var, _assign, args=(value,), group=False)
+
+    def _update_variable(
+        self, variable: tf.Variable, gradient: tf.Tensor, learning_rate: tf.Tensor
+    ) -> None:
+        inner = self.inner_optimizer
+        # The inner optimizer's weight decay goes through a merge_call, which
+        # cannot run inside this cond; this is the same decay per variable.
+        if inner.weight_decay is not None and inner._use_weight_decay(variable):
+            decay = ops.cast(inner.weight_decay, variable.dtype) * ops.cast(
+                learning_rate, variable.dtype
+            )
+            variable.assign_sub(variable * decay)
+        inner.update_step(gradient, variable, learning_rate)
+
+    def _update_moving_average(self) -> None:
+        inner = self.inner_optimizer
+        if not inner.use_ema:
+            return
+        inner._update_model_variables_moving_average(inner._trainable_variables)
+        if inner.ema_overwrite_frequency:
+            ops.cond(
+                ops.equal((inner.iterations + 1) % inner.ema_overwrite_frequency, 0),
+                lambda: inner._overwrite_model_variables_with_average_value(
+                    inner._trainable_variables
+                ),
+                lambda: None,
+            )
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        del config["dynamic_growth_steps"]
+        config.update(
+            growth_factor=self.growth_factor,
+            backoff_factor=self.backoff_factor,
+            growth_interval=self.growth_interval,
+            hysteresis=self.hysteresis,
+            min_scale=self.min_scale,
+            max_scale=self.max_scale,
+            dynamic=self.dynamic,
+        )
+        return config
+
+
+def _validate_arguments(
+    *,
+    inner_optimizer: Any,
+    initial_scale: float,
+    growth_factor: float,
+    backoff_factor: float,
+    growth_interval: int,
+    hysteresis: int,
+    min_scale: float,
+    max_scale: float,
+    dynamic: bool,
+) -> None:
+    # In order: later checks compare values that earlier checks proved numbers.
+    a_scale = (
+        f"a positive finite float32 number (in [{_SCALE_LOW:.4g}, {_SCALE_HIGH:.4g}])"
+    )
+    checks = [
+        (
+            "inner_optimizer",
+            inner_optimizer,
+            lambda v: isinstance(v, keras.optimizers.Optimizer)
+            and not isinstance(v, _StockLossScaleOptimizer),
+            "a keras.optimizers.Optimizer that is not a LossScaleOptimizer",
+        ),
+        ("initial_scale", initial_scale, _is_scale, a_scale),
+        ("min_scale", min_scale, _is_scale, a_scale),
+        ("max_scale", max_scale, _is_scale, a_scale),
+        ("max_scale", max_scale, lambda v: v >= min_scale, f">= min_scale={min_scale}"),
+        (
+            "initial_scale",
+            initial_scale,
+            lambda v: min_scale <= v <= max_scale,
+            f"in [min_scale, max_scale] = [{min_scale}, {max_scale}]",
+        ),
+        (
+            "growth_factor",
+            growth_factor,
+            lambda v: _is_number(v) and 1 < v <= _SCALE_HIGH,
+            "a finite number > 1",
+        ),
+        (
+            "backoff_factor",
+            backoff_factor,
+            lambda v: _is_number(v) and 0 < v < 1,
+            "in the open interval (0, 1)",
+        ),
+        ("growth_interval", growth_interval, _is_count, "an integer >= 1"),
+        ("hysteresis", hysteresis, _is_count, "an integer >= 1"),
+        ("dynamic", dynamic, lambda v: isinstance(v, bool), "True or False"),
+    ]
+    for name, value, is_valid, allowed in checks:
+        if not is_valid(value):
+            raise UserInputError(
+                f"Argument {name} must be {allowed}. Received: {name}={value!r}"
+            )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_scale(value: Any) -> bool:
+    return _is_number(value) and _SCALE_LOW <= value <= _SCALE_HIGH
+
+
+def _is_count(value: Any) -> bool:
+    return (
+        isinstance(value, numbers.Integral)
+        and not isinstance(value, bool)
+        and value >= 1
+    )
+
+
+def _read(variable: keras.Variable, to_python: type) -> Any:
+    if tf.executing_eagerly():
+        return to_python(ops.convert_to_numpy(variable))
+    return ops.convert_to_tensor(variable)
+
+
+def _unscale(gradient: tf.Tensor, scale: tf.Tensor | keras.Variable) -> tf.Tensor:
+    # ops.divide promotes float16 to float32 (the scale's dtype), so small
+    # unscaled gradients do not flush to zero.
+    return ops.divide(gradient, scale)
+
+
+def _values(gradient: tf.Tensor | tf.IndexedSlices) -> tf.Tensor:
+    # Check an embedding's sparse gradient without densifying it.
+    return gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
+
+
+def _tf_variable(variable: keras.Variable | tf.Variable) -> tf.Variable:
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def _assign(variable: tf.Variable, value: tf.Tensor) -> None:
+    variable.assign(value)

@@ -1,0 +1,1060 @@
+"""Tests for mpt_keras.loss_scale_optimizer.LossScaleOptimizer.
+
+Single-device cases run in the pytest process. The tf.distribute cases need the
+CPU split into two logical devices before TensorFlow initializes its devices,
+which the pytest process may already have done, so they run once in a child
+process (`_CHILD` below imports this module and calls `_distributed_results`)
+and the tests assert on the JSON it prints. That keeps this file runnable alone
+and together with other test files.
+
+Where the stock `keras.optimizers.LossScaleOptimizer` (Keras 3.15.1) gets a case
+wrong, a `*_stock_*` test pins its wrong value as documentation of the bug.
+"""
+
+from __future__ import annotations
+
+import copy
+import doctest
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mpt_keras.loss_scale_optimizer as lso_module
+from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
+
+StockLossScaleOptimizer = keras.optimizers.LossScaleOptimizer
+
+FINITE = [1.0, 2.0]
+NAN = [np.nan, 2.0]
+INF = [np.inf, 2.0]
+MODES = ["eager", "function", "jit"]
+
+_TESTS_DIR = Path(__file__).resolve().parent
+_CHILD = """
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+)
+import json, test_loss_scale_optimizer
+print(json.dumps(test_loss_scale_optimizer._distributed_results()))
+"""
+
+
+@pytest.fixture(autouse=True)
+def _float32_keras_state():
+    previous_policy = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("float32")
+    yield
+    keras.mixed_precision.set_global_policy(previous_policy)
+    keras.backend.clear_session()
+
+
+def _stepper(
+    mode: str,
+    inner: keras.optimizers.Optimizer | None = None,
+    cls: Callable[..., Any] = LossScaleOptimizer,
+    shape: tuple[int, ...] = (2,),
+    **kwargs: Any,
+) -> tuple[keras.Variable, Any, Callable[[Sequence[float]], None]]:
+    """A built optimizer on one variable of ones and a step(grad) function."""
+    var = keras.Variable(np.ones(shape, np.float32), name="w")
+    opt = cls(inner or keras.optimizers.SGD(0.5), **kwargs)
+    opt.build([var])
+
+    def apply(grad: tf.Tensor) -> None:
+        opt.apply([grad], [var])
+
+    if mode != "eager":
+        apply = tf.function(apply, jit_compile=mode == "jit")
+    return var, opt, lambda grad: apply(tf.constant(grad, tf.float32))
+
+
+def _scale(opt: Any) -> float:
+    return float(opt.dynamic_scale.numpy())
+
+
+def _scaled(grad: Sequence[float], opt: Any) -> np.ndarray:
+    """`grad` as the optimizer receives it from a loss scaled by its scale."""
+    return np.multiply(grad, _scale(opt))
+
+
+# --- Scale dynamics -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "steps", "expected"),
+    [
+        pytest.param(
+            dict(initial_scale=2.0, growth_interval=2),
+            [FINITE] * 8,
+            [2, 4, 4, 8, 8, 16, 16, 32],
+            id="growth_interval_2",
+        ),
+        pytest.param(
+            dict(initial_scale=400.0),
+            [INF, NAN, INF, NAN],
+            [200, 100, 50, 25],
+            id="backoff",
+        ),
+        pytest.param(
+            dict(initial_scale=8.0, growth_interval=2),
+            [FINITE, INF, FINITE, FINITE],
+            [8, 4, 4, 8],
+            id="overflow_restarts_growth_count",
+        ),
+        pytest.param(
+            dict(
+                initial_scale=16.0,
+                growth_factor=3.0,
+                backoff_factor=0.25,
+                growth_interval=1,
+            ),
+            [FINITE, INF, INF],
+            [48, 12, 3],
+            id="custom_factors",
+        ),
+        pytest.param(
+            dict(initial_scale=64.0, hysteresis=1),
+            [INF] * 4,
+            [32, 16, 8, 4],
+            id="hysteresis_1",
+        ),
+        pytest.param(
+            dict(initial_scale=64.0, hysteresis=2),
+            [INF] * 4,
+            [64, 32, 16, 8],
+            id="hysteresis_2",
+        ),
+        pytest.param(
+            dict(initial_scale=64.0, hysteresis=3),
+            [INF] * 4,
+            [64, 64, 32, 16],
+            id="hysteresis_3",
+        ),
+        pytest.param(
+            # A finite step does not restore the hysteresis budget; a growth does.
+            dict(initial_scale=64.0, hysteresis=2, growth_interval=2),
+            [INF, FINITE, INF, FINITE, FINITE, INF, INF],
+            [64, 64, 32, 32, 64, 64, 32],
+            id="hysteresis_restored_by_growth",
+        ),
+        pytest.param(dict(initial_scale=4.0), [INF] * 4, [2, 1, 1, 1], id="floor"),
+        pytest.param(
+            dict(initial_scale=2.0**22, growth_interval=1),
+            [FINITE] * 4,
+            [2.0**23, 2.0**24, 2.0**24, 2.0**24],
+            id="ceiling",
+        ),
+        pytest.param(
+            dict(initial_scale=1.0, dynamic=False, growth_interval=1),
+            [FINITE, NAN, FINITE, INF],
+            [1, 1, 1, 1],
+            id="static",
+        ),
+    ],
+)
+def test_scale_trajectory_and_skips(kwargs, steps, expected):
+    var, opt, step = _stepper("function", **kwargs)
+    trajectory = []
+    for grad in steps:
+        step(_scaled(grad, opt))
+        trajectory.append(opt.loss_scale)
+    assert trajectory == expected
+    finite_steps = sum(np.isfinite(g).all() for g in steps)
+    assert opt.skipped_steps == len(steps) - finite_steps
+    assert int(opt.iterations) == len(steps)
+    # Only finite steps moved the weights: SGD(0.5) on the unscaled FINITE.
+    np.testing.assert_allclose(
+        var.numpy(), 1 - 0.5 * finite_steps * np.array(FINITE), rtol=1e-6
+    )
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_dynamics_in_every_execution_mode(mode):
+    var, opt, step = _stepper(mode, initial_scale=4.0, growth_interval=2, hysteresis=2)
+    trajectory = []
+    for grad in [FINITE, FINITE, INF, NAN, NAN, FINITE]:
+        step(_scaled(grad, opt))
+        trajectory.append(opt.loss_scale)
+    assert trajectory == [4, 8, 8, 4, 2, 2]
+    assert opt.skipped_steps == 3
+    assert isinstance(opt.loss_scale, float) and isinstance(opt.skipped_steps, int)
+    np.testing.assert_allclose(var.numpy(), 1 - 0.5 * 3 * np.array(FINITE))
+
+
+def test_floor_keeps_scale_and_weights_finite():
+    var, opt, step = _stepper("function", initial_scale=2.0**15)
+    for _ in range(200):
+        step(INF)
+    assert opt.loss_scale == 1.0
+    step(_scaled(FINITE, opt))
+    np.testing.assert_allclose(var.numpy(), [0.5, 0.0])
+
+
+def test_stock_scale_underflows_to_zero_then_writes_nonfinite_weights():
+    var, opt, step = _stepper(
+        "function", cls=StockLossScaleOptimizer, initial_scale=2.0**15
+    )
+    for _ in range(200):
+        step(INF)
+    assert _scale(opt) == 0.0
+    step(_scaled(FINITE, opt))
+    assert not np.isfinite(var.numpy()).any()
+
+
+def test_ceiling_caps_growth():
+    _, opt, step = _stepper("function", growth_interval=1)
+    for _ in range(200):
+        step(FINITE)
+    assert opt.loss_scale == 2.0**24
+
+
+def test_stock_scale_grows_to_inf_and_stays_there():
+    _, opt, step = _stepper(
+        "function", cls=StockLossScaleOptimizer, dynamic_growth_steps=1
+    )
+    for _ in range(200):
+        step(FINITE)
+    for _ in range(5):
+        step(INF)
+    assert _scale(opt) == np.inf
+
+
+# --- Skipped steps --------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [NAN, INF], ids=["nan", "inf"])
+def test_skipped_step_leaves_weights_and_adam_slots(bad):
+    var, opt, step = _stepper(
+        "function", inner=keras.optimizers.Adam(0.1), initial_scale=8.0
+    )
+    step(_scaled(FINITE, opt))
+    inner = opt.inner_optimizer
+    slots = {
+        v.path: v.numpy().copy() for v in inner.variables if "iteration" not in v.path
+    }
+    weights = var.numpy().copy()
+    step(bad)
+    np.testing.assert_array_equal(var.numpy(), weights)
+    for v in inner.variables:
+        if v.path in slots:
+            np.testing.assert_array_equal(v.numpy(), slots[v.path], err_msg=v.path)
+    assert int(opt.iterations) == int(inner.iterations) == 2
+    assert int(opt._iterations.numpy()) == 2
+    assert opt.skipped_steps == 1
+
+
+@pytest.mark.parametrize(
+    ("cls", "expected"),
+    [
+        (LossScaleOptimizer, [-0.1, -1.2]),
+        # The stock class does not count the skipped step, so the schedule
+        # still gives 1.0 on the third step.
+        (StockLossScaleOptimizer, [-1.0, -3.0]),
+    ],
+    ids=["ours", "stock"],
+)
+def test_learning_rate_schedule_sees_skipped_steps(cls, expected):
+    schedule = keras.optimizers.schedules.PiecewiseConstantDecay([1], [1.0, 0.1])
+    var, opt, step = _stepper(
+        "eager", inner=keras.optimizers.SGD(schedule), cls=cls, initial_scale=1.0
+    )
+    for grad in [FINITE, NAN, FINITE]:
+        step(_scaled(grad, opt))
+    np.testing.assert_allclose(var.numpy(), expected, rtol=1e-6)
+
+
+def test_nonfinite_counts_attribute_steps_to_variables():
+    a = keras.Variable(np.ones(2, np.float32), name="a")
+    b = keras.Variable(np.ones(3, np.float32), name="b")
+    opt = LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=1.0)
+    apply = tf.function(lambda ga, gb: opt.apply([ga, gb], [a, b]))
+    assert opt.nonfinite_counts() == {}
+    for ga, gb in [
+        (NAN, [1, 1, 1]),
+        ([1, 1], [1, np.inf, 1]),
+        ([1, 1], [np.nan] * 3),
+        ([1, 1], [1, 1, 1]),
+    ]:
+        apply(tf.constant(ga, tf.float32), tf.constant(gb, tf.float32))
+    assert opt.nonfinite_counts() == {"a": 1, "b": 2}
+    assert opt.skipped_steps == 3
+    counter = opt._nonfinite_counter
+    assert counter.dtype == "int64" and not counter.trainable
+    assert any(v is counter for v in opt.variables)
+
+
+def test_sparse_gradients_are_checked_without_densifying():
+    var, opt, _ = _stepper("eager", shape=(4, 2), initial_scale=2.0)
+    apply = tf.function(
+        lambda values: opt.apply(
+            [tf.IndexedSlices(values, tf.constant([1]), tf.constant([4, 2]))], [var]
+        )
+    )
+    apply(tf.constant([[2.0, 4.0]]))
+    apply(tf.constant([[np.nan, 4.0]]))
+    np.testing.assert_allclose(var.numpy(), [[1, 1], [0.5, 0], [1, 1], [1, 1]])
+    assert opt.nonfinite_counts() == {"w": 1}
+
+
+# --- Inner optimizer features --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make_inner",
+    [
+        lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+        lambda: keras.optimizers.Adam(0.1),
+        lambda: keras.optimizers.AdamW(0.1, weight_decay=0.5),
+        lambda: keras.optimizers.SGD(0.1, clipnorm=1.0),
+        lambda: keras.optimizers.SGD(0.1, global_clipnorm=1.0),
+        lambda: keras.optimizers.SGD(0.1, clipvalue=0.5),
+    ],
+    ids=["momentum", "adam", "adamw", "clipnorm", "global_clipnorm", "clipvalue"],
+)
+def test_finite_steps_match_the_inner_optimizer_on_unscaled_gradients(make_inner):
+    grads = [[3.0, 4.0], [-1.0, 0.5], [2.0, -2.0]]
+    reference_var, _, reference_step = _stepper(
+        "function", inner=make_inner(), cls=lambda inner: inner
+    )
+    var, opt, step = _stepper(
+        "function", inner=make_inner(), initial_scale=1024.0, growth_interval=2
+    )
+    for grad in grads:
+        reference_step(grad)
+        step(_scaled(grad, opt))
+    np.testing.assert_allclose(var.numpy(), reference_var.numpy(), rtol=1e-6)
+
+
+def test_ema_updates_only_on_applied_steps():
+    inner = keras.optimizers.SGD(0.5, use_ema=True, ema_momentum=0.5)
+    var, opt, step = _stepper("function", inner=inner, initial_scale=1.0)
+    step(FINITE)  # First step: the average starts at the new weights.
+    average = inner._model_variables_moving_average[0]
+    np.testing.assert_allclose(average.numpy(), [0.5, 0.0])
+    step(NAN)
+    np.testing.assert_allclose(average.numpy(), [0.5, 0.0])
+    step(FINITE)
+    np.testing.assert_allclose(var.numpy(), [0.0, -1.0])
+    np.testing.assert_allclose(average.numpy(), [0.25, -0.5])
+
+
+def _linear_model() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    return keras.Sequential(
+        [keras.Input((3,)), keras.layers.Dense(2), keras.layers.Dense(1)]
+    )
+
+
+def _batch_gradients(
+    model: keras.Model, x: np.ndarray, y: np.ndarray, scale: float = 1.0
+):
+    with tf.GradientTape() as tape:
+        loss = keras.losses.mean_squared_error(y, model(x))
+        loss = tf.reduce_mean(loss) * scale
+    return tape.gradient(loss, model.trainable_variables)
+
+
+def test_gradient_accumulation_drops_nonfinite_micro_batches():
+    rng = np.random.RandomState(0)
+    x = rng.normal(size=(24, 3)).astype("float32")
+    y = rng.normal(size=(24, 1)).astype("float32")
+    micro = [(x[i : i + 4], y[i : i + 4]) for i in range(0, 24, 4)]
+    nan_x = np.full((4, 3), np.nan, np.float32)
+    # Windows of 2: (A, B) both finite; (NaN, D): D alone; (NaN, NaN): nothing.
+    stream = [
+        micro[0],
+        micro[1],
+        (nan_x, micro[2][1]),
+        micro[3],
+        (nan_x, y[:4]),
+        (nan_x, y[:4]),
+    ]
+    large_batches = [
+        (
+            np.concatenate([micro[0][0], micro[1][0]]),
+            np.concatenate([micro[0][1], micro[1][1]]),
+        ),
+        micro[3],
+    ]
+
+    reference = _linear_model()
+    reference_opt = keras.optimizers.Adam(0.05)
+    for bx, by in large_batches:
+        reference_opt.apply(
+            _batch_gradients(reference, bx, by), reference.trainable_variables
+        )
+
+    model = _linear_model()
+    inner = keras.optimizers.Adam(0.05, gradient_accumulation_steps=2)
+    opt = LossScaleOptimizer(inner, initial_scale=2.0**10, growth_interval=100)
+    opt.build(model.trainable_variables)
+    apply = tf.function(lambda grads: opt.apply(grads, model.trainable_variables))
+    for i, (bx, by) in enumerate(stream):
+        apply(_batch_gradients(model, bx, by, opt.loss_scale))
+        if i == 0:
+            # The accumulators hold the unscaled float32 gradient of A.
+            for acc, grad in zip(
+                inner._accumulated_gradients, _batch_gradients(model, bx, by)
+            ):
+                assert acc.dtype == "float32"
+                np.testing.assert_allclose(acc.numpy(), grad.numpy(), rtol=1e-5)
+
+    for got, want in zip(model.trainable_variables, reference.trainable_variables):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    assert opt.skipped_steps == 3
+    assert int(inner._iterations.numpy()) == 6
+    assert all(not acc.numpy().any() for acc in inner._accumulated_gradients)
+
+
+# --- Keras integration ----------------------------------------------------
+
+
+def test_keras2_custom_loop_matches_keras3_style_and_float32():
+    """The TF mixed-precision guide's loop, a Keras 3 loop and no scaling agree.
+
+    growth_interval=1 changes the scale every step, and the loops are traced
+    before the optimizers are built, so a scale baked in at trace time would
+    show.
+    """
+    rng = np.random.RandomState(1)
+    x = rng.normal(size=(8, 3)).astype("float32")
+    y = rng.normal(size=(8, 1)).astype("float32")
+    models = [_linear_model() for _ in range(3)]
+    guide_opt, keras3_opt = (
+        LossScaleOptimizer(
+            keras.optimizers.SGD(0.1), initial_scale=2.0**8, growth_interval=1
+        )
+        for _ in range(2)
+    )
+    plain_opt = keras.optimizers.SGD(0.1)
+
+    def loss_fn(model: keras.Model) -> tf.Tensor:
+        return tf.reduce_mean(keras.losses.mean_squared_error(y, model(x)))
+
+    @tf.function
+    def guide_step(model):
+        with tf.GradientTape() as tape:
+            scaled_loss = guide_opt.get_scaled_loss(loss_fn(model))
+        scaled_grads = tape.gradient(scaled_loss, model.trainable_variables)
+        grads = guide_opt.get_unscaled_gradients(scaled_grads)
+        # Transforming the unscaled gradients in between is allowed.
+        grads, _ = tf.clip_by_global_norm(grads, 1e6)
+        guide_opt.apply_gradients(zip(grads, model.trainable_variables))
+
+    @tf.function
+    def keras3_step(model):
+        with tf.GradientTape() as tape:
+            scaled_loss = keras3_opt.scale_loss(loss_fn(model))
+        grads = tape.gradient(scaled_loss, model.trainable_variables)
+        keras3_opt.apply_gradients(zip(grads, model.trainable_variables))
+
+    @tf.function
+    def plain_step(model):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(model)
+        plain_opt.apply(
+            tape.gradient(loss, model.trainable_variables), model.trainable_variables
+        )
+
+    for _ in range(4):
+        for step, model in zip([guide_step, keras3_step, plain_step], models):
+            step(model)
+    assert guide_opt.loss_scale == keras3_opt.loss_scale == 2.0**12
+    for guide, keras3, plain in zip(*(m.trainable_variables for m in models)):
+        np.testing.assert_allclose(guide.numpy(), plain.numpy(), rtol=1e-5)
+        np.testing.assert_allclose(keras3.numpy(), plain.numpy(), rtol=1e-5)
+
+
+def test_compile_under_mixed_float16_keeps_our_optimizer():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    model = _linear_model()
+    opt = LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    model.compile(optimizer=opt, loss="mse")
+    assert model.optimizer is opt
+    assert isinstance(opt, StockLossScaleOptimizer)
+
+
+def _nan_batch_data() -> tuple[np.ndarray, np.ndarray]:
+    """Three batches of 4; the second one has a NaN input."""
+    rng = np.random.RandomState(2)
+    x = rng.normal(size=(12, 3)).astype("float32")
+    y = rng.normal(size=(12, 1)).astype("float32")
+    x[6, 1] = np.nan
+    return x, y
+
+
+def test_jit_compiled_fit_skips_the_nonfinite_batch():
+    x, y = _nan_batch_data()
+    weights = {}
+    for jit_compile in (True, False):
+        model = _linear_model()
+        opt = LossScaleOptimizer(keras.optimizers.Adam(0.01))
+        model.compile(optimizer=opt, loss="mse", jit_compile=jit_compile)
+        assert model.jit_compile is jit_compile
+        model.fit(x, y, batch_size=4, shuffle=False, verbose=0)
+        assert opt.skipped_steps == 1
+        assert int(opt.iterations) == 3
+        assert opt.loss_scale == 2.0**14
+        weights[jit_compile] = [v.numpy() for v in model.trainable_variables]
+        assert all(np.isfinite(w).all() for w in weights[jit_compile])
+    for jit, plain in zip(weights[True], weights[False]):
+        np.testing.assert_allclose(jit, plain, rtol=1e-5)
+
+
+def test_float16_gradients_underflow_without_loss_scaling():
+    """Ours trains the first of 15 float16 sigmoid layers; a plain Adam does not.
+
+    That kernel's gradient is ~1e-10, below float16's smallest subnormal (6e-8)
+    unless the loss is scaled.
+    """
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    rng = np.random.RandomState(0)
+    x = rng.normal(size=(32, 8)).astype("float32")
+    y = rng.normal(size=(32, 1)).astype("float32")
+
+    def sigmoid_stack() -> keras.Model:
+        keras.utils.set_random_seed(0)
+        hidden = [keras.layers.Dense(8, activation="sigmoid") for _ in range(15)]
+        return keras.Sequential(
+            [keras.Input((8,)), *hidden, keras.layers.Dense(1, dtype="float32")]
+        )
+
+    model = sigmoid_stack()
+    assert not _batch_gradients(model, x, y)[0].numpy().any()
+
+    changed = {}
+    for name, opt in [
+        ("plain", keras.optimizers.Adam(1e-3)),
+        ("ours", LossScaleOptimizer(keras.optimizers.Adam(1e-3))),
+    ]:
+        model = sigmoid_stack()
+        first_kernel = model.layers[0].kernel
+        before = first_kernel.numpy().copy()
+        model.compile(optimizer=opt, loss="mse", auto_scale_loss=False)
+        model.fit(x, y, batch_size=16, verbose=0)
+        changed[name] = np.count_nonzero(first_kernel.numpy() != before)
+    assert changed["plain"] == 0
+    assert changed["ours"] > before.size // 2
+
+
+# --- Configuration and state ----------------------------------------------
+
+_CUSTOM = dict(
+    initial_scale=1024.0,
+    growth_factor=3.0,
+    backoff_factor=0.25,
+    growth_interval=7,
+    hysteresis=2,
+    min_scale=2.0,
+    max_scale=2.0**20,
+    dynamic=False,
+)
+
+
+def test_get_config_round_trips_every_argument():
+    opt = LossScaleOptimizer(
+        keras.optimizers.AdamW(1e-3, global_clipnorm=1.0), name="lso", **_CUSTOM
+    )
+    config = opt.get_config()
+    assert set(config) == {"name", "inner_optimizer", *_CUSTOM}
+    assert {k: config[k] for k in _CUSTOM} == _CUSTOM
+    restored = LossScaleOptimizer.from_config(copy.deepcopy(config))
+    assert restored.get_config() == config
+    serialized = keras.saving.serialize_keras_object(opt)
+    assert serialized["registered_name"] == "mpt_keras>LossScaleOptimizer"
+    deserialized = keras.saving.deserialize_keras_object(serialized)
+    assert type(deserialized) is LossScaleOptimizer
+    assert deserialized.get_config() == config
+    assert deserialized.inner_optimizer.global_clipnorm == 1.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            dict(growth_factor=0.5),
+            "Argument growth_factor must be a finite number > 1. "
+            "Received: growth_factor=0.5",
+        ),
+        (dict(growth_factor=1.0), "Received: growth_factor=1.0"),
+        (
+            dict(backoff_factor=0.0),
+            "Argument backoff_factor must be in the open interval (0, 1). "
+            "Received: backoff_factor=0.0",
+        ),
+        (dict(backoff_factor=1.0), "Received: backoff_factor=1.0"),
+        (
+            dict(growth_interval=0),
+            "Argument growth_interval must be an integer >= 1. "
+            "Received: growth_interval=0",
+        ),
+        (dict(growth_interval=2.5), "Received: growth_interval=2.5"),
+        (dict(growth_interval=True), "Received: growth_interval=True"),
+        (
+            dict(hysteresis=0),
+            "Argument hysteresis must be an integer >= 1. Received: hysteresis=0",
+        ),
+        (
+            dict(initial_scale=0.0),
+            "Argument initial_scale must be a positive finite float32 number",
+        ),
+        (dict(initial_scale=float("nan")), "Received: initial_scale=nan"),
+        (dict(initial_scale=float("inf")), "Received: initial_scale=inf"),
+        (dict(initial_scale="big"), "Received: initial_scale='big'"),
+        (dict(max_scale=1e39), "Received: max_scale=1e+39"),
+        (dict(min_scale=0.0), "Received: min_scale=0.0"),
+        (
+            dict(initial_scale=0.5),
+            "Argument initial_scale must be in [min_scale, max_scale] = "
+            "[1.0, 16777216.0]. "
+            "Received: initial_scale=0.5",
+        ),
+        (dict(initial_scale=2.0**25), "Received: initial_scale=33554432.0"),
+        (
+            dict(min_scale=4.0, max_scale=2.0),
+            "Argument max_scale must be >= min_scale=4.0. Received: max_scale=2.0",
+        ),
+        (
+            dict(dynamic="yes"),
+            "Argument dynamic must be True or False. Received: dynamic='yes'",
+        ),
+    ],
+)
+def test_invalid_arguments_raise_value_error(kwargs, message):
+    with pytest.raises(ValueError) as info:
+        LossScaleOptimizer(keras.optimizers.SGD(0.1), **kwargs)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "inner",
+    [None, "sgd", StockLossScaleOptimizer(keras.optimizers.SGD(0.1))],
+    ids=["none", "string", "loss_scale_optimizer"],
+)
+def test_inner_optimizer_must_be_a_plain_optimizer(inner):
+    with pytest.raises(
+        ValueError,
+        match="Argument inner_optimizer must be a keras.optimizers.Optimizer",
+    ):
+        LossScaleOptimizer(inner)
+
+
+def test_base_optimizer_arguments_belong_on_the_inner_optimizer():
+    with pytest.raises(ValueError, match="on the `inner_optimizer`"):
+        LossScaleOptimizer(keras.optimizers.SGD(0.1), clipnorm=1.0)
+
+
+def test_stateless_apply_is_not_supported_on_tensorflow():
+    var, opt, _ = _stepper("eager")
+    with pytest.raises(ValueError, match="stateless_apply is not supported"):
+        opt.stateless_apply(
+            [v.value for v in opt.variables], [tf.constant(FINITE)], [var.value]
+        )
+
+
+def test_apply_in_cross_replica_context_raises():
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        var, opt, step = _stepper("eager")
+        with pytest.raises(ValueError, match="replica context"):
+            step(FINITE)
+
+
+def _trained_state() -> tuple[keras.Model, LossScaleOptimizer]:
+    """A compiled model whose optimizer has a non-trivial value in every state.
+
+    That is the scale, growth and hysteresis counters, skipped and per-variable
+    counts, Adam slots and an open accumulation window.
+    """
+    model = _linear_model()
+    inner = keras.optimizers.Adam(0.01, gradient_accumulation_steps=2)
+    opt = LossScaleOptimizer(inner, initial_scale=64.0, growth_interval=3, hysteresis=2)
+    model.compile(optimizer=opt, loss="mse")
+    opt.build(model.trainable_variables)
+    kernel_nan = [
+        np.full(v.shape, np.nan if i == 0 else 1.0, np.float32)
+        for i, v in enumerate(model.trainable_variables)
+    ]
+    finite = [np.ones(v.shape, np.float32) * 64 for v in model.trainable_variables]
+    for grads in [finite, finite, kernel_nan, finite, kernel_nan, finite, finite]:
+        opt.apply([tf.constant(g) for g in grads], model.trainable_variables)
+    return model, opt
+
+
+def _state(opt: LossScaleOptimizer) -> dict[str, Any]:
+    return {
+        "loss_scale": opt.loss_scale,
+        "skipped_steps": opt.skipped_steps,
+        # Values only: a loaded model's variable paths lose the model prefix.
+        "nonfinite_counts": list(opt.nonfinite_counts().values()),
+        "variables": [v.numpy().tolist() for v in opt.variables],
+    }
+
+
+def test_trained_state_is_not_trivial():
+    _, opt = _trained_state()
+    state = _state(opt)
+    assert state["loss_scale"] == 32.0
+    assert state["skipped_steps"] == 2
+    assert state["nonfinite_counts"] == [2, 0, 0, 0]
+    assert int(opt.step_counter.numpy()) == 2
+    assert int(opt._overflow_counter.numpy()) == 2
+    assert int(opt._accumulated_counter.numpy()) == 1
+
+
+def test_model_save_and_load_model_restore_all_state(tmp_path):
+    model, opt = _trained_state()
+    path = tmp_path / "model.keras"
+    model.save(path)
+    restored = keras.saving.load_model(path)
+    assert type(restored.optimizer) is LossScaleOptimizer
+    assert restored.optimizer.get_config() == opt.get_config()
+    assert _state(restored.optimizer) == _state(opt)
+
+
+def test_tf_train_checkpoint_restores_all_state(tmp_path):
+    model, opt = _trained_state()
+    path = tf.train.Checkpoint(model=model, optimizer=opt).save(str(tmp_path / "ckpt"))
+    fresh_model = _linear_model()
+    fresh_opt = LossScaleOptimizer.from_config(opt.get_config())
+    fresh_opt.build(fresh_model.trainable_variables)
+    tf.train.Checkpoint(model=fresh_model, optimizer=fresh_opt).restore(
+        path
+    ).assert_existing_objects_matched()
+    assert _state(fresh_opt) == _state(opt)
+
+
+def test_class_docstring_example_runs():
+    finder = doctest.DocTestFinder()
+    runner = doctest.DocTestRunner()
+    for test in finder.find(LossScaleOptimizer, globs=vars(lso_module)):
+        runner.run(test)
+    results = runner.summarize(verbose=False)
+    assert results.attempted > 0 and results.failed == 0
+
+
+# --- tf.distribute (run in a child process, see the module docstring) ------
+
+
+@pytest.fixture(scope="module")
+def distributed() -> dict[str, Any]:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(_TESTS_DIR.parent), str(_TESTS_DIR), env.get("PYTHONPATH", "")]
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert child.returncode == 0, child.stderr[-4000:]
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+STRATEGIES = ["mirrored", "multi_worker"]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("bad_replica", [0, 1])
+def test_nonfinite_gradient_on_one_replica_skips_on_all(
+    distributed, strategy, bad_replica
+):
+    result = distributed[strategy][f"nan_on_replica_{bad_replica}"]
+    assert result["weights"] == [[1.0, 1.0], [1.0, 1.0]]
+    assert result["scale"] == [2.0, 2.0]  # Backed off from 4 on both replicas.
+    assert result["skipped_steps"] == 1
+    assert result["nonfinite_counts"] == {"w": 1}
+    assert result["iterations"] == 1
+
+
+def test_stock_class_trusts_replica_0(distributed):
+    stock = distributed["mirrored"]["stock_nan_on_replica_1"]
+    assert stock["finite_weights"] is False
+    assert stock["scale"] == [4.0, 4.0]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize(
+    ("clip", "expected"),
+    [
+        ("clipnorm", [0.6, 0.8, 1.0]),
+        ("global_clipnorm", [3 / 13, 4 / 13, 12 / 13]),
+        ("clipvalue", [1.0, 1.0, 1.0]),
+    ],
+)
+def test_clipping_after_all_reduce_matches_single_device(
+    distributed, strategy, clip, expected
+):
+    result = distributed[strategy][f"clip_{clip}"]
+    single = distributed["single_device"][f"clip_{clip}"]
+    np.testing.assert_allclose(single, expected, rtol=1e-6)
+    for replica_update in result:
+        np.testing.assert_allclose(replica_update, single, rtol=1e-6)
+
+
+def test_stock_class_clips_per_replica(distributed):
+    # Each replica clips its half to norm 1 and the halves are then summed.
+    stock = distributed["mirrored"]["stock_clip_global_clipnorm"]
+    assert stock == pytest.approx(1.9596, abs=1e-4)
+
+
+def test_fit_under_mirrored_strategy_matches_single_device(distributed):
+    result = distributed["mirrored"]["fit"]
+    single = distributed["single_device"]["fit"]
+    assert result["skipped_steps"] == single["skipped_steps"] == 1
+    assert result["iterations"] == single["iterations"] == 3
+    assert result["replica_weights_equal"]
+    for got, want in zip(result["weights"], single["weights"]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # The stock class applies the NaN that only replica 1 saw.
+    assert distributed["mirrored"]["stock_fit_finite_weights"] is False
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_gradient_accumulation_under_strategy_matches_single_device(
+    distributed, strategy
+):
+    result = distributed[strategy]["accumulation"]
+    single = distributed["single_device"]["accumulation"]
+    assert result["skipped_steps"] == single["skipped_steps"] == 1
+    for replica_weights in result["weights"]:
+        np.testing.assert_allclose(replica_weights, single["weights"][0], rtol=1e-6)
+
+
+def test_keras2_loop_under_mirrored_strategy(distributed):
+    result = distributed["mirrored"]["keras2_loop"]
+    np.testing.assert_allclose(result["guide"], result["keras3"], rtol=1e-6)
+
+
+# --- Child process --------------------------------------------------------
+
+
+def _local(strategy: tf.distribute.Strategy, variable: keras.Variable) -> list[Any]:
+    return [
+        v.numpy().tolist() for v in strategy.experimental_local_results(variable.value)
+    ]
+
+
+def _apply_per_replica(
+    strategy: tf.distribute.Strategy,
+    make_optimizer: Callable[[], Any],
+    per_replica_grads: Sequence[Sequence[Sequence[float]]],
+    shapes: Sequence[tuple[int, ...]] = ((2,),),
+) -> tuple[list[keras.Variable], Any]:
+    """Applies per_replica_grads[step][replica][variable] to variables of ones.
+
+    With one replica, the replicas' gradients are summed first.
+    """
+    with strategy.scope():
+        variables = [
+            keras.Variable(np.ones(s, np.float32), name=n) for s, n in zip(shapes, "wv")
+        ]
+        opt = make_optimizer()
+        opt.build(variables)
+
+    @tf.function
+    def step(grads):
+        def replica_fn():
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            opt.apply([tf.gather(g, replica) for g in grads], variables)
+
+        strategy.run(replica_fn)
+
+    for step_grads in per_replica_grads:
+        per_variable = [
+            np.array([replica[i] for replica in step_grads], np.float32)
+            for i in range(len(shapes))
+        ]
+        if strategy.num_replicas_in_sync == 1:
+            per_variable = [g.sum(axis=0, keepdims=True) for g in per_variable]
+        step([tf.constant(g) for g in per_variable])
+    return variables, opt
+
+
+def _nan_on_replica(
+    strategy: tf.distribute.Strategy,
+    bad_replica: int,
+    cls: type = LossScaleOptimizer,
+) -> tuple[keras.Variable, Any]:
+    grads = [[[4.0, 4.0]], [[4.0, 4.0]]]
+    grads[bad_replica] = [[np.nan, 4.0]]
+    (var,), opt = _apply_per_replica(
+        strategy, lambda: cls(keras.optimizers.SGD(1.0), initial_scale=4.0), [grads]
+    )
+    return var, opt
+
+
+# Two replicas whose gradients sum to a=[3, 4], b=[12] (global norm 13), all
+# scaled by 8.
+_CLIP_GRADS = [[[8 * 1.0, 8 * 3.0], [8 * 5.0]], [[8 * 2.0, 8 * 1.0], [8 * 7.0]]]
+
+
+def _clip_update(
+    strategy: tf.distribute.Strategy, clip: str, cls: type = LossScaleOptimizer
+) -> list[list[float]]:
+    variables, _ = _apply_per_replica(
+        strategy,
+        lambda: cls(keras.optimizers.SGD(1.0, **{clip: 1.0}), initial_scale=8.0),
+        [_CLIP_GRADS],
+        shapes=[(2,), (1,)],
+    )
+    local = [strategy.experimental_local_results(v.value) for v in variables]
+    # Per replica: the update of every variable, flattened.
+    return [
+        np.concatenate([1 - v.numpy() for v in replica]).tolist()
+        for replica in zip(*local)
+    ]
+
+
+def _fit(
+    strategy: tf.distribute.Strategy, cls: type = LossScaleOptimizer
+) -> tuple[keras.Model, Any]:
+    x, y = _nan_batch_data()
+    with strategy.scope():
+        model = _linear_model()
+        opt = cls(keras.optimizers.SGD(0.1, global_clipnorm=0.5))
+        model.compile(optimizer=opt, loss="mse")
+    # Global batches of 4: the NaN (row 6) lands on the last replica.
+    model.fit(x, y, batch_size=4, shuffle=False, verbose=0)
+    return model, opt
+
+
+def _accumulation(strategy: tf.distribute.Strategy) -> dict[str, Any]:
+    # Window 1 (finite, then NaN on the last replica) applies its first
+    # micro-batch alone; window 2 the mean of two finite micro-batches.
+    steps = [
+        [[[2.0, 4.0]], [[2.0, 0.0]]],
+        [[[2.0, 2.0]], [[np.nan, 2.0]]],
+        [[[1.0, 1.0]], [[1.0, 1.0]]],
+        [[[3.0, 3.0]], [[3.0, 3.0]]],
+    ]
+    (var,), opt = _apply_per_replica(
+        strategy,
+        lambda: LossScaleOptimizer(
+            keras.optimizers.SGD(1.0, gradient_accumulation_steps=2),
+            initial_scale=2.0,
+        ),
+        steps,
+    )
+    return {"weights": _local(strategy, var), "skipped_steps": opt.skipped_steps}
+
+
+def _keras2_loop(strategy: tf.distribute.Strategy) -> dict[str, list[float]]:
+    x = tf.constant(np.random.RandomState(3).normal(size=(4, 3)).astype("float32"))
+    weights = {}
+    for style in ("guide", "keras3"):
+        with strategy.scope():
+            model = _linear_model()
+            opt = LossScaleOptimizer(
+                keras.optimizers.SGD(0.1), initial_scale=2.0**8, growth_interval=1
+            )
+            # Built up front: a loss-scale optimizer (stock or ours) first
+            # built inside strategy.run in a tf.function fails in TF's
+            # variable-lifting cond.
+            opt.build(model.trainable_variables)
+
+        @tf.function
+        def step():
+            def replica_fn():
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_sum(model(x) ** 2) / 8.0
+                    scaled_loss = opt.get_scaled_loss(loss)
+                grads = tape.gradient(scaled_loss, model.trainable_variables)
+                if style == "guide":
+                    grads = opt.get_unscaled_gradients(grads)
+                opt.apply_gradients(zip(grads, model.trainable_variables))
+
+            strategy.run(replica_fn)
+
+        for _ in range(3):
+            step()
+        weights[style] = np.concatenate(
+            [v.numpy().ravel() for v in model.trainable_variables]
+        ).tolist()
+    return weights
+
+
+def _distributed_results() -> dict[str, Any]:
+    """Runs the tf.distribute scenarios; needs two logical CPU devices."""
+    devices = ["/cpu:0", "/cpu:1"]
+    strategies = {
+        "mirrored": tf.distribute.MirroredStrategy(devices),
+        # Collective all-reduce (the MultiWorkerMirroredStrategy code path)
+        # over two local devices of a single worker.
+        "multi_worker": tf.distribute.MultiWorkerMirroredStrategy._from_local_devices(
+            devices
+        ),
+    }
+    results: dict[str, Any] = {}
+    for name, strategy in strategies.items():
+        results[name] = {"accumulation": _accumulation(strategy)}
+        for bad_replica in (0, 1):
+            var, opt = _nan_on_replica(strategy, bad_replica)
+            results[name][f"nan_on_replica_{bad_replica}"] = {
+                "weights": _local(strategy, var),
+                "scale": _local(strategy, opt.dynamic_scale),
+                "skipped_steps": opt.skipped_steps,
+                "nonfinite_counts": opt.nonfinite_counts(),
+                "iterations": int(opt.iterations.numpy()),
+            }
+        for clip in ("clipnorm", "global_clipnorm", "clipvalue"):
+            results[name][f"clip_{clip}"] = _clip_update(strategy, clip)
+
+    mirrored = strategies["mirrored"]
+    var, opt = _nan_on_replica(mirrored, 1, cls=StockLossScaleOptimizer)
+    results["mirrored"]["stock_nan_on_replica_1"] = {
+        "finite_weights": bool(np.isfinite(var.numpy()).all()),
+        "scale": _local(mirrored, opt.dynamic_scale),
+    }
+    stock_update = _clip_update(
+        mirrored, "global_clipnorm", cls=StockLossScaleOptimizer
+    )[0]
+    results["mirrored"]["stock_clip_global_clipnorm"] = float(
+        np.linalg.norm(stock_update)
+    )
+    model, opt = _fit(mirrored)
+    results["mirrored"]["fit"] = {
+        "weights": [v.numpy().tolist() for v in model.trainable_variables],
+        "replica_weights_equal": all(
+            np.array_equal(
+                *(c.numpy() for c in mirrored.experimental_local_results(v.value))
+            )
+            for v in model.trainable_variables
+        ),
+        "skipped_steps": opt.skipped_steps,
+        "iterations": int(opt.iterations.numpy()),
+    }
+    model, _ = _fit(mirrored, cls=StockLossScaleOptimizer)
+    results["mirrored"]["stock_fit_finite_weights"] = all(
+        np.isfinite(v.numpy()).all() for v in model.trainable_variables
+    )
+    results["mirrored"]["keras2_loop"] = _keras2_loop(mirrored)
+
+    single = tf.distribute.get_strategy()
+    model, opt = _fit(single)
+    results["single_device"] = {
+        "fit": {
+            "weights": [v.numpy().tolist() for v in model.trainable_variables],
+            "skipped_steps": opt.skipped_steps,
+            "iterations": int(opt.iterations.numpy()),
+        },
+        "accumulation": _accumulation(single),
+        **{
+            f"clip_{clip}": _clip_update(single, clip)[0]
+            for clip in ("clipnorm", "global_clipnorm", "clipvalue")
+        },
+    }
+    return results
