@@ -37,9 +37,7 @@ class Checkpointer:
         checkpointer.save(step)
     """
 
-    def __init__(
-        self, model_dir: str, model: keras.Model, optimizer: keras.Optimizer, keep: int
-    ):
+    def __init__(self, model_dir: str, model: keras.Model, optimizer: keras.Optimizer, keep: int):
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         # The variables, not the objects: tf.train.Checkpoint does not track a
         # Keras 3 model's variables (only the optimizer's references to the

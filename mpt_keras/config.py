@@ -325,8 +325,7 @@ def _build(cls: type, values: Any, prefix: str) -> Any:
     """Instantiates dataclass `cls` from `values`, checking keys and types."""
     if not isinstance(values, Mapping):
         raise UserInputError(
-            f"{prefix.rstrip('.') or 'config'} must be a JSON object, "
-            f"received {json.dumps(values)}"
+            f"{prefix.rstrip('.') or 'config'} must be a JSON object, received {json.dumps(values)}"
         )
     fields = {field.name: field for field in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(fields))
@@ -346,7 +345,9 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
     """Checks `value` against type `hint`, recursing into nested dataclasses."""
     if dataclasses.is_dataclass(hint):
         return _build(hint, value, prefix=key + ".")
-    allowed = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, _UnionType) else (hint,)
+    allowed = (
+        typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, _UnionType) else (hint,)
+    )
     if value is None and type(None) in allowed:
         return None
     for kind in allowed:
@@ -358,13 +359,20 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
             return value
         if typing.get_origin(kind) is Mapping and isinstance(value, Mapping):
             return dict(value)
-    names = " or ".join(_TYPE_NAMES.get(typing.get_origin(kind) or kind, str(kind)) for kind in allowed)
+    names = " or ".join(
+        _TYPE_NAMES.get(typing.get_origin(kind) or kind, str(kind)) for kind in allowed
+    )
     raise UserInputError(f"key '{key}' must be {names}, received {json.dumps(value)}")
 
 
 _UnionType = type(int | None)
-_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", Mapping: "a JSON object",
-               type(None): "null"}
+_TYPE_NAMES = {
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    Mapping: "a JSON object",
+    type(None): "null",
+}
 
 
 def _require(ok: bool, key: str, allowed: str, received: Any) -> None:

@@ -170,9 +170,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
     def build(self, var_list: Sequence[keras.Variable]) -> None:
         # Not the stock build: __init__ already made the scale variables.
         self.inner_optimizer.build(var_list)
-        self._nonfinite_counter = self._add_counter(
-            "nonfinite_counter", (len(var_list),)
-        )
+        self._nonfinite_counter = self._add_counter("nonfinite_counter", (len(var_list),))
         if self.inner_optimizer.gradient_accumulation_steps:
             self._accumulated_counter = self._add_counter("accumulated_counter")
         super(_StockLossScaleOptimizer, self).build(var_list)
@@ -196,8 +194,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             return {}
         counts = ops.convert_to_numpy(self._nonfinite_counter)
         return {
-            getattr(v, "path", v.name): int(c)
-            for v, c in zip(self._trainable_variables, counts)
+            getattr(v, "path", v.name): int(c) for v, c in zip(self._trainable_variables, counts)
         }
 
     def scale_loss(self, loss: tf.Tensor) -> tf.Tensor:
@@ -207,9 +204,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         """Keras 2 name of `scale_loss`."""
         return self.scale_loss(loss)
 
-    def get_unscaled_gradients(
-        self, grads: Sequence[tf.Tensor | None]
-    ) -> list[tf.Tensor | None]:
+    def get_unscaled_gradients(self, grads: Sequence[tf.Tensor | None]) -> list[tf.Tensor | None]:
         """Keras 2 style: unscales `grads` for a custom loop.
 
         The next `apply`/`apply_gradients` in the same thread (replica) then
@@ -288,8 +283,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         indices = map(self._get_variable_index, trainable_variables)
         flags = dict(zip(indices, nonfinite))
         per_variable = [
-            ops.cast(flags.get(i, False), "int64")
-            for i in range(len(self._trainable_variables))
+            ops.cast(flags.get(i, False), "int64") for i in range(len(self._trainable_variables))
         ]
         iterations = self.inner_optimizer._iterations
         return [
@@ -301,9 +295,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             (iterations, iterations + 1),
         ]
 
-    def _scale_updates(
-        self, finite: tf.Tensor
-    ) -> list[tuple[keras.Variable, tf.Tensor]]:
+    def _scale_updates(self, finite: tf.Tensor) -> list[tuple[keras.Variable, tf.Tensor]]:
         scale = ops.convert_to_tensor(self.dynamic_scale)
         finite_steps = self.step_counter + 1
         grow = finite & (finite_steps >= self.growth_interval)
@@ -337,8 +329,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         """
         inner = self.inner_optimizer
         accumulators = [
-            inner._accumulated_gradients[inner._get_variable_index(v)]
-            for v in trainable_variables
+            inner._accumulated_gradients[inner._get_variable_index(v)] for v in trainable_variables
         ]
         sums = [
             ops.where(finite, acc + ops.cast(tf.convert_to_tensor(g), acc.dtype), acc)
@@ -442,15 +433,15 @@ def _validate_arguments(
     dynamic: bool,
 ) -> None:
     # In order: later checks compare values that earlier checks proved numbers.
-    a_scale = (
-        f"a positive finite float32 number (in [{_SCALE_LOW:.4g}, {_SCALE_HIGH:.4g}])"
-    )
+    a_scale = f"a positive finite float32 number (in [{_SCALE_LOW:.4g}, {_SCALE_HIGH:.4g}])"
     checks = [
         (
             "inner_optimizer",
             inner_optimizer,
-            lambda v: isinstance(v, keras.optimizers.Optimizer)
-            and not isinstance(v, _StockLossScaleOptimizer),
+            lambda v: (
+                isinstance(v, keras.optimizers.Optimizer)
+                and not isinstance(v, _StockLossScaleOptimizer)
+            ),
             "a keras.optimizers.Optimizer that is not a LossScaleOptimizer",
         ),
         ("initial_scale", initial_scale, _is_scale, a_scale),
@@ -481,9 +472,7 @@ def _validate_arguments(
     ]
     for name, value, is_valid, allowed in checks:
         if not is_valid(value):
-            raise UserInputError(
-                f"Argument {name} must be {allowed}. Received: {name}={value!r}"
-            )
+            raise UserInputError(f"Argument {name} must be {allowed}. Received: {name}={value!r}")
 
 
 def _is_number(value: Any) -> bool:
@@ -495,11 +484,7 @@ def _is_scale(value: Any) -> bool:
 
 
 def _is_count(value: Any) -> bool:
-    return (
-        isinstance(value, numbers.Integral)
-        and not isinstance(value, bool)
-        and value >= 1
-    )
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
 
 
 def _read(variable: keras.Variable, to_python: type) -> Any:

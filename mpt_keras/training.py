@@ -135,7 +135,9 @@ def _prepare_model_dir(model_dir: str, config: TrainConfig) -> None:
     try:
         os.makedirs(model_dir, exist_ok=True)
     except OSError as error:
-        raise UserInputError(f"model_dir {model_dir}: cannot be created ({error.strerror})") from None
+        raise UserInputError(
+            f"model_dir {model_dir}: cannot be created ({error.strerror})"
+        ) from None
     if not os.access(model_dir, os.W_OK):
         raise UserInputError(f"model_dir {model_dir}: not writable")
     config_path = os.path.join(model_dir, CONFIG_FILE)
@@ -143,7 +145,9 @@ def _prepare_model_dir(model_dir: str, config: TrainConfig) -> None:
         previous = TrainConfig.from_json(config_path).to_dict()
         current = config.to_dict()
         changed = sorted(
-            key for key in current if current[key] != previous[key] and key not in _RESUMABLE_CHANGES
+            key
+            for key in current
+            if current[key] != previous[key] and key not in _RESUMABLE_CHANGES
         )
         if changed:
             raise UserInputError(
@@ -182,7 +186,9 @@ def _make_optimizer(config: TrainConfig) -> LossScaleOptimizer:
     if settings.name == "adam":
         inner = keras.optimizers.Adam(learning_rate, **clipping)
     elif settings.name == "adamw":
-        inner = keras.optimizers.AdamW(learning_rate, weight_decay=settings.weight_decay, **clipping)
+        inner = keras.optimizers.AdamW(
+            learning_rate, weight_decay=settings.weight_decay, **clipping
+        )
     else:
         inner = keras.optimizers.SGD(learning_rate, momentum=0.9, **clipping)
     if config.precision == "mixed_float16":
@@ -196,7 +202,9 @@ def _make_optimizer(config: TrainConfig) -> LossScaleOptimizer:
         raise UserInputError(f"config section loss_scale: {error}") from None
 
 
-def _learning_rate(settings: OptimizerConfig, steps: int) -> float | keras.optimizers.schedules.LearningRateSchedule:
+def _learning_rate(
+    settings: OptimizerConfig, steps: int
+) -> float | keras.optimizers.schedules.LearningRateSchedule:
     if settings.schedule == "constant" and not settings.warmup_steps:
         return settings.learning_rate
     warmup = settings.warmup_steps
@@ -251,7 +259,9 @@ def _fit(
     )
 
 
-def _final_metrics(model: keras.Model, validation, task: str, config: TrainConfig) -> dict[str, Any]:
+def _final_metrics(
+    model: keras.Model, validation, task: str, config: TrainConfig
+) -> dict[str, Any]:
     results = model.evaluate(validation, return_dict=True, verbose=0)
     optimizer = model.optimizer
     metrics: dict[str, Any] = {

@@ -1,21 +1,18 @@
 """The benchmark harnesses run (at tiny sizes) and report every field."""
 
-import keras
-import pytest
 
 from benchmarks import loss_scale_overhead
 
 
-@pytest.fixture(autouse=True)
-def _restore_keras():
-    yield
-    keras.config.set_dtype_policy("float32")
-    keras.backend.clear_session()
-
-
 def test_loss_scale_overhead_reports_both_variants_and_their_ratio():
     result = loss_scale_overhead.measure(
-        rounds=2, steps_per_round=2, warmup_steps=1, batch_size=2, sequence_length=8, num_layers=1, d_model=8
+        rounds=2,
+        steps_per_round=2,
+        warmup_steps=1,
+        batch_size=2,
+        sequence_length=8,
+        num_layers=1,
+        d_model=8,
     )
     assert set(result) == {
         "benchmark",

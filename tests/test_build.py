@@ -14,7 +14,11 @@ def _targets():
         tree = ast.parse(file.read())
     targets = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id.startswith("py_"):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id.startswith("py_")
+        ):
             arguments = {keyword.arg: keyword.value for keyword in node.keywords}
             name = ast.literal_eval(arguments["name"])
             srcs = ast.literal_eval(arguments["srcs"])

@@ -39,7 +39,9 @@ def test_layers_apply_in_order_file_override_flags(tmp_path):
 
 
 def test_model_options_merge_key_by_key(tmp_path):
-    path = _write(tmp_path, {"model": {"name": "mlp", "options": {"hidden_units": [8], "dropout": 0.5}}})
+    path = _write(
+        tmp_path, {"model": {"name": "mlp", "options": {"hidden_units": [8], "dropout": 0.5}}}
+    )
     config = resolve_config(path, '{"model": {"options": {"dropout": 0.0}}}')
     assert config.model.options == {"hidden_units": [8], "dropout": 0.0}
 
@@ -68,18 +70,16 @@ def test_integers_are_accepted_for_floats():
         (
             {"precision": "fp16"},
             "key 'precision' must be one of float32, mixed_float16, mixed_bfloat16, "
-            "auto; received \"fp16\"",
+            'auto; received "fp16"',
         ),
         (
             {"eval_every": 150},
-            "key 'eval_every' must be a positive multiple of checkpoint_every (100), "
-            "received 150",
+            "key 'eval_every' must be a positive multiple of checkpoint_every (100), received 150",
         ),
         ({"data": [1]}, "data must be a JSON object, received [1]"),
         (
             {"optimizer": {"name": "adam", "weight_decay": 0.1}},
-            "key 'optimizer.weight_decay' must be 0 unless optimizer.name is 'adamw', "
-            "received 0.1",
+            "key 'optimizer.weight_decay' must be 0 unless optimizer.name is 'adamw', received 0.1",
         ),
         (
             {"optimizer": {"global_clipnorm": -1}},
@@ -104,7 +104,8 @@ def test_malformed_json_names_file_and_position(tmp_path):
     with pytest.raises(UserInputError) as raised:
         TrainConfig.from_json(path)
     assert str(raised.value) == (
-        f"{path}: malformed JSON at line 3 column 1: Expecting property name enclosed in double quotes"
+        f"{path}: malformed JSON at line 3 column 1: "
+        "Expecting property name enclosed in double quotes"
     )
 
 
@@ -117,7 +118,10 @@ def test_json_that_is_not_an_object():
 def test_flag_errors_name_the_flag(tmp_path):
     with pytest.raises(UserInputError) as raised:
         resolve_config(_write(tmp_path, {}), None, virtual_cpus=-1)
-    assert str(raised.value) == "--virtual_cpus: key 'virtual_cpus' must be an integer >= 0, received -1"
+    assert (
+        str(raised.value)
+        == "--virtual_cpus: key 'virtual_cpus' must be an integer >= 0, received -1"
+    )
 
 
 def test_override_errors_name_the_override(tmp_path):

@@ -12,9 +12,7 @@ def _prepare(data_dir) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     builder = tfds.builder("mpt_digits", data_dir=str(data_dir))
     builder.download_and_prepare()
     return {
-        split: tfds.as_numpy(
-            builder.as_dataset(split=split, batch_size=-1, as_supervised=True)
-        )
+        split: tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1, as_supervised=True))
         for split in ("train", "validation")
     }
 
@@ -72,9 +70,7 @@ def test_splits_follow_index_mod_5_in_sklearn_order(splits, sklearn_digits):
     validation = indices % 5 == 0
     for split, chosen in (("validation", validation), ("train", ~validation)):
         images, labels = splits[split]
-        np.testing.assert_array_equal(
-            images, _rescaled(sklearn_digits.images[chosen])
-        )
+        np.testing.assert_array_equal(images, _rescaled(sklearn_digits.images[chosen]))
         np.testing.assert_array_equal(labels, sklearn_digits.target[chosen])
 
 

@@ -174,9 +174,7 @@ def test_known_but_unprepared_dataset_fails_fast_without_network(tmp_path):
 
 
 def test_non_embedded_dataset_loads_from_disk(fixture_dir):
-    examples = list(
-        tfds.as_numpy(loading.load_split("mpt_loading_fixture", "train", fixture_dir))
-    )
+    examples = list(tfds.as_numpy(loading.load_split("mpt_loading_fixture", "train", fixture_dir)))
     assert [example["label"] for example in examples] == [2, 0, 1]
     assert [example["text"] for example in examples] == [b"ab", "cd\u00e9".encode(), b""]
 
@@ -185,9 +183,7 @@ def test_non_embedded_classification_arrays(fixture_dir):
     data = loading.classification_arrays("mpt_loading_fixture", "train", fixture_dir)
     assert data.num_classes == 3
     assert data.features.dtype == np.float32
-    np.testing.assert_allclose(
-        data.features[:, 0, 0, 0], [0.0, 0.2, 1.0], rtol=0, atol=1e-7
-    )
+    np.testing.assert_allclose(data.features[:, 0, 0, 0], [0.0, 0.2, 1.0], rtol=0, atol=1e-7)
     assert data.features.shape == (3, 2, 2, 1)
     np.testing.assert_array_equal(data.labels, np.array([2, 0, 1], dtype=np.int32))
 

@@ -69,9 +69,7 @@ def test_start_step_resumes_at_the_exact_position(start_step):
     # With N=10 and batch 4, batches 2 and 7 straddle data epochs.
     features, labels = _arrays()
     full = _take(train_batches(features, labels, BATCH, seed=3), start_step + 6)
-    resumed = _take(
-        train_batches(features, labels, BATCH, seed=3, start_step=start_step), 6
-    )
+    resumed = _take(train_batches(features, labels, BATCH, seed=3, start_step=start_step), 6)
     for (x_full, y_full), (x_resumed, y_resumed) in zip(full[start_step:], resumed):
         np.testing.assert_array_equal(x_full, x_resumed)
         np.testing.assert_array_equal(y_full, y_resumed)

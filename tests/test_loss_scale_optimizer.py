@@ -174,9 +174,7 @@ def test_scale_trajectory_and_skips(kwargs, steps, expected):
     assert opt.skipped_steps == len(steps) - finite_steps
     assert int(opt.iterations) == len(steps)
     # Only finite steps moved the weights: SGD(0.5) on the unscaled FINITE.
-    np.testing.assert_allclose(
-        var.numpy(), 1 - 0.5 * finite_steps * np.array(FINITE), rtol=1e-6
-    )
+    np.testing.assert_allclose(var.numpy(), 1 - 0.5 * finite_steps * np.array(FINITE), rtol=1e-6)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -202,9 +200,7 @@ def test_floor_keeps_scale_and_weights_finite():
 
 
 def test_stock_scale_underflows_to_zero_then_writes_nonfinite_weights():
-    var, opt, step = _stepper(
-        "function", cls=StockLossScaleOptimizer, initial_scale=2.0**15
-    )
+    var, opt, step = _stepper("function", cls=StockLossScaleOptimizer, initial_scale=2.0**15)
     for _ in range(200):
         step(INF)
     assert _scale(opt) == 0.0
@@ -220,9 +216,7 @@ def test_ceiling_caps_growth():
 
 
 def test_stock_scale_grows_to_inf_and_stays_there():
-    _, opt, step = _stepper(
-        "function", cls=StockLossScaleOptimizer, dynamic_growth_steps=1
-    )
+    _, opt, step = _stepper("function", cls=StockLossScaleOptimizer, dynamic_growth_steps=1)
     for _ in range(200):
         step(FINITE)
     for _ in range(5):
@@ -235,14 +229,10 @@ def test_stock_scale_grows_to_inf_and_stays_there():
 
 @pytest.mark.parametrize("bad", [NAN, INF], ids=["nan", "inf"])
 def test_skipped_step_leaves_weights_and_adam_slots(bad):
-    var, opt, step = _stepper(
-        "function", inner=keras.optimizers.Adam(0.1), initial_scale=8.0
-    )
+    var, opt, step = _stepper("function", inner=keras.optimizers.Adam(0.1), initial_scale=8.0)
     step(_scaled(FINITE, opt))
     inner = opt.inner_optimizer
-    slots = {
-        v.path: v.numpy().copy() for v in inner.variables if "iteration" not in v.path
-    }
+    slots = {v.path: v.numpy().copy() for v in inner.variables if "iteration" not in v.path}
     weights = var.numpy().copy()
     step(bad)
     np.testing.assert_array_equal(var.numpy(), weights)
@@ -351,14 +341,10 @@ def test_ema_updates_only_on_applied_steps():
 
 def _linear_model() -> keras.Model:
     keras.utils.set_random_seed(0)
-    return keras.Sequential(
-        [keras.Input((3,)), keras.layers.Dense(2), keras.layers.Dense(1)]
-    )
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.Dense(1)])
 
 
-def _batch_gradients(
-    model: keras.Model, x: np.ndarray, y: np.ndarray, scale: float = 1.0
-):
+def _batch_gradients(model: keras.Model, x: np.ndarray, y: np.ndarray, scale: float = 1.0):
     with tf.GradientTape() as tape:
         loss = keras.losses.mean_squared_error(y, model(x))
         loss = tf.reduce_mean(loss) * scale
@@ -391,9 +377,7 @@ def test_gradient_accumulation_drops_nonfinite_micro_batches():
     reference = _linear_model()
     reference_opt = keras.optimizers.Adam(0.05)
     for bx, by in large_batches:
-        reference_opt.apply(
-            _batch_gradients(reference, bx, by), reference.trainable_variables
-        )
+        reference_opt.apply(_batch_gradients(reference, bx, by), reference.trainable_variables)
 
     model = _linear_model()
     inner = keras.optimizers.Adam(0.05, gradient_accumulation_steps=2)
@@ -404,9 +388,7 @@ def test_gradient_accumulation_drops_nonfinite_micro_batches():
         apply(_batch_gradients(model, bx, by, opt.loss_scale))
         if i == 0:
             # The accumulators hold the unscaled float32 gradient of A.
-            for acc, grad in zip(
-                inner._accumulated_gradients, _batch_gradients(model, bx, by)
-            ):
+            for acc, grad in zip(inner._accumulated_gradients, _batch_gradients(model, bx, by)):
                 assert acc.dtype == "float32"
                 np.testing.assert_allclose(acc.numpy(), grad.numpy(), rtol=1e-5)
 
@@ -432,9 +414,7 @@ def test_keras2_custom_loop_matches_keras3_style_and_float32():
     y = rng.normal(size=(8, 1)).astype("float32")
     models = [_linear_model() for _ in range(3)]
     guide_opt, keras3_opt = (
-        LossScaleOptimizer(
-            keras.optimizers.SGD(0.1), initial_scale=2.0**8, growth_interval=1
-        )
+        LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=2.0**8, growth_interval=1)
         for _ in range(2)
     )
     plain_opt = keras.optimizers.SGD(0.1)
@@ -463,9 +443,7 @@ def test_keras2_custom_loop_matches_keras3_style_and_float32():
     def plain_step(model):
         with tf.GradientTape() as tape:
             loss = loss_fn(model)
-        plain_opt.apply(
-            tape.gradient(loss, model.trainable_variables), model.trainable_variables
-        )
+        plain_opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
 
     for _ in range(4):
         for step, model in zip([guide_step, keras3_step, plain_step], models):
@@ -584,8 +562,7 @@ def test_get_config_round_trips_every_argument():
     [
         (
             dict(growth_factor=0.5),
-            "Argument growth_factor must be a finite number > 1. "
-            "Received: growth_factor=0.5",
+            "Argument growth_factor must be a finite number > 1. Received: growth_factor=0.5",
         ),
         (dict(growth_factor=1.0), "Received: growth_factor=1.0"),
         (
@@ -596,8 +573,7 @@ def test_get_config_round_trips_every_argument():
         (dict(backoff_factor=1.0), "Received: backoff_factor=1.0"),
         (
             dict(growth_interval=0),
-            "Argument growth_interval must be an integer >= 1. "
-            "Received: growth_interval=0",
+            "Argument growth_interval must be an integer >= 1. Received: growth_interval=0",
         ),
         (dict(growth_interval=2.5), "Received: growth_interval=2.5"),
         (dict(growth_interval=True), "Received: growth_interval=True"),
@@ -658,9 +634,7 @@ def test_base_optimizer_arguments_belong_on_the_inner_optimizer():
 def test_stateless_apply_is_not_supported_on_tensorflow():
     var, opt, _ = _stepper("eager")
     with pytest.raises(ValueError, match="stateless_apply is not supported"):
-        opt.stateless_apply(
-            [v.value for v in opt.variables], [tf.constant(FINITE)], [var.value]
-        )
+        opt.stateless_apply([v.value for v in opt.variables], [tf.constant(FINITE)], [var.value])
 
 
 def test_apply_in_cross_replica_context_raises():
@@ -769,9 +743,7 @@ STRATEGIES = ["mirrored", "multi_worker"]
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("bad_replica", [0, 1])
-def test_nonfinite_gradient_on_one_replica_skips_on_all(
-    distributed, strategy, bad_replica
-):
+def test_nonfinite_gradient_on_one_replica_skips_on_all(distributed, strategy, bad_replica):
     result = distributed[strategy][f"nan_on_replica_{bad_replica}"]
     assert result["weights"] == [[1.0, 1.0], [1.0, 1.0]]
     assert result["scale"] == [2.0, 2.0]  # Backed off from 4 on both replicas.
@@ -795,9 +767,7 @@ def test_stock_class_trusts_replica_0(distributed):
         ("clipvalue", [1.0, 1.0, 1.0]),
     ],
 )
-def test_clipping_after_all_reduce_matches_single_device(
-    distributed, strategy, clip, expected
-):
+def test_clipping_after_all_reduce_matches_single_device(distributed, strategy, clip, expected):
     result = distributed[strategy][f"clip_{clip}"]
     single = distributed["single_device"][f"clip_{clip}"]
     np.testing.assert_allclose(single, expected, rtol=1e-6)
@@ -824,9 +794,7 @@ def test_fit_under_mirrored_strategy_matches_single_device(distributed):
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_gradient_accumulation_under_strategy_matches_single_device(
-    distributed, strategy
-):
+def test_gradient_accumulation_under_strategy_matches_single_device(distributed, strategy):
     result = distributed[strategy]["accumulation"]
     single = distributed["single_device"]["accumulation"]
     assert result["skipped_steps"] == single["skipped_steps"] == 1
@@ -843,9 +811,7 @@ def test_keras2_loop_under_mirrored_strategy(distributed):
 
 
 def _local(strategy: tf.distribute.Strategy, variable: keras.Variable) -> list[Any]:
-    return [
-        v.numpy().tolist() for v in strategy.experimental_local_results(variable.value)
-    ]
+    return [v.numpy().tolist() for v in strategy.experimental_local_results(variable.value)]
 
 
 def _apply_per_replica(
@@ -859,9 +825,7 @@ def _apply_per_replica(
     With one replica, the replicas' gradients are summed first.
     """
     with strategy.scope():
-        variables = [
-            keras.Variable(np.ones(s, np.float32), name=n) for s, n in zip(shapes, "wv")
-        ]
+        variables = [keras.Variable(np.ones(s, np.float32), name=n) for s, n in zip(shapes, "wv")]
         opt = make_optimizer()
         opt.build(variables)
 
@@ -875,8 +839,7 @@ def _apply_per_replica(
 
     for step_grads in per_replica_grads:
         per_variable = [
-            np.array([replica[i] for replica in step_grads], np.float32)
-            for i in range(len(shapes))
+            np.array([replica[i] for replica in step_grads], np.float32) for i in range(len(shapes))
         ]
         if strategy.num_replicas_in_sync == 1:
             per_variable = [g.sum(axis=0, keepdims=True) for g in per_variable]
@@ -913,10 +876,7 @@ def _clip_update(
     )
     local = [strategy.experimental_local_results(v.value) for v in variables]
     # Per replica: the update of every variable, flattened.
-    return [
-        np.concatenate([1 - v.numpy() for v in replica]).tolist()
-        for replica in zip(*local)
-    ]
+    return [np.concatenate([1 - v.numpy() for v in replica]).tolist() for replica in zip(*local)]
 
 
 def _fit(
@@ -994,9 +954,7 @@ def _distributed_results() -> dict[str, Any]:
         "mirrored": tf.distribute.MirroredStrategy(devices),
         # Collective all-reduce (the MultiWorkerMirroredStrategy code path)
         # over two local devices of a single worker.
-        "multi_worker": tf.distribute.MultiWorkerMirroredStrategy._from_local_devices(
-            devices
-        ),
+        "multi_worker": tf.distribute.MultiWorkerMirroredStrategy._from_local_devices(devices),
     }
     results: dict[str, Any] = {}
     for name, strategy in strategies.items():
@@ -1019,19 +977,13 @@ def _distributed_results() -> dict[str, Any]:
         "finite_weights": bool(np.isfinite(var.numpy()).all()),
         "scale": _local(mirrored, opt.dynamic_scale),
     }
-    stock_update = _clip_update(
-        mirrored, "global_clipnorm", cls=StockLossScaleOptimizer
-    )[0]
-    results["mirrored"]["stock_clip_global_clipnorm"] = float(
-        np.linalg.norm(stock_update)
-    )
+    stock_update = _clip_update(mirrored, "global_clipnorm", cls=StockLossScaleOptimizer)[0]
+    results["mirrored"]["stock_clip_global_clipnorm"] = float(np.linalg.norm(stock_update))
     model, opt = _fit(mirrored)
     results["mirrored"]["fit"] = {
         "weights": [v.numpy().tolist() for v in model.trainable_variables],
         "replica_weights_equal": all(
-            np.array_equal(
-                *(c.numpy() for c in mirrored.experimental_local_results(v.value))
-            )
+            np.array_equal(*(c.numpy() for c in mirrored.experimental_local_results(v.value)))
             for v in model.trainable_variables
         ),
         "skipped_steps": opt.skipped_steps,

@@ -9,12 +9,6 @@ from mpt_keras.errors import UserInputError
 from mpt_keras.policies import iter_layers
 
 
-@pytest.fixture(autouse=True)
-def _clear_session():
-    yield
-    keras.backend.clear_session()
-
-
 @pytest.mark.parametrize("name", ["mlp", "cnn"])
 def test_image_models_map_images_to_class_logits(name):
     model = models.build_model(name, {}, input_shape=(8, 8, 1), num_classes=10)
@@ -25,7 +19,10 @@ def test_image_models_map_images_to_class_logits(name):
 
 def test_transformer_maps_tokens_to_next_token_logits():
     model = models.build_model(
-        "transformer_lm", {"num_layers": 1, "d_model": 16, "num_heads": 2}, vocab_size=256, sequence_length=12
+        "transformer_lm",
+        {"num_layers": 1, "d_model": 16, "num_heads": 2},
+        vocab_size=256,
+        sequence_length=12,
     )
     assert model(np.zeros((2, 12), "int32")).shape == (2, 12, 256)
     assert models.model_task("transformer_lm") == models.LANGUAGE_MODEL
@@ -33,7 +30,10 @@ def test_transformer_maps_tokens_to_next_token_logits():
 
 def test_transformer_layer_paths_are_stable():
     model = models.build_model(
-        "transformer_lm", {"num_layers": 1, "d_model": 16, "num_heads": 2}, vocab_size=256, sequence_length=12
+        "transformer_lm",
+        {"num_layers": 1, "d_model": 16, "num_heads": 2},
+        vocab_size=256,
+        sequence_length=12,
     )
     paths = [path for path, _ in iter_layers(model)]
     assert paths == [
@@ -63,7 +63,10 @@ def test_transformer_layer_paths_are_stable():
 
 def test_transformer_is_causal():
     model = models.build_model(
-        "transformer_lm", {"num_layers": 1, "d_model": 16, "num_heads": 2}, vocab_size=256, sequence_length=8
+        "transformer_lm",
+        {"num_layers": 1, "d_model": 16, "num_heads": 2},
+        vocab_size=256,
+        sequence_length=8,
     )
     tokens = np.arange(8, dtype="int32")[None]
     changed = tokens.copy()
@@ -75,7 +78,10 @@ def test_transformer_is_causal():
 
 def test_transformer_survives_save_and_load(tmp_path):
     model = models.build_model(
-        "transformer_lm", {"num_layers": 1, "d_model": 16, "num_heads": 2}, vocab_size=256, sequence_length=8
+        "transformer_lm",
+        {"num_layers": 1, "d_model": 16, "num_heads": 2},
+        vocab_size=256,
+        sequence_length=8,
     )
     path = str(tmp_path / "lm.keras")
     model.save(path)
@@ -95,7 +101,8 @@ def test_unknown_option():
     with pytest.raises(UserInputError) as raised:
         models.build_model("cnn", {"width": 3}, input_shape=(8, 8, 1), num_classes=10)
     assert str(raised.value) == (
-        "unknown option 'model.options.width' for model 'cnn'. Allowed: filters, dense_units, dropout"
+        "unknown option 'model.options.width' for model 'cnn'. "
+        "Allowed: filters, dense_units, dropout"
     )
 
 

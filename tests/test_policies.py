@@ -8,13 +8,6 @@ from mpt_keras.errors import UserInputError
 from mpt_keras.policies import global_policy, precision_report
 
 
-@pytest.fixture(autouse=True)
-def _restore_keras():
-    yield
-    keras.config.set_dtype_policy("float32")
-    keras.backend.clear_session()
-
-
 def test_global_policy_applies_inside_and_restores_after():
     with global_policy("mixed_bfloat16"):
         layer = keras.layers.Dense(2)
@@ -45,7 +38,14 @@ def test_report_lists_every_layer_with_compute_and_variable_dtype():
     report = precision_report(model)
     assert report["model"] == "cnn"
     assert [entry["path"] for entry in report["layers"]] == [
-        "conv_0", "pool_0", "conv_1", "pool_1", "flatten", "dense", "dropout", "logits"
+        "conv_0",
+        "pool_0",
+        "conv_1",
+        "pool_1",
+        "flatten",
+        "dense",
+        "dropout",
+        "logits",
     ]
     assert report["layers"][0] == {
         "path": "conv_0",

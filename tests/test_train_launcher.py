@@ -16,7 +16,10 @@ def _launch(*flags, module=False, cwd=REPO):
     if module:
         command = [sys.executable, "-m", "trainers.train", *flags]
     else:
-        command = [shutil.which("mpt-train") or os.path.join(os.path.dirname(sys.executable), "mpt-train"), *flags]
+        command = [
+            shutil.which("mpt-train") or os.path.join(os.path.dirname(sys.executable), "mpt-train"),
+            *flags,
+        ]
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
@@ -59,7 +62,11 @@ def test_each_precision_trains_end_to_end(tfds_dir, tmp_path, precision):
 
 def test_python_dash_m_runs_and_resumes_to_the_exact_step(tfds_dir, tmp_path):
     model_dir = str(tmp_path / "run")
-    flags = [f"--config={CONFIG}", f"--model_dir={model_dir}", f"--config_override={_tiny(tfds_dir)}"]
+    flags = [
+        f"--config={CONFIG}",
+        f"--model_dir={model_dir}",
+        f"--config_override={_tiny(tfds_dir)}",
+    ]
     first = _launch(*flags, "--steps=2", module=True)
     assert first.returncode == 0, first.stderr
     second = _launch(*flags, "--steps=4", module=True)
@@ -94,11 +101,11 @@ def test_python_dash_m_runs_and_resumes_to_the_exact_step(tfds_dir, tmp_path):
             "virtual_cpus, jit_compile, data, model, optimizer, loss_scale",
         ),
         (
-            ["--config_override={{\"data\": {{\"name\": \"no_such_set\"}}}}"],
+            ['--config_override={{"data": {{"name": "no_such_set"}}}}'],
             "Unknown dataset 'no_such_set'",
         ),
         (
-            ["--config_override={{\"data\": {{\"name\": \"mnist\", \"data_dir\": \"{empty}\"}}}}"],
+            ['--config_override={{"data": {{"name": "mnist", "data_dir": "{empty}"}}}}'],
             "Dataset 'mnist' is not prepared in {empty} and cannot be downloaded here",
         ),
         (["--config_override=[1]"], "--config_override: expected a JSON object, received list"),

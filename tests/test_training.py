@@ -15,13 +15,6 @@ from mpt_keras.errors import UserInputError
 from mpt_keras.training import Runtime, run_training
 
 
-@pytest.fixture(autouse=True)
-def _restore_keras():
-    yield
-    keras.config.set_dtype_policy("float32")
-    keras.backend.clear_session()
-
-
 def _config(tfds_dir, **changes):
     values = {
         "precision": "float32",
@@ -31,13 +24,21 @@ def _config(tfds_dir, **changes):
         "log_every": 2,
         "data": {"name": "mpt_digits", "data_dir": tfds_dir, "batch_size": 16, "eval_examples": 64},
         "model": {"name": "mlp", "options": {"hidden_units": [16]}},
-        "optimizer": {"name": "adam", "learning_rate": 0.01, "schedule": "cosine", "warmup_steps": 2},
+        "optimizer": {
+            "name": "adam",
+            "learning_rate": 0.01,
+            "schedule": "cosine",
+            "warmup_steps": 2,
+        },
     }
     return TrainConfig.from_dict(values).merged(changes)
 
 
 def _weights(model_dir):
-    return [np.asarray(w) for w in keras.saving.load_model(os.path.join(model_dir, "model.keras")).weights]
+    return [
+        np.asarray(w)
+        for w in keras.saving.load_model(os.path.join(model_dir, "model.keras")).weights
+    ]
 
 
 def _scalars(event_dir):
@@ -62,12 +63,22 @@ def test_run_writes_every_output(tfds_dir, tmp_path):
     assert metrics["step"] == 6
     assert metrics["precision"] == "float32"
     assert set(metrics) == {
-        "step", "precision", "loss_scale", "skipped_steps", "val_loss", "val_accuracy"
+        "step",
+        "precision",
+        "loss_scale",
+        "skipped_steps",
+        "val_loss",
+        "val_accuracy",
     }
     assert (metrics["loss_scale"], metrics["skipped_steps"]) == (1.0, 0)
     with open(os.path.join(model_dir, "precision_report.json")) as file:
         report = json.load(file)
-    assert [layer["path"] for layer in report["layers"]] == ["flatten", "dense_0", "dropout_0", "logits"]
+    assert [layer["path"] for layer in report["layers"]] == [
+        "flatten",
+        "dense_0",
+        "dropout_0",
+        "logits",
+    ]
     assert {layer["compute_dtype"] for layer in report["layers"]} == {"float32"}
     assert sorted(os.listdir(os.path.join(model_dir, "checkpoints"))) == [
         "checkpoint",
@@ -162,10 +173,14 @@ def test_model_dir_of_another_run_is_refused(tfds_dir, tmp_path):
     )
 
 
-@pytest.mark.parametrize("precision, compute_dtype", [("mixed_bfloat16", "bfloat16"), ("mixed_float16", "float16")])
+@pytest.mark.parametrize(
+    "precision, compute_dtype", [("mixed_bfloat16", "bfloat16"), ("mixed_float16", "float16")]
+)
 def test_mixed_precision_keeps_float32_master_weights(tfds_dir, tmp_path, precision, compute_dtype):
     model_dir = str(tmp_path / "run")
-    metrics = run_training(_config(tfds_dir, precision=precision, steps=3), Runtime(model_dir, verbose=0))
+    metrics = run_training(
+        _config(tfds_dir, precision=precision, steps=3), Runtime(model_dir, verbose=0)
+    )
     assert metrics["step"] == 3
     with open(os.path.join(model_dir, "precision_report.json")) as file:
         report = json.load(file)
@@ -187,7 +202,10 @@ def test_language_model_reports_perplexity(tfds_dir, tmp_path):
                 "sequence_length": 16,
                 "eval_examples": 32,
             },
-            "model": {"name": "transformer_lm", "options": {"num_layers": 1, "d_model": 16, "num_heads": 2}},
+            "model": {
+                "name": "transformer_lm",
+                "options": {"num_layers": 1, "d_model": 16, "num_heads": 2},
+            },
         }
     )
     metrics = run_training(config, Runtime(str(tmp_path / "lm"), verbose=0))

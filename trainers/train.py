@@ -13,10 +13,9 @@ from collections.abc import Sequence
 
 from absl import flags
 
-from trainers import cli  # First: quiets TensorFlow before it is imported.
-
 import mpt_keras
 from mpt_keras import config as config_lib
+from trainers import cli
 
 _CONFIG = flags.DEFINE_string("config", None, "Run config file (JSON).", required=True)
 _MODEL_DIR = flags.DEFINE_string(
@@ -58,7 +57,7 @@ def main(argv: Sequence[str]) -> None:
 
 def run() -> None:
     """Console-script entry point of `mpt-train`."""
-    cli.run(main)
+    cli.run(main, program="mpt-train")
 
 
 if __name__ == "__main__":

@@ -30,10 +30,7 @@ _CITATION = """\
 }
 """
 
-_HOMEPAGE = (
-    "https://archive.ics.uci.edu/dataset/80/"
-    "optical+recognition+of+handwritten+digits"
-)
+_HOMEPAGE = "https://archive.ics.uci.edu/dataset/80/optical+recognition+of+handwritten+digits"
 
 _MAX_COUNT = 16
 _VALIDATION_EVERY = 5
@@ -86,12 +83,8 @@ class MptDigits(tfds.core.GeneratorBasedBuilder):
         indices = np.arange(len(labels))
         is_validation = indices % _VALIDATION_EVERY == 0
         return {
-            "train": self._generate_examples(
-                images, labels, indices[~is_validation]
-            ),
-            "validation": self._generate_examples(
-                images, labels, indices[is_validation]
-            ),
+            "train": self._generate_examples(images, labels, indices[~is_validation]),
+            "validation": self._generate_examples(images, labels, indices[is_validation]),
         }
 
     def _generate_examples(

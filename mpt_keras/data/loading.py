@@ -25,9 +25,7 @@ EMBEDDED_DATASETS = ("mpt_digits", "mpt_python_source")
 VOCAB_SIZE = 256
 """Byte-level tokens: every token is one byte of UTF-8 text."""
 
-_ALLOWED_NAMES = (
-    f"Allowed: {', '.join(EMBEDDED_DATASETS)}, or any name in tfds.list_builders()."
-)
+_ALLOWED_NAMES = f"Allowed: {', '.join(EMBEDDED_DATASETS)}, or any name in tfds.list_builders()."
 
 # GCS access is already off by default in tfds 4.9.10; saying so keeps a future
 # default from reaching for the network.
@@ -72,9 +70,7 @@ def load_split(name: str, split: str, data_dir: str | None) -> tf.data.Dataset:
     return tfds.load(name, split=split, data_dir=data_dir, download=False)
 
 
-def classification_arrays(
-    name: str, split: str, data_dir: str | None
-) -> ClassificationData:
+def classification_arrays(name: str, split: str, data_dir: str | None) -> ClassificationData:
     """Loads an image classification split into memory.
 
     Args:
@@ -167,9 +163,7 @@ def language_model_windows(
     return np.ascontiguousarray(windows[:, :-1]), np.ascontiguousarray(windows[:, 1:])
 
 
-def _prepared_builder(
-    name: str, split: str, data_dir: str | None
-) -> tfds.core.DatasetBuilder:
+def _prepared_builder(name: str, split: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
     """Returns the builder of a dataset that is prepared and has `split`.
 
     Embedded datasets are prepared here if needed; others are only checked.
@@ -244,9 +238,7 @@ def _feature(
 
 def _describe(features: tfds.features.FeaturesDict) -> str:
     """Names a dataset's top-level features and their types, for messages."""
-    return ", ".join(
-        f"{key} ({type(feature).__name__})" for key, feature in features.items()
-    )
+    return ", ".join(f"{key} ({type(feature).__name__})" for key, feature in features.items())
 
 
 def _concatenate(batches: Iterable[tuple[np.ndarray, ...]]) -> list[np.ndarray]:

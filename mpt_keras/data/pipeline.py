@@ -45,9 +45,7 @@ def train_batches(
     """
     num_examples = _check(features, labels, batch_size)
     if start_step < 0:
-        raise UserInputError(
-            f"start_step {start_step} is negative. Allowed: an integer >= 0."
-        )
+        raise UserInputError(f"start_step {start_step} is negative. Allowed: an integer >= 0.")
     first_epoch, first_offset = divmod(start_step * batch_size, num_examples)
     seed_tensor = tf.constant(seed, tf.int64)
     positions = tf.range(num_examples, dtype=tf.int64)
@@ -79,9 +77,7 @@ def train_batches(
     )
 
 
-def eval_batches(
-    features: np.ndarray, labels: np.ndarray, batch_size: int
-) -> tf.data.Dataset:
+def eval_batches(features: np.ndarray, labels: np.ndarray, batch_size: int) -> tf.data.Dataset:
     """One in-order pass over (features, labels), keeping the last partial batch.
 
     Args:
@@ -107,17 +103,12 @@ def eval_batches(
 def _check(features: np.ndarray, labels: np.ndarray, batch_size: int) -> int:
     """Validates the batching inputs and returns the number of examples."""
     if batch_size < 1:
-        raise UserInputError(
-            f"batch_size {batch_size} is too small. Allowed: an integer >= 1."
-        )
+        raise UserInputError(f"batch_size {batch_size} is too small. Allowed: an integer >= 1.")
     num_examples = len(features)
     if num_examples == 0:
-        raise UserInputError(
-            "The dataset has 0 examples. Allowed: at least 1 example."
-        )
+        raise UserInputError("The dataset has 0 examples. Allowed: at least 1 example.")
     if len(labels) != num_examples:
         raise UserInputError(
-            f"Got {num_examples} examples but {len(labels)} labels. Allowed: "
-            "one label per example."
+            f"Got {num_examples} examples but {len(labels)} labels. Allowed: one label per example."
         )
     return num_examples

@@ -72,7 +72,9 @@ def build_model(name: str, options: Mapping[str, Any], **dimensions: Any) -> ker
     try:
         return builder(**dimensions, **options)
     except (TypeError, ValueError) as error:
-        raise UserInputError(f"model '{name}' cannot be built from model.options: {error}") from None
+        raise UserInputError(
+            f"model '{name}' cannot be built from model.options: {error}"
+        ) from None
 
 
 def _entry(name: str) -> _Entry:
