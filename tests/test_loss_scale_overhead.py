@@ -1,5 +1,4 @@
-"""The benchmark harnesses run (at tiny sizes) and report every field."""
-
+"""The loss-scale overhead harness runs (at a tiny size) and reports every field."""
 
 from benchmarks import loss_scale_overhead
 
