@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import keras
@@ -29,8 +30,9 @@ from mpt_keras.config import OptimizerConfig, TrainConfig
 from mpt_keras.errors import UserInputError
 from mpt_keras.files import write_json_atomic, write_text_atomic
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
+from mpt_keras.manifest import PrecisionManifest
 from mpt_keras.monitor import MixedPrecisionMonitor
-from mpt_keras.policies import global_policy, precision_report
+from mpt_keras.policies import global_policy, resolve_auto_policy
 
 CONFIG_FILE = "config.json"
 PRECISION_REPORT_FILE = "precision_report.json"
@@ -79,25 +81,22 @@ def run_training(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
     Returns:
         The final metrics, as written to `metrics.json`: `step`, `precision`,
         `loss_scale`, `skipped_steps` (steps whose gradients were non-finite,
-        so not applied), and the validation metrics (`val_loss`, `val_accuracy`, and for language
-        models `val_perplexity` and `val_bits_per_byte`).
+        so not applied), and the validation metrics (`val_loss`,
+        `val_accuracy`, and for language models `val_perplexity` and
+        `val_bits_per_byte`).
 
     Raises:
-        UserInputError: For a bad config, dataset or `model_dir`.
+        UserInputError: For a bad config, manifest, dataset or `model_dir`.
     """
-    _check_supported(config)
     model_dir = runtime.model_dir
     _prepare_model_dir(model_dir, config)
     strategy = distribute.make_strategy(config.strategy, config.virtual_cpus)
     task = models.model_task(config.model.name)
     task_data = _load_data(config, task)
 
-    keras.utils.set_random_seed(config.seed)
-    with global_policy(config.precision), strategy.scope():
-        model = models.build_model(
-            config.model.name, config.model.options, **task_data.model_dimensions
-        )
-        optimizer = _make_optimizer(config)
+    with strategy.scope():
+        model, report = _build_model(config, task_data)
+        optimizer = _make_optimizer(config, report)
         model.compile(
             optimizer=optimizer,
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -107,27 +106,92 @@ def run_training(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
         optimizer.build(model.trainable_variables)
         checkpointer = Checkpointer(model_dir, model, optimizer, keep=config.keep_checkpoints)
         step = checkpointer.restore()
-        write_json_atomic(os.path.join(model_dir, PRECISION_REPORT_FILE), precision_report(model))
+        write_json_atomic(os.path.join(model_dir, PRECISION_REPORT_FILE), report)
 
         validation = data.eval_batches(*task_data.validation, config.data.eval_batch_size)
         if step < config.steps:
             _fit(model, config, runtime, checkpointer, task_data, validation, step)
         else:
             _LOGGER.info("Step %d of %d already done: evaluating only.", step, config.steps)
-        metrics = _final_metrics(model, validation, task, config)
+        metrics = _final_metrics(model, validation, task, report)
         _save_model_atomic(model, os.path.join(model_dir, MODEL_FILE))
     write_json_atomic(os.path.join(model_dir, METRICS_FILE), metrics)
     _LOGGER.info("Final metrics: %s", metrics)
     return metrics
 
 
-def _check_supported(config: TrainConfig) -> None:
-    if config.precision == "auto":
-        raise UserInputError(
-            "precision 'auto' is not supported yet. Allowed: float32, mixed_float16, mixed_bfloat16"
+def plan_precision(config: TrainConfig) -> dict[str, Any]:
+    """Builds the run's model and reports each layer's precision; trains nothing.
+
+    This is what `mpt-train --dry_run` prints, and what a run writes to
+    `precision_report.json`.
+
+    Returns:
+        The report: `precision` (the run's policy, `auto` resolved),
+        `precision_reason` (why, for `auto`), `manifest` (its path or null),
+        and the manifest report's `layers` (path, class, policy,
+        compute_dtype, variable_dtype, decided_by, reason),
+        `trainable_variables`, `unmatched_rules` and `shadowed_rules`.
+    """
+    task_data = _load_data(config, models.model_task(config.model.name))
+    return _build_model(config, task_data)[1]
+
+
+def format_precision_table(report: Mapping[str, Any]) -> str:
+    """The layers of a precision report as an aligned text table."""
+    columns = ("path", "class", "policy", "decided_by")
+    rows = [columns] + [tuple(str(layer[key]) for key in columns) for layer in report["layers"]]
+    widths = [max(len(row[index]) for row in rows) for index in range(len(columns))]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _build_model(config: TrainConfig, task_data: _TaskData) -> tuple[keras.Model, dict[str, Any]]:
+    """Builds the model and gives each layer its policy; returns it and the report.
+
+    Without a manifest, `precision` is the default of a manifest with the safe
+    defaults only (normalization layers and the outputs stay float32); a
+    manifest decides every layer and overrides `precision`.
+    """
+    precision, reason = _resolve_precision(config.precision)
+    if config.manifest is None:
+        manifest = PrecisionManifest(default=precision)
+    else:
+        manifest = PrecisionManifest.from_json(config.manifest)
+        if manifest.default != precision:
+            _LOGGER.info(
+                "Manifest %s decides each layer's policy (default %s): precision %s is not used.",
+                config.manifest,
+                manifest.default,
+                precision,
+            )
+    keras.utils.set_random_seed(config.seed)
+    with global_policy(manifest.default):
+        model = models.build_model(
+            config.model.name, config.model.options, **task_data.model_dimensions
         )
-    if config.manifest is not None:
-        raise UserInputError("manifest is not supported yet. Allowed: null (no manifest)")
+        applied = manifest.apply(model)
+    for rule in applied.unmatched_rules:
+        _LOGGER.warning("Manifest rule %s matched no layer.", rule)
+    for rule in applied.shadowed_rules:
+        _LOGGER.warning("Manifest rule %s only matched layers an earlier rule decided.", rule)
+    report = {
+        "precision": manifest.default if config.manifest else precision,
+        "precision_reason": reason,
+        "manifest": config.manifest,
+        **applied.to_dict(),
+    }
+    return model, report
+
+
+def _resolve_precision(precision: str) -> tuple[str, str | None]:
+    if precision != "auto":
+        return precision, None
+    policy, reason = resolve_auto_policy()
+    _LOGGER.info("precision auto -> %s: %s", policy, reason)
+    return policy, reason
 
 
 def _prepare_model_dir(model_dir: str, config: TrainConfig) -> None:
@@ -179,7 +243,7 @@ def _load_data(config: TrainConfig, task: str) -> _TaskData:
     return _TaskData(train_arrays, validation_arrays, dimensions)
 
 
-def _make_optimizer(config: TrainConfig) -> LossScaleOptimizer:
+def _make_optimizer(config: TrainConfig, report: Mapping[str, Any]) -> LossScaleOptimizer:
     settings = config.optimizer
     learning_rate = _learning_rate(settings, config.steps)
     clipping = {"global_clipnorm": settings.global_clipnorm}
@@ -191,7 +255,7 @@ def _make_optimizer(config: TrainConfig) -> LossScaleOptimizer:
         )
     else:
         inner = keras.optimizers.SGD(learning_rate, momentum=0.9, **clipping)
-    if config.precision == "mixed_float16":
+    if any(layer["compute_dtype"] == "float16" for layer in report["layers"]):
         scaling = dataclasses.asdict(config.loss_scale)
     else:
         # Nothing to scale, but non-finite steps are still skipped and counted.
@@ -260,13 +324,13 @@ def _fit(
 
 
 def _final_metrics(
-    model: keras.Model, validation, task: str, config: TrainConfig
+    model: keras.Model, validation, task: str, report: Mapping[str, Any]
 ) -> dict[str, Any]:
     results = model.evaluate(validation, return_dict=True, verbose=0)
     optimizer = model.optimizer
     metrics: dict[str, Any] = {
         "step": int(optimizer.iterations.numpy()),
-        "precision": config.precision,
+        "precision": report["precision"],
         "loss_scale": optimizer.loss_scale,
         "skipped_steps": optimizer.skipped_steps,
     }

@@ -5,7 +5,13 @@ import pytest
 
 from mpt_keras import models
 from mpt_keras.errors import UserInputError
-from mpt_keras.policies import global_policy, precision_report
+from mpt_keras.policies import (
+    HardwareProbe,
+    global_policy,
+    precision_report,
+    probe_hardware,
+    resolve_auto_policy,
+)
 
 
 def test_global_policy_applies_inside_and_restores_after():
@@ -55,3 +61,118 @@ def test_report_lists_every_layer_with_compute_and_variable_dtype():
         "variable_dtype": "float32",
     }
     assert report["trainable_variables"] == {"float32": 8}
+
+
+def test_report_names_the_policy_a_policy_map_gives_each_layer():
+    inputs = keras.Input((3,))
+    dense = keras.layers.Dense(2, name="dense")
+    dropout = keras.layers.Dropout(0.1, name="dropout")
+    model = keras.Model(inputs, dropout(dense(inputs)))
+    policy_map = keras.dtype_policies.DTypePolicyMap(
+        default_policy=keras.DTypePolicy("mixed_float16"),
+        policy_map={"dense": keras.DTypePolicy("mixed_bfloat16")},
+    )
+    dense.dtype_policy = dropout.dtype_policy = policy_map
+    layers = precision_report(model)["layers"]
+    assert [(entry["path"], entry["policy"], entry["compute_dtype"]) for entry in layers] == [
+        ("dense", "mixed_bfloat16", "bfloat16"),
+        ("dropout", "mixed_float16", "float16"),  # no path: the map's default
+    ]
+
+
+@pytest.mark.parametrize(
+    "probe, policy, reason",
+    [
+        (
+            HardwareProbe(tpu=True, gpu_compute_capabilities=((7, 0),)),
+            "mixed_bfloat16",
+            "TPU: bfloat16 is the native type of its matrix units",
+        ),
+        (
+            HardwareProbe(gpu_compute_capabilities=((9, 0),)),
+            "mixed_bfloat16",
+            "GPU compute capability 9.0: bfloat16 tensor cores",
+        ),
+        (
+            HardwareProbe(gpu_compute_capabilities=((8, 0), (8, 6))),
+            "mixed_bfloat16",
+            "GPU compute capability 8.0: bfloat16 tensor cores",
+        ),
+        (
+            HardwareProbe(
+                gpu_compute_capabilities=((8, 6), (7, 5)), cpu_flags=frozenset({"avx512_bf16"})
+            ),
+            "mixed_float16",
+            "GPU compute capability 7.5: float16 tensor cores, no bfloat16 ones (needs 8.0)",
+        ),
+        (
+            HardwareProbe(gpu_compute_capabilities=((7, 0),)),
+            "mixed_float16",
+            "GPU compute capability 7.0: float16 tensor cores, no bfloat16 ones (needs 8.0)",
+        ),
+        (
+            HardwareProbe(gpu_compute_capabilities=((6, 1),)),
+            "float32",
+            "GPU compute capability 6.1: no tensor cores (needs 7.0)",
+        ),
+        (
+            HardwareProbe(cpu_flags=frozenset({"avx2", "avx512_bf16"})),
+            "mixed_bfloat16",
+            "no GPU or TPU; CPU computes bfloat16 (avx512_bf16)",
+        ),
+        (
+            HardwareProbe(cpu_flags=frozenset({"amx_tile", "amx_bf16", "avx512_bf16"})),
+            "mixed_bfloat16",
+            "no GPU or TPU; CPU computes bfloat16 (avx512_bf16, amx_bf16)",
+        ),
+        (
+            HardwareProbe(cpu_flags=frozenset({"avx2", "amx_tile"})),
+            "float32",
+            "no GPU or TPU, and the CPU lacks bfloat16 instructions (avx512_bf16 or amx_bf16)",
+        ),
+        (
+            HardwareProbe(),
+            "float32",
+            "no GPU or TPU, and the CPU lacks bfloat16 instructions (avx512_bf16 or amx_bf16)",
+        ),
+    ],
+    ids=[
+        "tpu",
+        "gpu_9.0",
+        "gpus_8.x",
+        "lowest_gpu_decides",
+        "gpu_7.0",
+        "gpu_6.1",
+        "cpu_avx512",
+        "cpu_amx",
+        "cpu_amx_tile_only",
+        "nothing",
+    ],
+)
+def test_resolve_auto_policy(probe, policy, reason):
+    assert resolve_auto_policy(probe) == (policy, reason)
+
+
+def test_probe_reads_cpu_flags(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\n\n"
+        "processor\t: 1\nflags\t\t: fpu avx2 avx512_bf16\n"
+    )
+    assert probe_hardware(str(cpuinfo)).cpu_flags == frozenset({"fpu", "avx2", "avx512_bf16"})
+    assert probe_hardware(str(tmp_path / "missing")).cpu_flags == frozenset()
+
+
+def _machine_has(flag):
+    try:
+        with open("/proc/cpuinfo") as file:
+            return flag in file.read().split()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _machine_has("avx512_bf16"), reason="this CPU lacks avx512_bf16")
+def test_probe_finds_this_machines_bfloat16_cpu():
+    probe = probe_hardware()
+    assert "avx512_bf16" in probe.cpu_flags
+    assert resolve_auto_policy() == resolve_auto_policy(probe)  # probes when not given one

@@ -111,8 +111,14 @@ def test_python_dash_m_runs_and_resumes_to_the_exact_step(tfds_dir, tmp_path):
         (["--config_override=[1]"], "--config_override: expected a JSON object, received list"),
         (["extra"], "unexpected positional arguments extra; all options are --flags"),
         (
-            ["--strategy=tpu"],
-            "strategy 'tpu' is not supported yet. Allowed: auto, one_device",
+            ["--precision=float32", "--manifest={manifest}"],
+            "--precision and --manifest exclude each other: a manifest decides every layer's "
+            "policy (its 'default' and rules). Allowed: one of them",
+        ),
+        (
+            ["--manifest={bad_manifest}"],
+            "{bad_manifest}: rules[0].policy: unknown policy 'float16'. Allowed: float32, "
+            "mixed_float16, mixed_bfloat16",
         ),
     ],
 )
@@ -122,7 +128,13 @@ def test_bad_input_is_one_line_on_stderr_and_status_2(tmp_path, flags, message):
         "malformed": str(tmp_path / "malformed.json"),
         "unknown_key": str(tmp_path / "unknown_key.json"),
         "empty": str(tmp_path / "empty_tfds"),
+        "manifest": os.path.join(REPO, "configs", "manifests", "digits_cnn.json"),
+        "bad_manifest": str(tmp_path / "bad_manifest.json"),
     }
+    bad_rule = {"match": {"path": "x"}, "policy": "float16"}
+    (tmp_path / "bad_manifest.json").write_text(
+        json.dumps({"version": 1, "default": "float32", "rules": [bad_rule]})
+    )
     (tmp_path / "malformed.json").write_text('{"steps": }')
     (tmp_path / "unknown_key.json").write_text('{"optimiser": {}}')
     os.makedirs(paths["empty"])
@@ -134,3 +146,41 @@ def test_bad_input_is_one_line_on_stderr_and_status_2(tmp_path, flags, message):
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("mpt-train: error: " + message.format(**paths)), lines[0]
+
+
+def test_manifest_and_dry_run_print_the_layers_and_write_nothing(tfds_dir, tmp_path):
+    model_dir = tmp_path / "run"
+    manifest = os.path.join(REPO, "configs", "manifests", "digits_cnn.json")
+    result = _launch(
+        f"--config={os.path.join(REPO, 'configs', 'digits_cnn.json')}",
+        f"--model_dir={model_dir}",
+        f"--manifest={manifest}",
+        "--dry_run",
+        f"--config_override={_tiny(tfds_dir)}",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "path     class         policy          decided_by",
+        "conv_0   Conv2D        float32         rules[0] (path 'conv_0')",
+        "pool_0   MaxPooling2D  mixed_bfloat16  default",
+        "conv_1   Conv2D        mixed_bfloat16  default",
+        "pool_1   MaxPooling2D  mixed_bfloat16  default",
+        "flatten  Flatten       mixed_bfloat16  default",
+        "dense    Dense         mixed_bfloat16  default",
+        "dropout  Dropout       mixed_bfloat16  default",
+        "logits   Dense         float32         safe default: model output",
+    ]
+    assert not model_dir.exists()
+
+
+def test_precision_auto_says_why(tfds_dir, tmp_path):
+    result = _launch(
+        f"--config={CONFIG}",
+        f"--model_dir={tmp_path / 'run'}",
+        "--precision=auto",
+        "--dry_run",
+        f"--config_override={_tiny(tfds_dir)}",
+    )
+    assert result.returncode == 0, result.stderr
+    # This machine's CPU has AVX512_BF16 (tests/test_policies.py fakes the others).
+    assert "precision auto -> mixed_bfloat16: " in result.stderr

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from mpt_keras import training as training_module
 from mpt_keras.callbacks import GlobalStepCallback
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError
-from mpt_keras.training import Runtime, run_training
+from mpt_keras.policies import iter_layers
+from mpt_keras.training import Runtime, format_precision_table, plan_precision, run_training
 
 
 def _config(tfds_dir, **changes):
@@ -80,6 +82,7 @@ def test_run_writes_every_output(tfds_dir, tmp_path):
         "logits",
     ]
     assert {layer["compute_dtype"] for layer in report["layers"]} == {"float32"}
+    assert (report["precision"], report["manifest"]) == ("float32", None)
     assert sorted(os.listdir(os.path.join(model_dir, "checkpoints"))) == [
         "checkpoint",
         "step-3.data-00000-of-00001",
@@ -176,17 +179,84 @@ def test_model_dir_of_another_run_is_refused(tfds_dir, tmp_path):
 @pytest.mark.parametrize(
     "precision, compute_dtype", [("mixed_bfloat16", "bfloat16"), ("mixed_float16", "float16")]
 )
-def test_mixed_precision_keeps_float32_master_weights(tfds_dir, tmp_path, precision, compute_dtype):
+def test_mixed_precision_keeps_float32_master_weights_and_safe_layers(
+    tfds_dir, tmp_path, precision, compute_dtype
+):
     model_dir = str(tmp_path / "run")
-    metrics = run_training(
-        _config(tfds_dir, precision=precision, steps=3), Runtime(model_dir, verbose=0)
-    )
+    config = _config(tfds_dir, precision=precision, steps=3)
+    metrics = run_training(config, Runtime(model_dir, verbose=0))
     assert metrics["step"] == 3
     with open(os.path.join(model_dir, "precision_report.json")) as file:
         report = json.load(file)
-    assert {layer["compute_dtype"] for layer in report["layers"]} == {compute_dtype}
+    assert {layer["path"]: layer["compute_dtype"] for layer in report["layers"]} == {
+        "flatten": compute_dtype,
+        "dense_0": compute_dtype,
+        "dropout_0": compute_dtype,
+        "logits": "float32",  # Feeds the loss: a safe default.
+    }
+    assert report["layers"][-1]["decided_by"] == "safe default: model output"
     assert report["trainable_variables"] == {"float32": 4}
     assert all(np.isfinite(w).all() for w in _weights(model_dir))
+    loaded = keras.saving.load_model(os.path.join(model_dir, "model.keras"))
+    assert [layer.compute_dtype for _, layer in iter_layers(loaded)] == [
+        compute_dtype,
+        compute_dtype,
+        compute_dtype,
+        "float32",
+    ]
+
+
+def test_manifest_decides_each_layer_and_float16_layers_get_dynamic_scaling(tfds_dir, tmp_path):
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "default": "mixed_bfloat16",
+                "rules": [{"match": {"path": "dense_0"}, "policy": "mixed_float16"}],
+            }
+        )
+    )
+    model_dir = str(tmp_path / "run")
+    config = _config(tfds_dir, manifest=str(manifest), steps=2, checkpoint_every=2, eval_every=2)
+    metrics = run_training(config, Runtime(model_dir, verbose=0))
+    with open(os.path.join(model_dir, "precision_report.json")) as file:
+        report = json.load(file)
+    assert report["manifest"] == str(manifest)
+    assert report["precision"] == metrics["precision"] == "mixed_bfloat16"
+    assert [
+        (layer["path"], layer["compute_dtype"], layer["decided_by"]) for layer in report["layers"]
+    ] == [
+        ("flatten", "bfloat16", "default"),
+        ("dense_0", "float16", "rules[0] (path 'dense_0')"),
+        ("dropout_0", "bfloat16", "default"),
+        ("logits", "float32", "safe default: model output"),
+    ]
+    # One float16 layer is enough for dynamic loss scaling (32768 initially).
+    assert metrics["loss_scale"] == 2.0**15
+
+
+def test_auto_precision_is_resolved_and_explained(tfds_dir, monkeypatch):
+    monkeypatch.setattr(
+        training_module,
+        "resolve_auto_policy",
+        lambda: ("mixed_float16", "GPU compute capability 7.0: float16 tensor cores"),
+    )
+    report = plan_precision(_config(tfds_dir, precision="auto"))
+    assert report["precision"] == "mixed_float16"
+    assert report["precision_reason"] == "GPU compute capability 7.0: float16 tensor cores"
+    assert report["layers"][1]["compute_dtype"] == "float16"
+
+
+def test_precision_table_lists_each_layer_and_its_decision(tfds_dir):
+    table = format_precision_table(plan_precision(_config(tfds_dir, precision="mixed_bfloat16")))
+    assert table == (
+        "path       class    policy          decided_by\n"
+        "flatten    Flatten  mixed_bfloat16  default\n"
+        "dense_0    Dense    mixed_bfloat16  default\n"
+        "dropout_0  Dropout  mixed_bfloat16  default\n"
+        "logits     Dense    float32         safe default: model output\n"
+    )
 
 
 def test_language_model_reports_perplexity(tfds_dir, tmp_path):

@@ -4,7 +4,8 @@
 
 Flags override the config file; `--config_override` takes a JSON object merged
 into it (`'{"data": {"batch_size": 32}}'`). Rerunning on the same `model_dir`
-resumes from its last checkpoint and stops at `--steps` in all.
+resumes from its last checkpoint and stops at `--steps` in all. `--dry_run`
+prints each layer's precision (and what decided it) and exits.
 """
 
 from __future__ import annotations
@@ -38,10 +39,18 @@ _STEPS = flags.DEFINE_integer("steps", None, "Total train steps of the run.", lo
 _CONFIG_OVERRIDE = flags.DEFINE_string(
     "config_override", None, "JSON object merged into the config file's."
 )
+_DRY_RUN = flags.DEFINE_bool(
+    "dry_run", False, "Print each layer's precision and exit without training."
+)
 
 
 def main(argv: Sequence[str]) -> None:
     del argv  # Checked by cli.run.
+    if _PRECISION.value is not None and _MANIFEST.value is not None:
+        raise mpt_keras.UserInputError(
+            "--precision and --manifest exclude each other: a manifest decides every "
+            "layer's policy (its 'default' and rules). Allowed: one of them"
+        )
     config = config_lib.resolve_config(
         _CONFIG.value,
         _CONFIG_OVERRIDE.value,
@@ -52,6 +61,9 @@ def main(argv: Sequence[str]) -> None:
         jit_compile=_JIT_COMPILE.value,
         steps=_STEPS.value,
     )
+    if _DRY_RUN.value:
+        print(mpt_keras.format_precision_table(mpt_keras.plan_precision(config)), end="")
+        return
     mpt_keras.run_training(config, mpt_keras.Runtime(model_dir=_MODEL_DIR.value))
 
 

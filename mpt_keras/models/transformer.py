@@ -92,7 +92,9 @@ class DecoderBlock(keras.layers.Layer):
             d_model * mlp_ratio, activation="gelu", name="mlp_up", dtype=self.dtype_policy
         )
         self.mlp_down = keras.layers.Dense(d_model, name="mlp_down", dtype=self.dtype_policy)
-        self.mlp_dropout = keras.layers.Dropout(dropout, name="mlp_dropout")
+        self.mlp_dropout = keras.layers.Dropout(
+            dropout, name="mlp_dropout", dtype=self.dtype_policy
+        )
 
     def build(self, input_shape):
         self.attention_norm.build(input_shape)
@@ -102,10 +104,14 @@ class DecoderBlock(keras.layers.Layer):
         self.mlp_down.build((*input_shape[:-1], self.d_model * self.mlp_ratio))
 
     def call(self, inputs, training=None):
+        # A precision manifest may give the sublayers other compute dtypes than
+        # the block's: the residual stream stays in the block's.
         normed = self.attention_norm(inputs)
-        x = inputs + self.attention(normed, normed, use_causal_mask=True, training=training)
+        attended = self.attention(normed, normed, use_causal_mask=True, training=training)
+        x = inputs + keras.ops.cast(attended, inputs.dtype)
         hidden = self.mlp_up(self.mlp_norm(x))
-        return x + self.mlp_dropout(self.mlp_down(hidden), training=training)
+        update = self.mlp_dropout(self.mlp_down(hidden), training=training)
+        return x + keras.ops.cast(update, x.dtype)
 
     def get_config(self):
         return {

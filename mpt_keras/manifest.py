@@ -1,0 +1,579 @@
+"""Precision manifests: JSON rules that give each layer of a model its dtype policy.
+
+A manifest file:
+
+    {
+      "version": 1,
+      "default": "mixed_bfloat16",
+      "safe_defaults": true,
+      "rules": [
+        {"match": {"path": "block_\\\\d+/attention/.*"}, "policy": "mixed_float16"},
+        {"match": {"class": "Dense", "path": "logits"}, "policy": "float32",
+         "reason": "feeds the loss"}
+      ]
+    }
+
+`version` (must be 1) and `default` are required; `safe_defaults` (default
+true) and `rules` (default none) are optional, as is each rule's `reason`.
+Policies are `float32`, `mixed_float16` and `mixed_bfloat16`, so variables are
+always float32. Any other key, a bad policy or a bad regex is an error naming
+the file, the rule (`rules[2].policy`) and what is allowed.
+
+Matching. A layer's path is the layer names from the model down, joined by "/"
+(`block_0/attention/query`; `policies.iter_layers`). A rule's `path` matches
+a path equal to it, or else one it matches as a whole (`re.fullmatch`), as in
+Keras' `DTypePolicyMap`: `block_0` is that layer only, `block_0/.*` is all
+below it. A rule's `class` matches the layer's class name or the name of any
+class it derives from (`"Dense"` matches subclasses of Dense). A rule with both
+matches layers that match both.
+
+Precedence. Each layer takes the policy of the first rule, in file order, that
+matches it; else its safe default (below); else `default`. So an explicit rule
+always beats a safe default, and a specific rule goes before a general one.
+
+Safe defaults (`SAFE_DEFAULTS`; `"safe_defaults": false` turns them off). As
+PyTorch autocast keeps a list of ops in float32, these layers stay float32
+unless a rule matches them:
+
+    normalization  a class (or base class) named *Normalization, *Norm or
+                   RMSNorm*: LayerNormalization, BatchNormalization,
+                   GroupNormalization, UnitNormalization, RMSNormalization and
+                   user layers named like them. A mean and variance taken over
+                   many features in float16/bfloat16 round badly, and a small
+                   variance under a square root and a division amplifies it.
+    model output   the layers whose outputs are the model's outputs, which feed
+                   the loss: a softmax or log in low precision over- or
+                   underflows and rounds the loss. Found from the outputs of a
+                   functional model (recursing into a nested model), the last
+                   layer of a Sequential, and for a subclassed model the last
+                   of its own layers (in assignment order) that has weights or
+                   is not built yet.
+
+Nested layers without a path. Keras gives no path to a layer that has no build
+step (Dropout, Softmax, Activation) and looks such a layer up in no map. When
+one is nested in another layer (MultiHeadAttention's softmax, a block's
+dropout), it computes in the policy of the top-level layer holding it
+(`decided_by: "follows block_0"`); rules are not tried on it.
+
+How policies stick. `apply` sets each layer's own policy, so a container's
+policy never overrides its children's. A layer built under another policy
+computes in the new one from its next call (Keras reads the policy at each
+call; variables stay float32). A model stores the config of each of its
+top-level layers only, and a layer such as DecoderBlock or MultiHeadAttention
+re-creates its sublayers with its own policy; so when the sublayers of a
+top-level layer differ from it, that layer gets a Keras `DTypePolicyMap`
+holding each sublayer's policy by path. Saved with `model.save`, the map is
+in the layer's config, and on loading each sublayer created with
+`dtype=self.dtype_policy` (as Keras' layers and DecoderBlock do) computes in
+its own policy again. A subclassed model re-creates its layers in its own
+`__init__`: apply the manifest again after loading it.
+
+Models not built yet. Layers that exist are decided at once. Layers a layer
+creates when it is built (MultiHeadAttention's projections) are decided by the
+same rules when it is built; they are missing from the report of that `apply`
+(rules only they match count as unmatched): apply again after building for a
+complete report. Apply before `compile`, or compile again: a step traced
+before keeps the dtypes it was traced with.
+
+Example:
+
+    manifest = PrecisionManifest.from_json("configs/manifests/digits_cnn.json")
+    report = manifest.apply(model)
+    report.policies["logits"]  # 'float32'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import re
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import keras
+
+from mpt_keras.config import read_json_object
+from mpt_keras.errors import UserInputError
+from mpt_keras.policies import check_policy_name, iter_layers, precision_report
+
+SAFE_DEFAULTS = {
+    "normalization": "mean and variance round badly in float16/bfloat16",
+    "model output": "feeds the loss: softmax and log over- or underflow in low precision",
+}
+
+_NORMALIZATION_CLASS = re.compile(r".*Norm(alization)?|RMSNorm.*")
+_MANIFEST_KEYS = ("version", "default", "safe_defaults", "rules")
+_RULE_KEYS = ("match", "policy", "reason")
+_MATCH_KEYS = ("path", "class")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One manifest rule: which layers it matches and the policy they take.
+
+    Attributes:
+        policy: The policy name the matching layers take.
+        path: A layer path, or a regex that matches whole paths; `None`: any.
+        layer_class: A class name the layer's class is or derives from
+            (`"class"` in JSON); `None`: any.
+        reason: Why, for the report; optional.
+
+    Example:
+
+        rule = Rule(policy="float32", layer_class="LayerNormalization")
+        rule.matches("final_norm", keras.layers.LayerNormalization())  # True
+    """
+
+    policy: str
+    path: str | None = None
+    layer_class: str | None = None
+    reason: str | None = None
+
+    def __post_init__(self):
+        check_policy_name(self.policy, "policy")
+        if self.path is None and self.layer_class is None:
+            raise UserInputError("match: empty. Allowed keys: path, class (one or both)")
+        for key, value in (("path", self.path), ("class", self.layer_class)):
+            if value is not None and not (isinstance(value, str) and value):
+                raise UserInputError(
+                    f"match.{key}: must be a non-empty string, received {_shown(value)}"
+                )
+        if self.path is not None:
+            try:
+                re.compile(self.path)
+            except re.error as error:
+                raise UserInputError(f"match.path: bad regex '{self.path}': {error}") from None
+        if self.reason is not None and not isinstance(self.reason, str):
+            raise UserInputError(f"reason: must be a string, received {_shown(self.reason)}")
+
+    @property
+    def match_text(self) -> str:
+        """What the rule matches, e.g. `path 'logits', class 'Dense'`."""
+        parts = [f"path '{self.path}'"] if self.path is not None else []
+        if self.layer_class is not None:
+            parts.append(f"class '{self.layer_class}'")
+        return ", ".join(parts)
+
+    def matches(self, path: str, layer: keras.layers.Layer) -> bool:
+        """Whether the layer at `path` matches; see the module docstring."""
+        if self.path is not None and path != self.path and not re.fullmatch(self.path, path):
+            return False
+        return self.layer_class is None or any(
+            cls.__name__ == self.layer_class for cls in type(layer).__mro__
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The rule as in a manifest file."""
+        match = {"path": self.path, "class": self.layer_class}
+        values = {
+            "match": {key: value for key, value in match.items() if value is not None},
+            "policy": self.policy,
+        }
+        if self.reason is not None:
+            values["reason"] = self.reason
+        return values
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerPrecision:
+    """One layer in a `ManifestReport`.
+
+    Attributes:
+        path: The layer's path from the model down.
+        layer_class: The layer's class name (`"class"` in `to_dict`).
+        policy: The policy it computes with.
+        compute_dtype: The dtype it computes in.
+        variable_dtype: The dtype of its variables (float32).
+        decided_by: `rules[<i>] (<match>)`, `safe default: <kind>`, `default`
+            or `follows <path>` (a nested layer without a path).
+        reason: The rule's or safe default's reason, if any.
+
+    Example:
+
+        cnn = models.build_model("cnn", {}, input_shape=(8, 8, 1), num_classes=10)
+        report = PrecisionManifest.from_json("configs/manifests/digits_cnn.json").apply(cnn)
+        entry = report.layers[0]
+        entry.path, entry.policy  # ('conv_0', 'float32')
+        entry.decided_by  # "rules[0] (path 'conv_0')"
+    """
+
+    path: str
+    layer_class: str
+    policy: str
+    compute_dtype: str
+    variable_dtype: str
+    decided_by: str
+    reason: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ManifestReport:
+    """What `PrecisionManifest.apply` decided for each layer of a model.
+
+    Attributes:
+        model: The model's name.
+        layers: Every layer, depth first (as `policies.precision_report`).
+        unmatched_rules: Rules that matched no layer, as `rules[<i>] (<match>)`.
+        shadowed_rules: Rules that matched layers, but only layers an earlier
+            rule decided.
+        trainable_variables: How many trainable variables have each dtype.
+
+    Example:
+
+        cnn = models.build_model("cnn", {}, input_shape=(8, 8, 1), num_classes=10)
+        report = PrecisionManifest.from_json("configs/manifests/digits_cnn.json").apply(cnn)
+        report.policies["dense"], report.policies["logits"]  # ('mixed_bfloat16', 'float32')
+        report.unmatched_rules  # ()
+    """
+
+    model: str
+    layers: tuple[LayerPrecision, ...]
+    unmatched_rules: tuple[str, ...]
+    shadowed_rules: tuple[str, ...]
+    trainable_variables: Mapping[str, int]
+
+    @property
+    def policies(self) -> dict[str, str]:
+        """`{layer path: policy name}`."""
+        return {layer.path: layer.policy for layer in self.layers}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: `policies.precision_report`'s keys, plus `decided_by`
+        and `reason` per layer and the unmatched and shadowed rules."""
+        layers = []
+        for layer in self.layers:
+            entry = dataclasses.asdict(layer)
+            entry = {"path": entry.pop("path"), "class": entry.pop("layer_class"), **entry}
+            layers.append(entry)
+        return {
+            "model": self.model,
+            "layers": layers,
+            "trainable_variables": dict(self.trainable_variables),
+            "unmatched_rules": list(self.unmatched_rules),
+            "shadowed_rules": list(self.shadowed_rules),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionManifest:
+    """A dtype policy per layer, decided by ordered rules; see the module docstring.
+
+    Attributes:
+        default: The policy of layers that no rule or safe default decides.
+        rules: The rules, first match wins.
+        safe_defaults: Keep normalization and output layers float32 unless a
+            rule matches them.
+        version: The file format version; 1.
+
+    Example:
+
+        manifest = PrecisionManifest.from_dict({
+            "version": 1,
+            "default": "mixed_bfloat16",
+            "rules": [{"match": {"class": "Conv2D"}, "policy": "float32"}],
+        })
+        cnn = models.build_model("cnn", {}, input_shape=(8, 8, 1), num_classes=10)
+        report = manifest.apply(cnn)
+        report.policies["conv_1"], report.policies["dense"]  # ('float32', 'mixed_bfloat16')
+    """
+
+    default: str
+    rules: tuple[Rule, ...] = ()
+    safe_defaults: bool = True
+    version: int = 1
+
+    def __post_init__(self):
+        if type(self.version) is not int or self.version != 1:
+            raise UserInputError(f"version: must be 1, received {_shown(self.version)}")
+        check_policy_name(self.default, "default")
+        if not isinstance(self.safe_defaults, bool):
+            raise UserInputError(
+                f"safe_defaults: must be true or false, received {_shown(self.safe_defaults)}"
+            )
+        object.__setattr__(self, "rules", tuple(self.rules))
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], source: str = "manifest") -> PrecisionManifest:
+        """Builds a manifest from a JSON-like mapping, strictly.
+
+        Args:
+            values: Keys and values as in the JSON file.
+            source: What the values came from (a file name), for messages.
+
+        Raises:
+            UserInputError: On an unknown or missing key, a wrong type, an
+                unknown policy, a bad regex or an empty match, naming `source`.
+        """
+        try:
+            _check_keys(values, _MANIFEST_KEYS, ("version", "default"), where="")
+            rules = values.get("rules", [])
+            if not isinstance(rules, list):
+                raise UserInputError(f"rules: must be a JSON array, received {_shown(rules)}")
+            return cls(
+                version=values["version"],
+                default=values["default"],
+                safe_defaults=values.get("safe_defaults", True),
+                rules=tuple(
+                    _parse_rule(rule, f"rules[{index}]") for index, rule in enumerate(rules)
+                ),
+            )
+        except UserInputError as error:
+            raise UserInputError(f"{source}: {error}") from None
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> PrecisionManifest:
+        """Reads a manifest file; see `from_dict`. Malformed JSON is an error
+        naming the file, line and column."""
+        return cls.from_dict(read_json_object(path), source=os.fspath(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest as in a file; `from_dict` inverts it."""
+        return {
+            "version": self.version,
+            "default": self.default,
+            "safe_defaults": self.safe_defaults,
+            "rules": [rule.to_dict() for rule in self.rules],
+        }
+
+    def to_json(self) -> str:
+        """The manifest as indented JSON text."""
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    def apply(self, model: keras.Model) -> ManifestReport:
+        """Sets the dtype policy of every layer of `model`, nested ones included.
+
+        Works on Sequential, functional and subclassed models, built or not;
+        applying again replaces what an earlier apply set. The model's own
+        policy is left as it is.
+
+        Args:
+            model: The model. Its variables must be float32 (built under
+                float32 or a `mixed_*` policy).
+
+        Returns:
+            What was decided for each layer, and which rules matched nothing.
+
+        Raises:
+            UserInputError: If the model has float16 or bfloat16 variables.
+        """
+        for variable in model.weights:
+            if variable.dtype in ("float16", "bfloat16"):
+                raise UserInputError(
+                    f"model '{model.name}': variable '{variable.path}' is {variable.dtype}; "
+                    "a manifest keeps variables float32. Allowed: a model built under "
+                    "float32, mixed_float16 or mixed_bfloat16"
+                )
+        application = _Application(self, _output_layers(model))
+        decisions = {}
+        for unit in _units(model):
+            decisions.update(application.apply_to_unit(unit))
+        matched = {index for decision in decisions.values() for index in decision.matched}
+        deciding = {decision.matched[0] for decision in decisions.values() if decision.matched}
+        described = precision_report(model)
+        return ManifestReport(
+            model=described["model"],
+            layers=tuple(
+                LayerPrecision(
+                    path=entry["path"],
+                    layer_class=entry["class"],
+                    policy=entry["policy"],
+                    compute_dtype=entry["compute_dtype"],
+                    variable_dtype=entry["variable_dtype"],
+                    decided_by=decisions[entry["path"]].decided_by,
+                    reason=decisions[entry["path"]].reason,
+                )
+                for entry in described["layers"]
+            ),
+            unmatched_rules=tuple(
+                _rule_label(index, rule)
+                for index, rule in enumerate(self.rules)
+                if index not in matched
+            ),
+            shadowed_rules=tuple(
+                _rule_label(index, self.rules[index]) for index in sorted(matched - deciding)
+            ),
+            trainable_variables=described["trainable_variables"],
+        )
+
+
+def _rule_label(index: int, rule: Rule) -> str:
+    return f"rules[{index}] ({rule.match_text})"
+
+
+def _check_keys(values: Any, allowed: tuple[str, ...], required: tuple[str, ...], where: str):
+    """Checks that `values` is an object with only `allowed` and all `required` keys."""
+    if not isinstance(values, Mapping):
+        raise UserInputError(
+            f"{where + ': ' if where else ''}must be a JSON object, received {_shown(values)}"
+        )
+    prefix, scope = (f"{where}.", f" in {where}") if where else ("", "")
+    for key in values:
+        if key not in allowed:
+            raise UserInputError(
+                f"unknown key '{prefix}{key}'. Allowed keys{scope}: {', '.join(allowed)}"
+            )
+    for key in required:
+        if key not in values:
+            raise UserInputError(
+                f"missing key '{prefix}{key}'. Required keys{scope}: {', '.join(required)}"
+            )
+
+
+def _shown(value: Any) -> str:
+    """`value` as JSON text, for messages (`repr` for what JSON cannot hold)."""
+    return json.dumps(value, default=repr)
+
+
+def _parse_rule(values: Any, where: str) -> Rule:
+    _check_keys(values, _RULE_KEYS, ("match", "policy"), where)
+    _check_keys(values["match"], _MATCH_KEYS, (), f"{where}.match")
+    try:
+        return Rule(
+            policy=values["policy"],
+            path=values["match"].get("path"),
+            layer_class=values["match"].get("class"),
+            reason=values.get("reason"),
+        )
+    except UserInputError as error:
+        raise UserInputError(f"{where}.{error}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Decision:
+    policy: str
+    decided_by: str
+    reason: str | None = None
+    matched: tuple[int, ...] = ()  # indices of all rules that match the layer
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unit:
+    """A layer whose config its model stores, with the layers under it.
+
+    Attributes:
+        path: Its path from the model applied to.
+        layer: The layer.
+        model_prefix: The path (with "/") of the model holding its config,
+            which Keras leaves out of the paths of a loaded model's layers.
+    """
+
+    path: str
+    layer: keras.layers.Layer
+    model_prefix: str
+
+    def members(self) -> Iterator[tuple[str, keras.layers.Layer]]:
+        """The unit and, unless it is a model (whose layers are units), the
+        layers under it."""
+        yield self.path, self.layer
+        if not isinstance(self.layer, keras.Model):
+            yield from iter_layers(self.layer, prefix=self.path + "/")
+
+
+def _units(model: keras.Model) -> Iterator[_Unit]:
+    """The layers of `model`, and of the models among them, recursively."""
+    model_paths = {""}
+    for path, layer in iter_layers(model):
+        parent = path.rpartition("/")[0]
+        if parent in model_paths:
+            yield _Unit(path, layer, model_prefix=parent + "/" if parent else "")
+            if isinstance(layer, keras.Model):
+                model_paths.add(path)
+
+
+class _Application:
+    """Decides and sets policies for one `apply`; build hooks keep it alive."""
+
+    def __init__(self, manifest: PrecisionManifest, output_layers: list[keras.layers.Layer]):
+        self._manifest = manifest
+        self._output_layers = output_layers
+
+    def apply_to_unit(self, unit: _Unit) -> dict[str, _Decision]:
+        """Sets the policies of `unit`'s members; returns `{path: decision}`."""
+        unit_decision = self._decide(unit.path, unit.layer)
+        decisions = {}
+        policy_map = {}
+        for path, layer in unit.members():
+            pathless = layer.built and layer.path is None
+            if layer is unit.layer:
+                decision = unit_decision
+            elif pathless:
+                decision = _Decision(unit_decision.policy, f"follows {unit.path}")
+            else:
+                decision = self._decide(path, layer)
+            policy = keras.DTypePolicy(decision.policy)
+            _set_policy(layer, policy)
+            if not pathless:
+                # Keyed by the path Keras gives the layer when its model is loaded.
+                policy_map[path.removeprefix(unit.model_prefix)] = policy
+            if not layer.built:
+                _call_after_build(layer, functools.partial(self.apply_to_unit, unit))
+            decisions[path] = decision
+        if any(decision.policy != unit_decision.policy for decision in decisions.values()):
+            _set_policy(
+                unit.layer,
+                keras.dtype_policies.DTypePolicyMap(
+                    default_policy=keras.DTypePolicy(unit_decision.policy), policy_map=policy_map
+                ),
+            )
+        return decisions
+
+    def _decide(self, path: str, layer: keras.layers.Layer) -> _Decision:
+        rules = self._manifest.rules
+        matched = tuple(index for index, rule in enumerate(rules) if rule.matches(path, layer))
+        if matched:
+            rule = rules[matched[0]]
+            return _Decision(rule.policy, _rule_label(matched[0], rule), rule.reason, matched)
+        if self._manifest.safe_defaults:
+            if any(_NORMALIZATION_CLASS.fullmatch(cls.__name__) for cls in type(layer).__mro__):
+                return _safe_default("normalization")
+            if any(layer is output for output in self._output_layers):
+                return _safe_default("model output")
+        return _Decision(self._manifest.default, "default")
+
+
+def _safe_default(kind: str) -> _Decision:
+    return _Decision("float32", f"safe default: {kind}", SAFE_DEFAULTS[kind])
+
+
+def _output_layers(model: keras.Model) -> list[keras.layers.Layer]:
+    """The layers whose outputs are `model`'s outputs; see "model output" above."""
+    if isinstance(model, keras.Sequential):
+        producers = model.layers[-1:]
+    elif getattr(model, "outputs", None):
+        outputs = keras.tree.flatten(model.outputs)
+        producers = [output._keras_history.operation for output in outputs]
+    else:
+        producers = [layer for layer in model.layers if layer.weights or not layer.built][-1:]
+    layers = []
+    for producer in producers:
+        layers.extend(_output_layers(producer) if isinstance(producer, keras.Model) else [producer])
+    return layers
+
+
+def _set_policy(layer: keras.layers.Layer, policy: keras.DTypePolicy) -> None:
+    # The public `dtype_policy` setter writes into a `DTypePolicyMap` the layer
+    # already holds (after an earlier apply, or loading) instead of replacing it.
+    layer._dtype_policy = policy
+
+
+def _call_after_build(layer: keras.layers.Layer, callback: Callable[[], object]) -> None:
+    """Calls `callback()` once `layer` is built; a later call replaces `callback`.
+
+    Keras has no hook after `build`, which creates some layers' sublayers
+    (MultiHeadAttention's projections), so the layer's `build` is wrapped.
+    """
+    if hasattr(layer.build, "after_build"):
+        layer.build.after_build = callback
+        return
+    build = layer.build
+
+    @functools.wraps(build)
+    def build_then_call_back(*args, **kwargs):
+        build(*args, **kwargs)
+        layer.build = build
+        build_then_call_back.after_build()
+
+    build_then_call_back.after_build = callback
+    layer.build = build_then_call_back

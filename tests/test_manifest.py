@@ -1,0 +1,586 @@
+"""Tests of mpt_keras.manifest: parsing, precedence, safe defaults, apply, saving."""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from mpt_keras import models
+from mpt_keras.errors import UserInputError
+from mpt_keras.manifest import PrecisionManifest, Rule
+from mpt_keras.policies import iter_layers, precision_report
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ALLOWED = "Allowed: float32, mixed_float16, mixed_bfloat16"
+COMPUTE_DTYPES = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
+
+# Default mixed_float16, the attention projections of block 0 in bfloat16, the
+# norms and the logits kept float32 by the safe defaults.
+LM_MANIFEST = {
+    "version": 1,
+    "default": "mixed_float16",
+    "rules": [{"match": {"path": "block_0/attention/.*"}, "policy": "mixed_bfloat16"}],
+}
+ATTENTION_RULE = "rules[0] (path 'block_0/attention/.*')"
+NORMALIZATION = "safe default: normalization"
+# {path: (class, policy, decided_by)} of the tiny LM under LM_MANIFEST.
+LM_EXPECTED = {
+    "token_embedding": ("Embedding", "mixed_float16", "default"),
+    "position_embedding": ("PositionEmbedding", "mixed_float16", "default"),
+    "block_0": ("DecoderBlock", "mixed_float16", "default"),
+    "block_0/attention_norm": ("LayerNormalization", "float32", NORMALIZATION),
+    "block_0/attention": ("MultiHeadAttention", "mixed_float16", "default"),
+    "block_0/attention/query": ("EinsumDense", "mixed_bfloat16", ATTENTION_RULE),
+    "block_0/attention/key": ("EinsumDense", "mixed_bfloat16", ATTENTION_RULE),
+    "block_0/attention/value": ("EinsumDense", "mixed_bfloat16", ATTENTION_RULE),
+    "block_0/attention/softmax": ("Softmax", "mixed_float16", "follows block_0"),
+    "block_0/attention/dropout": ("Dropout", "mixed_float16", "follows block_0"),
+    "block_0/attention/attention_output": ("EinsumDense", "mixed_bfloat16", ATTENTION_RULE),
+    "block_0/mlp_norm": ("LayerNormalization", "float32", NORMALIZATION),
+    "block_0/mlp_up": ("Dense", "mixed_float16", "default"),
+    "block_0/mlp_down": ("Dense", "mixed_float16", "default"),
+    "block_0/mlp_dropout": ("Dropout", "mixed_float16", "follows block_0"),
+    "final_norm": ("LayerNormalization", "float32", NORMALIZATION),
+    "logits": ("Dense", "float32", "safe default: model output"),
+}
+
+
+@pytest.fixture(autouse=True)
+def _restore_keras():
+    keras.backend.clear_session(free_memory=False)
+    yield
+    keras.config.set_dtype_policy("float32")
+    keras.backend.clear_session(free_memory=False)
+
+
+def _tiny_lm():
+    return models.build_model(
+        "transformer_lm",
+        {"num_layers": 1, "d_model": 16, "num_heads": 2},
+        vocab_size=32,
+        sequence_length=8,
+    )
+
+
+def _tokens(batch=4):
+    return np.random.default_rng(0).integers(0, 32, size=(batch, 8)).astype("int32")
+
+
+def _policies(model):
+    return {entry["path"]: entry["policy"] for entry in precision_report(model)["layers"]}
+
+
+def _output_dtypes(model, inputs, monkeypatch):
+    """Runs `model` once; returns {path: dtype of the output} of every layer called."""
+    dtypes = {}
+    for path, layer in iter_layers(model):
+
+        def recording_call(*args, _path=path, _call=layer.call, **kwargs):
+            outputs = _call(*args, **kwargs)
+            dtypes[_path] = keras.tree.flatten(outputs)[0].dtype.name
+            return outputs
+
+        monkeypatch.setattr(layer, "call", recording_call)
+    model(inputs)
+    return dtypes
+
+
+# Apply to a built functional model ------------------------------------------
+
+
+def test_apply_sets_exact_compute_and_variable_dtypes_of_nested_layers():
+    model = _tiny_lm()
+    report = PrecisionManifest.from_dict(LM_MANIFEST).apply(model)
+
+    assert [
+        (layer.path, layer.layer_class, layer.policy, layer.decided_by) for layer in report.layers
+    ] == [(path, *expected) for path, expected in LM_EXPECTED.items()]
+    layers = dict(iter_layers(model))
+    for path, (_, policy, _) in LM_EXPECTED.items():
+        assert layers[path].compute_dtype == COMPUTE_DTYPES[policy], path
+        assert layers[path].variable_dtype == "float32", path
+    assert {variable.dtype for variable in model.weights} == {"float32"}
+    assert report.policies == {path: policy for path, (_, policy, _) in LM_EXPECTED.items()}
+    assert report.unmatched_rules == report.shadowed_rules == ()
+
+
+def test_layers_built_under_float32_compute_in_their_new_dtypes(monkeypatch):
+    model = _tiny_lm()
+    PrecisionManifest.from_dict(LM_MANIFEST).apply(model)
+
+    assert _output_dtypes(model, _tokens(), monkeypatch) == {
+        "token_embedding": "float16",
+        "position_embedding": "float16",
+        "block_0": "float16",
+        "block_0/attention_norm": "float32",
+        "block_0/attention": "bfloat16",  # the output projection's dtype
+        "block_0/attention/query": "bfloat16",
+        "block_0/attention/key": "bfloat16",
+        "block_0/attention/value": "bfloat16",
+        "block_0/attention/attention_output": "bfloat16",
+        "block_0/mlp_norm": "float32",
+        "block_0/mlp_up": "float16",
+        "block_0/mlp_down": "float16",
+        "block_0/mlp_dropout": "float16",
+        "final_norm": "float32",
+        "logits": "float32",
+    }
+
+
+def test_report_to_dict_extends_precision_report():
+    model = _tiny_lm()
+    report = PrecisionManifest.from_dict(LM_MANIFEST).apply(model).to_dict()
+    described = precision_report(model)
+
+    assert report["model"] == described["model"] == "transformer_lm"
+    assert report["trainable_variables"] == described["trainable_variables"] == {"float32": 22}
+    for entry, base in zip(report["layers"], described["layers"], strict=True):
+        assert entry == {**base, "decided_by": entry["decided_by"], "reason": entry["reason"]}
+    assert report["layers"][3] == {
+        "path": "block_0/attention_norm",
+        "class": "LayerNormalization",
+        "policy": "float32",
+        "compute_dtype": "float32",
+        "variable_dtype": "float32",
+        "decided_by": "safe default: normalization",
+        "reason": "mean and variance round badly in float16/bfloat16",
+    }
+    assert report["unmatched_rules"] == report["shadowed_rules"] == []
+    json.dumps(report)
+
+
+# Sequential and subclassed models, before and after building ------------------
+
+# {path: policy} of the models of _sequential() and _subclassed() under LM_MANIFEST
+# with "block_0" named "block".
+SMALL_EXPECTED = {
+    "up": "mixed_float16",
+    "block": "mixed_float16",
+    "block/attention_norm": "float32",
+    "block/attention": "mixed_float16",
+    "block/attention/query": "mixed_bfloat16",
+    "block/attention/key": "mixed_bfloat16",
+    "block/attention/value": "mixed_bfloat16",
+    "block/attention/softmax": "mixed_float16",
+    "block/attention/dropout": "mixed_float16",
+    "block/attention/attention_output": "mixed_bfloat16",
+    "block/mlp_norm": "float32",
+    "block/mlp_up": "mixed_float16",
+    "block/mlp_down": "mixed_float16",
+    "block/mlp_dropout": "mixed_float16",
+    "out": "float32",
+}
+SMALL_MANIFEST = {
+    "version": 1,
+    "default": "mixed_float16",
+    "rules": [{"match": {"path": "block/attention/.*"}, "policy": "mixed_bfloat16"}],
+}
+
+
+def _sequential():
+    return keras.Sequential(
+        [
+            keras.layers.Dense(8, name="up"),
+            models.DecoderBlock(8, 2, name="block"),
+            keras.layers.Dense(3, name="out"),
+        ],
+        name="sequential",
+    )
+
+
+class _Subclassed(keras.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.up = keras.layers.Dense(8, name="up")
+        self.block = models.DecoderBlock(8, 2, name="block")
+        self.out = keras.layers.Dense(3, name="out")
+
+    def call(self, inputs):
+        return self.out(self.block(self.up(inputs)))
+
+
+@pytest.mark.parametrize(
+    "build_model", [_sequential, _Subclassed], ids=["sequential", "subclassed"]
+)
+@pytest.mark.parametrize("built", [False, True], ids=["before_build", "after_build"])
+def test_apply_to_sequential_and_subclassed_models(build_model, built, monkeypatch):
+    model = build_model()
+    inputs = np.ones((2, 5, 4), "float32")
+    if built:
+        model(inputs)
+    report = PrecisionManifest.from_dict(SMALL_MANIFEST).apply(model)
+    if not built:
+        model(inputs)
+
+    assert _policies(model) == SMALL_EXPECTED
+    layers = dict(iter_layers(model))
+    for path, policy in SMALL_EXPECTED.items():
+        assert layers[path].compute_dtype == COMPUTE_DTYPES[policy], path
+    assert {variable.dtype for variable in model.weights} == {"float32"}
+    assert _output_dtypes(model, inputs, monkeypatch)["block/attention/query"] == "bfloat16"
+    if built:
+        assert report.policies == SMALL_EXPECTED
+        assert report.unmatched_rules == ()
+    else:
+        # The attention projections did not exist yet: decided when built.
+        assert "block/attention/query" not in report.policies
+        assert report.unmatched_rules == ("rules[0] (path 'block/attention/.*')",)
+        assert PrecisionManifest.from_dict(SMALL_MANIFEST).apply(model).unmatched_rules == ()
+
+
+def test_a_later_apply_replaces_an_earlier_one_also_before_build():
+    model = _sequential()
+    PrecisionManifest.from_dict(SMALL_MANIFEST).apply(model)
+    PrecisionManifest(
+        default="mixed_bfloat16",
+        rules=(Rule(policy="float32", path="block/attention/query"),),
+        safe_defaults=False,
+    ).apply(model)
+    model(np.ones((2, 5, 4), "float32"))
+
+    policies = _policies(model)
+    assert policies.pop("block/attention/query") == "float32"
+    assert set(policies.values()) == {"mixed_bfloat16"}
+
+
+# Precedence, unmatched and shadowed rules -----------------------------------------
+
+
+def test_first_matching_rule_in_file_order_wins():
+    manifest = PrecisionManifest.from_dict(
+        {
+            "version": 1,
+            "default": "mixed_bfloat16",
+            "rules": [
+                {"match": {"path": "block_0/.*"}, "policy": "mixed_float16"},
+                {"match": {"class": "LayerNormalization"}, "policy": "mixed_bfloat16"},
+                {"match": {"path": "block_0/attention_norm"}, "policy": "float32"},
+                {"match": {"path": "block_0"}, "policy": "float32"},
+                {"match": {"path": "block_9/.*"}, "policy": "float32"},
+            ],
+        }
+    )
+    report = manifest.apply(_tiny_lm())
+    decided = {layer.path: (layer.policy, layer.decided_by) for layer in report.layers}
+
+    assert decided["block_0/attention_norm"] == ("mixed_float16", "rules[0] (path 'block_0/.*')")
+    assert decided["block_0/attention/query"] == ("mixed_float16", "rules[0] (path 'block_0/.*')")
+    assert decided["block_0"] == ("float32", "rules[3] (path 'block_0')")  # no prefix match
+    assert decided["final_norm"] == (
+        "mixed_bfloat16",
+        "rules[1] (class 'LayerNormalization')",  # a rule beats a safe default
+    )
+    assert decided["logits"] == ("float32", "safe default: model output")
+    assert decided["token_embedding"] == ("mixed_bfloat16", "default")
+    assert report.shadowed_rules == ("rules[2] (path 'block_0/attention_norm')",)
+    assert report.unmatched_rules == ("rules[4] (path 'block_9/.*')",)
+
+
+def test_rule_with_path_and_class_needs_both_and_class_matches_subclasses():
+    class ScaledDense(keras.layers.Dense):
+        pass
+
+    rule = Rule(policy="float32", path="head_.*", layer_class="Dense")
+    assert rule.matches("head_0", ScaledDense(2))
+    assert not rule.matches("head_0", keras.layers.Conv1D(2, 1))
+    assert not rule.matches("tail_0", keras.layers.Dense(2))
+    assert Rule(policy="float32", path="out.1").matches("out.1", keras.layers.Dense(2))
+    assert rule.match_text == "path 'head_.*', class 'Dense'"
+
+
+# Safe defaults ---------------------------------------------------------------
+
+
+class RMSNorm(keras.layers.Layer):
+    """A user normalization layer, matched by its class name."""
+
+    def call(self, inputs):
+        return inputs * keras.ops.rsqrt(keras.ops.mean(inputs**2, axis=-1, keepdims=True) + 1e-6)
+
+
+def _model_with_every_safe_default():
+    inputs = keras.Input((4, 4, 2), name="image")
+    x = keras.layers.BatchNormalization(name="batch_norm")(inputs)
+    x = keras.layers.GroupNormalization(groups=2, name="group_norm")(x)
+    x = keras.layers.Flatten(name="flatten")(x)
+    x = keras.layers.UnitNormalization(name="unit_norm")(x)
+    x = keras.layers.RMSNormalization(name="rms_norm")(x)
+    x = RMSNorm(name="user_norm")(x)
+    hidden = keras.layers.Dense(3, name="dense")(x)
+    probabilities = keras.layers.Softmax(name="probabilities")(hidden)
+    head_inputs = keras.Input((3,))
+    head = keras.Model(
+        head_inputs, keras.layers.Dense(2, name="head_dense")(head_inputs), name="head"
+    )
+    return keras.Model(inputs, [probabilities, head(hidden)], name="classifier")
+
+
+def test_safe_defaults_keep_normalization_and_output_layers_float32():
+    report = PrecisionManifest(default="mixed_bfloat16").apply(_model_with_every_safe_default())
+
+    output = "safe default: model output"
+    assert {layer.path: (layer.policy, layer.decided_by) for layer in report.layers} == {
+        "batch_norm": ("float32", NORMALIZATION),
+        "group_norm": ("float32", NORMALIZATION),
+        "flatten": ("mixed_bfloat16", "default"),
+        "unit_norm": ("float32", NORMALIZATION),
+        "rms_norm": ("float32", NORMALIZATION),
+        "user_norm": ("float32", NORMALIZATION),
+        "dense": ("mixed_bfloat16", "default"),
+        "probabilities": ("float32", output),
+        "head": ("mixed_bfloat16", "default"),
+        "head/head_dense": ("float32", output),  # the output of the nested model
+    }
+
+
+def test_safe_defaults_can_be_turned_off_or_overridden_by_a_rule():
+    off = PrecisionManifest(default="mixed_bfloat16", safe_defaults=False).apply(_tiny_lm())
+    assert set(off.policies.values()) == {"mixed_bfloat16"}
+
+    overridden = PrecisionManifest(
+        default="mixed_bfloat16",
+        rules=(Rule(policy="mixed_float16", layer_class="LayerNormalization"),),
+    ).apply(_tiny_lm())
+    assert overridden.policies["final_norm"] == "mixed_float16"
+    assert overridden.policies["logits"] == "float32"
+
+
+def test_subclassed_model_output_is_its_last_layer_with_weights():
+    class Classifier(keras.Model):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.hidden = keras.layers.Dense(4, name="hidden")
+            self.logits = keras.layers.Dense(2, name="logits")
+            self.dropout = keras.layers.Dropout(0.1, name="dropout")
+
+        def call(self, inputs):
+            return self.logits(self.dropout(self.hidden(inputs)))
+
+    policies = PrecisionManifest(default="mixed_float16").apply(Classifier()).policies
+    assert policies == {"hidden": "mixed_float16", "logits": "float32", "dropout": "mixed_float16"}
+
+
+# Saving, training -----------------------------------------------------------------
+
+
+def test_saved_model_reloads_with_the_same_per_layer_policies(tmp_path):
+    model = _tiny_lm()
+    PrecisionManifest.from_dict(LM_MANIFEST).apply(model)
+    described, predictions = precision_report(model), model.predict(_tokens(), verbose=0)
+    model.save(tmp_path / "model.keras")
+    # The same automatic names for MultiHeadAttention's softmax and dropout.
+    keras.backend.clear_session(free_memory=False)
+
+    loaded = keras.saving.load_model(tmp_path / "model.keras")
+
+    assert precision_report(loaded) == described
+    assert dict(iter_layers(loaded))["block_0/attention/query"].compute_dtype == "bfloat16"
+    np.testing.assert_array_equal(loaded.predict(_tokens(), verbose=0), predictions)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["eager", "jit"])
+def test_model_trains_after_apply(jit_compile):
+    keras.utils.set_random_seed(0)
+    model = _tiny_lm()
+    PrecisionManifest.from_dict(LM_MANIFEST).apply(model)
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-2),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=jit_compile,
+    )
+    before = [variable.numpy() for variable in model.trainable_variables]
+    tokens = _tokens(batch=8)
+    history = model.fit(tokens, np.roll(tokens, -1, axis=1), batch_size=4, epochs=3, verbose=0)
+
+    losses = history.history["loss"]
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0]
+    for variable, initial in zip(model.trainable_variables, before, strict=True):
+        assert variable.dtype == "float32"
+        assert np.all(np.isfinite(variable.numpy()))
+        assert not np.array_equal(variable.numpy(), initial), variable.path
+
+
+def test_float16_variables_are_refused():
+    model = keras.Sequential(
+        [keras.Input((2,)), keras.layers.Dense(2, dtype="float16")], name="half"
+    )
+    with pytest.raises(UserInputError) as raised:
+        PrecisionManifest(default="float32").apply(model)
+    assert str(raised.value) == (
+        "model 'half': variable 'half/dense/kernel' is float16; a manifest keeps variables "
+        "float32. Allowed: a model built under float32, mixed_float16 or mixed_bfloat16"
+    )
+
+
+# The bundled manifests --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, model_name, options, dimensions, expected",
+    [
+        (
+            "digits_cnn",
+            "cnn",
+            {},
+            {"input_shape": (8, 8, 1), "num_classes": 10},
+            {
+                "conv_0": "float32",
+                "conv_1": "mixed_bfloat16",
+                "dense": "mixed_bfloat16",
+                "logits": "float32",
+            },
+        ),
+        (
+            "python_source_transformer",
+            "transformer_lm",
+            {"num_layers": 2, "d_model": 64, "num_heads": 4},
+            {"vocab_size": 256, "sequence_length": 64},
+            {
+                "token_embedding": "float32",
+                "position_embedding": "float32",
+                "block_1": "float32",
+                "block_1/attention_norm": "float32",
+                "block_1/attention/query": "mixed_bfloat16",
+                "block_1/mlp_dropout": "float32",
+                "block_1/mlp_up": "mixed_bfloat16",
+                "logits": "float32",
+            },
+        ),
+    ],
+)
+def test_bundled_manifests_apply_cleanly(name, model_name, options, dimensions, expected):
+    path = os.path.join(REPO, "configs", "manifests", f"{name}.json")
+    manifest = PrecisionManifest.from_json(path)
+    model = models.build_model(model_name, options, **dimensions)
+
+    report = manifest.apply(model)
+
+    assert report.unmatched_rules == report.shadowed_rules == ()
+    assert {key: report.policies[key] for key in expected} == expected
+    assert all(rule.reason for rule in manifest.rules)
+    with open(path, encoding="utf-8") as file:
+        assert file.read() == manifest.to_json()
+
+
+# Parsing -------------------------------------------------------------------------
+
+
+def test_round_trip():
+    values = {
+        "version": 1,
+        "default": "mixed_bfloat16",
+        "safe_defaults": False,
+        "rules": [
+            {"match": {"path": "a/.*", "class": "Dense"}, "policy": "float32", "reason": "why"},
+            {"match": {"class": "Softmax"}, "policy": "mixed_float16"},
+        ],
+    }
+    manifest = PrecisionManifest.from_dict(values)
+    assert manifest.to_dict() == values
+    assert PrecisionManifest.from_dict(json.loads(manifest.to_json())) == manifest
+    assert manifest.rules[0] == Rule(
+        policy="float32", path="a/.*", layer_class="Dense", reason="why"
+    )
+    assert PrecisionManifest.from_dict({"version": 1, "default": "float32"}) == PrecisionManifest(
+        default="float32", rules=(), safe_defaults=True, version=1
+    )
+
+
+def _rules(*rules):
+    return json.dumps({"version": 1, "default": "float32", "rules": list(rules)})
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            '{"version": 1, "default": "float32", "rulez": []}',
+            "unknown key 'rulez'. Allowed keys: version, default, safe_defaults, rules",
+        ),
+        (
+            _rules({"match": {"path": "x"}, "polcy": "float32"}),
+            "unknown key 'rules[0].polcy'. Allowed keys in rules[0]: match, policy, reason",
+        ),
+        (
+            _rules(
+                {"match": {"path": "x"}, "policy": "float32"},
+                {"match": {"name": "x"}, "policy": "float32"},
+            ),
+            "unknown key 'rules[1].match.name'. Allowed keys in rules[1].match: path, class",
+        ),
+        (
+            _rules(
+                *[{"match": {"path": "x"}, "policy": "float32"}] * 2,
+                {"match": {"path": "x"}, "policy": "float16"},
+            ),
+            f"rules[2].policy: unknown policy 'float16'. {ALLOWED}",
+        ),
+        ('{"version": 1, "default": "bfloat16"}', f"default: unknown policy 'bfloat16'. {ALLOWED}"),
+        (
+            _rules({"match": {"path": "block_(0"}, "policy": "float32"}),
+            "rules[0].match.path: bad regex 'block_(0': missing ), unterminated subpattern at "
+            "position 6",
+        ),
+        (
+            _rules({"match": {}, "policy": "float32"}),
+            "rules[0].match: empty. Allowed keys: path, class (one or both)",
+        ),
+        (
+            _rules({"match": {"path": ""}, "policy": "float32"}),
+            'rules[0].match.path: must be a non-empty string, received ""',
+        ),
+        (
+            _rules({"match": {"class": 3}, "policy": "float32"}),
+            "rules[0].match.class: must be a non-empty string, received 3",
+        ),
+        (
+            _rules({"match": {"path": "x"}, "policy": "float32", "reason": 3}),
+            "rules[0].reason: must be a string, received 3",
+        ),
+        (
+            _rules({"match": "x", "policy": "float32"}),
+            'rules[0].match: must be a JSON object, received "x"',
+        ),
+        (_rules("x"), 'rules[0]: must be a JSON object, received "x"'),
+        (
+            _rules({"match": {"path": "x"}}),
+            "missing key 'rules[0].policy'. Required keys in rules[0]: match, policy",
+        ),
+        (
+            '{"version": 1, "default": "float32", "rules": {}}',
+            "rules: must be a JSON array, received {}",
+        ),
+        ('{"version": 2, "default": "float32"}', "version: must be 1, received 2"),
+        ('{"version": true, "default": "float32"}', "version: must be 1, received true"),
+        ('{"default": "float32"}', "missing key 'version'. Required keys: version, default"),
+        (
+            '{"version": 1, "default": "float32", "safe_defaults": 1}',
+            "safe_defaults: must be true or false, received 1",
+        ),
+        (
+            '{"version": 1,\n "default": "float32",\n}',
+            "malformed JSON at line 3 column 1: Expecting property name enclosed in double quotes",
+        ),
+        ("[]", "expected a JSON object, received list"),
+    ],
+)
+def test_bad_manifest_files_name_file_key_and_allowed_values(tmp_path, text, message):
+    path = tmp_path / "manifest.json"
+    path.write_text(text)
+    with pytest.raises(UserInputError) as raised:
+        PrecisionManifest.from_json(path)
+    assert str(raised.value) == f"{path}: {message}"
+
+
+def test_missing_file():
+    with pytest.raises(UserInputError) as raised:
+        PrecisionManifest.from_json("no/such/manifest.json")
+    assert str(raised.value) == "no/such/manifest.json: no such file"
+
+
+def test_from_dict_names_its_source():
+    with pytest.raises(UserInputError) as raised:
+        PrecisionManifest.from_dict([], source="--manifest")
+    assert str(raised.value) == "--manifest: must be a JSON object, received []"
