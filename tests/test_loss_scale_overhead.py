@@ -22,6 +22,7 @@ def test_loss_scale_overhead_reports_both_variants_and_their_ratio():
         "median_step_seconds",
         "step_seconds",
         "ratio_mpt_keras_over_stock",
+        "paired_ratio_median",
         "devices",
     }
     assert set(result["median_step_seconds"]) == {"stock", "mpt_keras"}
