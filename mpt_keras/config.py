@@ -184,6 +184,8 @@ class TrainConfig:
         log_every: Steps between TensorBoard summaries of the train metrics.
         strategy: tf.distribute strategy: one of `STRATEGIES`.
         virtual_cpus: Split the CPU into this many logical devices (0: off).
+        tpu: Address of the TPU for strategy `tpu` (`None`: the local or
+            environment-configured one).
         jit_compile: XLA compilation of the train step: `auto`, `true`, `false`.
         data: See `DataConfig`.
         model: See `ModelConfig`.
@@ -201,6 +203,7 @@ class TrainConfig:
     log_every: int = 10
     strategy: str = "auto"
     virtual_cpus: int = 0
+    tpu: str | None = None
     jit_compile: str = "auto"
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)

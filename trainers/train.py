@@ -32,6 +32,9 @@ _STRATEGY = flags.DEFINE_enum(
 _VIRTUAL_CPUS = flags.DEFINE_integer(
     "virtual_cpus", None, "Split the CPU into N logical devices (for mirrored).", lower_bound=0
 )
+_TPU = flags.DEFINE_string(
+    "tpu", None, "TPU address for --strategy=tpu (grpc://host:port or name)."
+)
 _JIT_COMPILE = flags.DEFINE_enum(
     "jit_compile", None, config_lib.JIT_COMPILE, "XLA-compile the train step."
 )
@@ -58,6 +61,7 @@ def main(argv: Sequence[str]) -> None:
         manifest=_MANIFEST.value,
         strategy=_STRATEGY.value,
         virtual_cpus=_VIRTUAL_CPUS.value,
+        tpu=_TPU.value,
         jit_compile=_JIT_COMPILE.value,
         steps=_STEPS.value,
     )
