@@ -1,68 +1,182 @@
-"""TensorBoard summaries of a training run.
+"""TensorBoard telemetry of a mixed-precision training run.
 
-`MixedPrecisionMonitor` writes, keyed by the global train step:
+`MixedPrecisionMonitor` writes, keyed by the global train step, under
+`log_dir/train` (every `update_freq` steps, and at the end of `fit`):
 
-    train/loss, train/<metric>   running mean over the current Keras epoch,
-                                 every `update_freq` steps
-    train/learning_rate          the inner optimizer's current learning rate
-    train/loss_scale             the loss scale (a `LossScaleOptimizer`'s)
-    train/skipped_steps          steps skipped so far for non-finite gradients
-    validation/loss, ...         at each validation
+    loss, <metric>              running mean over the current Keras epoch
+    learning_rate               the inner optimizer's current learning rate
+    loss_scale                  the loss scale (a `LossScaleOptimizer`'s)
+    skipped_steps               steps skipped so far for non-finite gradients
+    overflow_rate               skipped / steps, over the interval
+    nonfinite/<variable path>   steps so far whose gradient of that variable was
+                                non-finite; at the intervals where it was
+    nonfinite_gradients         (text) at each such interval: the steps, layers
+                                and variables; also logged as a WARNING
+    gradient_norm               global norm of the last step's unscaled
+                                gradients, if the optimizer has `gradient_norm`
+    step_time_seconds           mean wall time of the interval's train steps
+    examples_per_second         `examples_per_step` / step time
+    peak_memory_mib/<device>    peak memory of each device over the interval
 
-under `log_dir/train` and `log_dir/validation`, the layout of Keras'
-TensorBoard callback, so train and validation curves share a chart.
+every `histogram_freq` steps, from a forward/backward pass on `histogram_data`:
+
+    activation_log2_magnitude/<layer>, gradient_log2_magnitude/<variable path>
+        histograms of log2|x| (zeros and non-finite values left out); float16
+        normals span [-14, 16), subnormals reach -24
+    activation_above_float16_max/<layer>, gradient_above_float16_max/<variable>
+        fraction of values above 65504 or non-finite
+    activation_below_float16_normal/<layer>, gradient_below_float16_normal/...
+        fraction of nonzero values below 2**-14 (6.1e-5)
+
+and `validation/loss`, ... at each validation, under `log_dir/validation` (the
+layout of Keras' TensorBoard callback, so train and validation curves share a
+chart). `log_dir` itself holds the "Mixed precision" custom-scalars dashboard.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import time
+from collections.abc import Callable
+from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
+from mpt_keras import telemetry_layout as tags
 from mpt_keras.callbacks import GlobalStepCallback
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 
+FLOAT16_MAX = 65504.0
+FLOAT16_MIN_NORMAL = 2.0**-14
+_LOGGER = logging.getLogger("mpt_keras.monitor")
+
 
 class MixedPrecisionMonitor(GlobalStepCallback):
-    """A Keras callback writing training telemetry for TensorBoard.
+    """A Keras callback writing mixed-precision telemetry for TensorBoard.
 
-    It reads model state only every `update_freq` steps, so it adds no
-    host-device synchronisation to the other steps.
+    It reads optimizer and device state only every `update_freq` steps (and
+    once at the start and end of `fit`), so it adds no host-device
+    synchronisation to the other steps. The tags are listed in the module
+    docstring.
+
+    Step time is the wall time from the start of a train batch to its end as
+    Keras reports it (Keras fetches the batch's logs first, so the step has
+    finished); the first batch of each `fit` (tracing, compilation),
+    validation and checkpoints are left out. A step of a custom train loop
+    that does not advance `optimizer.iterations` is not counted.
+
+    Peak memory is `tf.config.experimental.get_memory_info(device)["peak"]`
+    for each local device, reset at each write. TensorFlow 2.21 reports it for
+    CPU as well as GPU and TPU; a device that does not track memory is left out.
+
+    Under a `tf.distribute` strategy only the chief writes (the `chief` task,
+    or `worker` 0 when the cluster has no chief); other workers write and log
+    nothing. The values are the replica-consistent ones: mirrored variables
+    read the same on every replica.
 
     Args:
         log_dir: Directory of the TensorBoard event files.
         update_freq: Steps between train summaries.
+        histogram_freq: Steps between activation and gradient histograms; 0
+            writes none.
+        histogram_data: `(x, y)`, a batch for the histograms, required when
+            `histogram_freq > 0` (Keras callbacks do not see the train data).
+            Gradients are of the loss times the current loss scale, as in a
+            train step; activations are the outputs of the model's top-level
+            layers (functional and `Sequential` models only).
+        examples_per_step: Global batch size, for `examples_per_second`; None
+            writes step time only.
 
     Example:
 
-        model.fit(x, y, callbacks=[MixedPrecisionMonitor("/tmp/run/logs")])
+        import keras, numpy as np, mpt_keras
+
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        optimizer = mpt_keras.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+        model.compile(optimizer=optimizer, loss="mse")
+        monitor = mpt_keras.MixedPrecisionMonitor(
+            "/tmp/run/logs", update_freq=2, examples_per_step=4)
+        model.fit(np.ones((8, 4)), np.ones((8, 1)), batch_size=4, callbacks=[monitor])
         # then: tensorboard --logdir /tmp/run/logs
     """
 
-    def __init__(self, log_dir: str, update_freq: int = 10):
+    def __init__(
+        self,
+        log_dir: str,
+        update_freq: int = 10,
+        histogram_freq: int = 0,
+        histogram_data: tuple[Any, Any] | None = None,
+        examples_per_step: int | None = None,
+    ):
         super().__init__()
-        if update_freq < 1:
-            raise ValueError(f"update_freq must be >= 1. Received: update_freq={update_freq}")
+        _check_count("update_freq", update_freq, minimum=1)
+        _check_count("histogram_freq", histogram_freq, minimum=0)
+        if examples_per_step is not None:
+            _check_count("examples_per_step", examples_per_step, minimum=1)
+        if histogram_freq and histogram_data is None:
+            raise ValueError(
+                f"histogram_freq={histogram_freq} needs histogram_data=(x, y), a batch to "
+                "take the histograms on. Received: histogram_data=None"
+            )
         self.log_dir = log_dir
         self.update_freq = update_freq
+        self.histogram_freq = histogram_freq
+        self.histogram_data = histogram_data
+        self.examples_per_step = examples_per_step
         self._writers: dict[str, tf.summary.SummaryWriter] = {}
+        self._scalar_writers: dict[tuple[str, tuple[str, ...]], Callable] = {}
+        self._is_writer = True
+        self._layout_written = False
+        self._probe: keras.Model | None = None
+        self._memory_devices: list[str] = []
+        self._last_logs: dict[str, Any] = {}
+        self._batch_start = 0.0
+        self._timing = False
+        # What the current interval started from.
+        self._interval_start_step = 0
+        self._skipped_steps = 0
+        self._nonfinite_counts: dict[str, int] = {}
+        self._timed_seconds = 0.0
+        self._timed_steps = 0
 
-    def _writer(self, name: str) -> tf.summary.SummaryWriter:
-        if name not in self._writers:
-            self._writers[name] = tf.summary.create_file_writer(os.path.join(self.log_dir, name))
-        return self._writers[name]
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        self._is_writer = _is_chief(self.model.distribute_strategy)
+        if not self._is_writer:
+            return
+        if not self._layout_written:
+            tags.write_layout(self._writer(""), histograms=bool(self.histogram_freq))
+            self._layout_written = True
+        if self.histogram_freq and self._probe is None:
+            self._probe = _activation_probe(self.model)
+        self._memory_devices = _memory_tracking_devices()
+        optimizer = self.model.optimizer
+        if isinstance(optimizer, LossScaleOptimizer):
+            self._skipped_steps = optimizer.skipped_steps
+            self._nonfinite_counts = optimizer.nonfinite_counts()
+        self._start_interval()
+        self._timing = False  # The first batch traces and compiles.
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._batch_start = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
+        previous_step = self.global_step
         super().on_train_batch_end(batch, logs)
-        if self.global_step % self.update_freq == 0:
-            optimizer = self.model.optimizer
-            scalars = dict(logs or {})
-            scalars["learning_rate"] = optimizer.learning_rate
-            if isinstance(optimizer, LossScaleOptimizer):
-                scalars["loss_scale"] = optimizer.loss_scale
-                scalars["skipped_steps"] = optimizer.skipped_steps
-            self._write("train", scalars)
+        if not self._is_writer:
+            return
+        if self._timing:
+            self._timed_seconds += time.perf_counter() - self._batch_start
+            self._timed_steps += self.global_step - previous_step
+        self._timing = True
+        self._last_logs = logs or {}
+        if _crossed(previous_step, self.global_step, self.update_freq):
+            self._write_interval()
+        if self.histogram_freq and _crossed(previous_step, self.global_step, self.histogram_freq):
+            self._write_sample_statistics()
 
     def on_epoch_end(self, epoch, logs=None):
         validation = {
@@ -70,14 +184,224 @@ class MixedPrecisionMonitor(GlobalStepCallback):
             for name, value in (logs or {}).items()
             if name.startswith("val_")
         }
-        if validation:
+        if validation and self._is_writer:
             self._write("validation", validation)
 
     def on_train_end(self, logs=None):
+        if not self._is_writer:
+            return
+        # The steps since the last write, so that no overflow goes unreported.
+        if self.global_step > self._interval_start_step:
+            self._write_interval()
         for writer in self._writers.values():
             writer.flush()
 
-    def _write(self, writer_name: str, scalars: dict) -> None:
-        with self._writer(writer_name).as_default(step=self.global_step):
-            for name, value in scalars.items():
-                tf.summary.scalar(name, float(keras.ops.convert_to_numpy(value)))
+    def _start_interval(self) -> None:
+        self._interval_start_step = self.global_step
+        self._timed_seconds = 0.0
+        self._timed_steps = 0
+        for device in self._memory_devices:
+            tf.config.experimental.reset_memory_stats(device)
+
+    def _write_interval(self) -> None:
+        optimizer = self.model.optimizer
+        scalars = dict(self._last_logs)
+        scalars["learning_rate"] = optimizer.learning_rate
+        if isinstance(optimizer, LossScaleOptimizer):
+            skipped = optimizer.skipped_steps
+            steps = self.global_step - self._interval_start_step
+            scalars[tags.LOSS_SCALE] = optimizer.loss_scale
+            scalars[tags.SKIPPED_STEPS] = skipped
+            scalars[tags.OVERFLOW_RATE] = (skipped - self._skipped_steps) / steps
+            if skipped > self._skipped_steps:
+                self._report_overflow(optimizer, skipped - self._skipped_steps)
+            self._skipped_steps = skipped
+        gradient_norm = getattr(optimizer, "gradient_norm", None)
+        if gradient_norm is not None:
+            scalars[tags.GRADIENT_NORM] = gradient_norm
+        if self._timed_steps:
+            step_time = self._timed_seconds / self._timed_steps
+            scalars[tags.STEP_TIME] = step_time
+            if self.examples_per_step:
+                scalars[tags.EXAMPLES_PER_SECOND] = self.examples_per_step / step_time
+        for device in self._memory_devices:
+            peak = tf.config.experimental.get_memory_info(device)["peak"]
+            scalars[tags.PEAK_MEMORY + device] = peak / 2**20
+        self._write("train", scalars)
+        self._start_interval()
+
+    def _report_overflow(self, optimizer: LossScaleOptimizer, skipped: int) -> None:
+        """Logs and writes which variables had non-finite gradients in the interval."""
+        counts = optimizer.nonfinite_counts()
+        new = {
+            path: count - self._nonfinite_counts.get(path, 0)
+            for path, count in counts.items()
+            if count > self._nonfinite_counts.get(path, 0)
+        }
+        self._nonfinite_counts = counts
+        layers = sorted({_layer_of(path) for path in new})
+        first, last = self._interval_start_step + 1, self.global_step
+        _LOGGER.warning(
+            "Step %d: %d of steps %d-%d skipped for non-finite gradients; layers: %s; "
+            "variables: %s",
+            last,
+            skipped,
+            first,
+            last,
+            ", ".join(layers),
+            ", ".join(sorted(new)),
+        )
+        report = [
+            f"**Step {last}**: {skipped} of steps {first}-{last} skipped for non-finite "
+            f"gradients, in layers {', '.join(layers)}.",
+            "",
+            "| layer | variable | non-finite steps in the interval | in total |",
+            "|---|---|---|---|",
+            *(
+                f"| {_layer_of(path)} | {path} | {count} | {counts[path]} |"
+                for path, count in sorted(new.items())
+            ),
+        ]
+        # Eagerly: the set of tags changes from one event to the next.
+        with self._writer("train").as_default(step=self.global_step):
+            tf.summary.text(tags.NONFINITE_TEXT, "\n".join(report))
+            for path in new:
+                tf.summary.scalar(tags.NONFINITE + path, counts[path])
+
+    def _write_sample_statistics(self) -> None:
+        """Writes activation and gradient magnitudes on `histogram_data`."""
+        x, y = self.histogram_data
+        model = self.model
+        trainable = model.trainable_variables
+        with tf.GradientTape() as tape:
+            if self._probe is None:
+                prediction, activations = model(x, training=False), {}
+            else:
+                outputs = self._probe(x, training=False)
+                prediction, activations = outputs["prediction"], outputs["activations"]
+            loss = model.compute_loss(x=x, y=y, y_pred=prediction, training=False)
+            scaled_loss = model.optimizer.scale_loss(loss)
+        gradients = {
+            variable.path: gradient
+            for variable, gradient in zip(trainable, tape.gradient(scaled_loss, trainable))
+            if gradient is not None
+        }
+        with self._writer("train").as_default(step=self.global_step):
+            for kind, values in ((tags.ACTIVATION, activations), (tags.GRADIENT, gradients)):
+                for name, value in values.items():
+                    _write_magnitudes(kind, name, value)
+
+    def _writer(self, name: str) -> tf.summary.SummaryWriter:
+        if name not in self._writers:
+            self._writers[name] = tf.summary.create_file_writer(os.path.join(self.log_dir, name))
+        return self._writers[name]
+
+    def _write(self, writer_name: str, scalars: dict[str, Any]) -> None:
+        """Writes `scalars` in one call of a function traced once per set of tags.
+
+        Eager summaries cost four times as much, and were most of an interval's
+        cost.
+        """
+        key = (writer_name, tuple(scalars))
+        if key not in self._scalar_writers:
+            self._scalar_writers[key] = _scalar_writer(self._writer(writer_name), key[1])
+        values = [float(keras.ops.convert_to_numpy(value)) for value in scalars.values()]
+        self._scalar_writers[key](
+            tf.constant(values, tf.float32), tf.constant(self.global_step, tf.int64)
+        )
+
+
+def _check_count(name: str, value: Any, minimum: int) -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}. Received: {name}={value!r}")
+
+
+def _scalar_writer(
+    writer: tf.summary.SummaryWriter, names: tuple[str, ...]
+) -> Callable[[tf.Tensor, tf.Tensor], None]:
+    """A function writing `values[i]` as scalar `names[i]` at `step`."""
+
+    @tf.function(
+        input_signature=[tf.TensorSpec([len(names)], tf.float32), tf.TensorSpec([], tf.int64)]
+    )
+    def write(values: tf.Tensor, step: tf.Tensor) -> None:
+        with writer.as_default(step=step):
+            for index, name in enumerate(names):
+                tf.summary.scalar(name, values[index])
+
+    return write
+
+
+def _crossed(previous_step: int, step: int, every: int) -> bool:
+    """Whether a multiple of `every` lies in (previous_step, step].
+
+    A batch can run several steps (`steps_per_execution`), so the step may
+    jump over the multiple itself.
+    """
+    return step // every > previous_step // every
+
+
+def _is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """Whether this task writes: the chief, or worker 0 of a cluster without one."""
+    resolver = strategy.cluster_resolver
+    if resolver is None or resolver.task_type in (None, "chief"):
+        return True
+    if resolver.task_type != "worker" or resolver.task_id != 0:
+        return False
+    return "chief" not in resolver.cluster_spec().as_dict()
+
+
+def _memory_tracking_devices() -> list[str]:
+    devices = []
+    for device in tf.config.list_logical_devices():
+        name = device.name.removeprefix("/device:")
+        try:
+            tf.config.experimental.get_memory_info(name)
+        except ValueError:
+            continue  # This device does not track its memory.
+        devices.append(name)
+    return devices
+
+
+def _activation_probe(model: keras.Model) -> keras.Model | None:
+    """A model returning the prediction and each top-level layer's output.
+
+    None for a subclassed model, whose layers' outputs are not in a graph.
+    """
+    if not getattr(model, "inputs", None):
+        return None
+    activations = {
+        layer.name: layer.output
+        for layer in model.layers
+        if not isinstance(layer, keras.layers.InputLayer)
+        and isinstance(layer.output, keras.KerasTensor)
+    }
+    # `inputs`, `outputs`: a Sequential model has no `input`, `output`.
+    return keras.Model(
+        _single_or_list(model.inputs),
+        {"prediction": _single_or_list(model.outputs), "activations": activations},
+    )
+
+
+def _single_or_list(tensors: list[keras.KerasTensor]) -> keras.KerasTensor | list:
+    return tensors[0] if len(tensors) == 1 else tensors
+
+
+def _write_magnitudes(kind: str, name: str, value: Any) -> None:
+    """Writes where |value| falls against the float16 range."""
+    magnitude = tf.abs(tf.reshape(tf.cast(tf.convert_to_tensor(value), tf.float32), [-1]))
+    # NaN compares false, so `not <= max` counts it as overflowed.
+    above = ~(magnitude <= FLOAT16_MAX)
+    below = (magnitude > 0) & (magnitude < FLOAT16_MIN_NORMAL)
+    tf.summary.scalar(kind + tags.ABOVE_FLOAT16_MAX + name, _fraction(above))
+    tf.summary.scalar(kind + tags.BELOW_FLOAT16_NORMAL + name, _fraction(below))
+    loggable = tf.boolean_mask(magnitude, (magnitude > 0) & tf.math.is_finite(magnitude))
+    tf.summary.histogram(kind + tags.LOG2_MAGNITUDE + name, tf.math.log(loggable) / np.log(2.0))
+
+
+def _fraction(mask: tf.Tensor) -> tf.Tensor:
+    return tf.reduce_mean(tf.cast(mask, tf.float32))
+
+
+def _layer_of(variable_path: str) -> str:
+    return variable_path.rpartition("/")[0] or variable_path

@@ -313,7 +313,9 @@ def _fit(
         callbacks=[
             StopAtStep(config.steps),
             MixedPrecisionMonitor(
-                os.path.join(runtime.model_dir, LOGS_SUBDIR), update_freq=config.log_every
+                os.path.join(runtime.model_dir, LOGS_SUBDIR),
+                update_freq=config.log_every,
+                examples_per_step=config.data.batch_size,
             ),
             SaveCheckpoints(checkpointer),
             *runtime.callbacks,
