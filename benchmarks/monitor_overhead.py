@@ -1,6 +1,6 @@
 """Train-step time of `model.fit` with `mpt_keras.MixedPrecisionMonitor` against without.
 
-    python -m benchmarks.monitor_overhead [--rounds=10 --steps_per_round=50]
+    python -m benchmarks.monitor_overhead [--rounds=20 --steps_per_round=50]
 
 Both variants train the reference Transformer LM in `mixed_float16` with
 `mpt_keras.LossScaleOptimizer` from the same initial weights on the same
@@ -16,18 +16,15 @@ and the median of the per-round ratios.
 from __future__ import annotations
 
 import inspect
-import json
-import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 
 import keras
-import numpy as np
 import tensorflow as tf
 from absl import app, flags
 
+from benchmarks import harness
 from mpt_keras import models
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 from mpt_keras.monitor import MixedPrecisionMonitor
@@ -35,17 +32,9 @@ from mpt_keras.policies import global_policy
 
 DEFAULT_UPDATE_FREQ = inspect.signature(MixedPrecisionMonitor).parameters["update_freq"].default
 
-_ROUNDS = flags.DEFINE_integer("rounds", 10, "Interleaved measurement rounds.", lower_bound=1)
-_STEPS = flags.DEFINE_integer("steps_per_round", 50, "Train steps per round.", lower_bound=1)
-_WARMUP = flags.DEFINE_integer("warmup_steps", 10, "Untimed steps per variant.", lower_bound=1)
 _UPDATE_FREQ = flags.DEFINE_integer(
     "update_freq", DEFAULT_UPDATE_FREQ, "The monitor's update_freq.", lower_bound=1
 )
-_BATCH = flags.DEFINE_integer("batch_size", 32, "Sequences per batch.", lower_bound=1)
-_LENGTH = flags.DEFINE_integer("sequence_length", 64, "Tokens per sequence.", lower_bound=2)
-_LAYERS = flags.DEFINE_integer("num_layers", 2, "Transformer blocks.", lower_bound=1)
-_WIDTH = flags.DEFINE_integer("d_model", 64, "Transformer width.", lower_bound=8)
-_OUTPUT = flags.DEFINE_string("output", None, "Write the result as JSON here too.")
 
 VARIANTS = ("without_monitor", "with_monitor")
 
@@ -61,14 +50,7 @@ def measure(
     d_model: int,
 ) -> dict:
     """Measures both variants, interleaved; returns the JSON-ready result."""
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, 256, size=(batch_size * 8, sequence_length + 1), dtype=np.int32)
-    dataset = (
-        tf.data.Dataset.from_tensor_slices((tokens[:, :-1], tokens[:, 1:]))
-        .batch(batch_size, drop_remainder=True)
-        .repeat()
-        .prefetch(tf.data.AUTOTUNE)
-    )
+    dataset = harness.token_batches(batch_size, sequence_length)
     with tempfile.TemporaryDirectory() as log_dir:
         callbacks = {
             "without_monitor": [],
@@ -90,14 +72,9 @@ def measure(
                     loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                     jit_compile=False,
                 )
-                runners[name] = _Runner(model, dataset, callbacks[name])
-                runners[name].run(warmup_steps)
-
-            step_times: dict[str, list[float]] = {name: [] for name in VARIANTS}
-            for round_index in range(rounds):
-                for name in VARIANTS if round_index % 2 == 0 else reversed(VARIANTS):
-                    step_times[name].append(runners[name].run(steps_per_round) / steps_per_round)
-    medians = {name: statistics.median(times) for name, times in step_times.items()}
+                runners[name] = _Runner(model, dataset, callbacks[name]).run
+                runners[name](warmup_steps)
+            step_seconds = harness.interleave(runners, rounds, steps_per_round)
     return {
         "benchmark": "monitor_overhead",
         "model": {
@@ -111,16 +88,8 @@ def measure(
         "update_freq": update_freq,
         "rounds": rounds,
         "steps_per_round": steps_per_round,
-        "median_step_seconds": medians,
-        "step_seconds": step_times,
-        "ratio_with_over_without": medians["with_monitor"] / medians["without_monitor"],
-        # Rounds run back to back, so a load spike on the shared machine
-        # tends to hit both halves of a pair.
-        "median_paired_ratio": statistics.median(
-            with_ / without
-            for with_, without in zip(step_times["with_monitor"], step_times["without_monitor"])
-        ),
-        "devices": [device.name for device in tf.config.list_logical_devices()],
+        **harness.compare(step_seconds, "with_monitor", "without_monitor"),
+        "devices": harness.devices(),
     }
 
 
@@ -154,25 +123,23 @@ class _Runner:
 def main(argv: Sequence[str]) -> None:
     del argv
     result = measure(
-        _ROUNDS.value,
-        _STEPS.value,
-        _WARMUP.value,
+        harness.ROUNDS.value,
+        harness.STEPS_PER_ROUND.value,
+        harness.WARMUP_STEPS.value,
         _UPDATE_FREQ.value,
-        _BATCH.value,
-        _LENGTH.value,
-        _LAYERS.value,
-        _WIDTH.value,
+        harness.BATCH_SIZE.value,
+        harness.SEQUENCE_LENGTH.value,
+        harness.NUM_LAYERS.value,
+        harness.D_MODEL.value,
     )
     medians = result["median_step_seconds"]
-    print(f"{'variant':<16} {'median step (ms)':>17}")
-    for name, seconds in medians.items():
-        print(f"{name:<16} {seconds * 1e3:>17.2f}")
-    print(f"with / without: {result['ratio_with_over_without']:.3f}")
-    print(f"median of the per-round ratios: {result['median_paired_ratio']:.3f}")
-    if _OUTPUT.value:
-        with open(_OUTPUT.value, "w") as file:
-            json.dump(result, file, indent=2)
-    sys.stdout.flush()
+    lines = [f"{'variant':<16} {'median step (ms)':>17}"]
+    lines += [f"{name:<16} {seconds * 1e3:>17.2f}" for name, seconds in medians.items()]
+    lines += [
+        f"with / without: {result['ratio']:.3f}",
+        f"median of the per-round ratios: {result['paired_ratio_median']:.3f}",
+    ]
+    harness.report(result, lines, harness.OUTPUT.value)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@ state and numerically sensitive layers stay in float32, and see what the
 precision choice does.
 """
 
+from mpt_keras.auto_promote import AutoPromote
+from mpt_keras.calibration import CalibrationResult, CalibrationThresholds, calibrate
+from mpt_keras.canary import CanaryResult, CanaryThresholds, run_canary, train_with_canary
 from mpt_keras.config import TrainConfig, resolve_config
 from mpt_keras.errors import UserInputError
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
@@ -17,9 +20,21 @@ from mpt_keras.policies import (
     probe_hardware,
     resolve_auto_policy,
 )
-from mpt_keras.training import Runtime, format_precision_table, plan_precision, run_training
+from mpt_keras.training import (
+    Runtime,
+    format_precision_table,
+    plan_precision,
+    run_calibration,
+    run_training,
+)
+from mpt_keras.validation import Thresholds, ValidationReport, run_validation, validate
 
 __all__ = [
+    "AutoPromote",
+    "CalibrationResult",
+    "CalibrationThresholds",
+    "CanaryResult",
+    "CanaryThresholds",
     "HardwareProbe",
     "LossScaleOptimizer",
     "ManifestReport",
@@ -27,8 +42,11 @@ __all__ = [
     "PrecisionManifest",
     "Rule",
     "Runtime",
+    "Thresholds",
     "TrainConfig",
     "UserInputError",
+    "ValidationReport",
+    "calibrate",
     "format_precision_table",
     "global_policy",
     "plan_precision",
@@ -36,5 +54,10 @@ __all__ = [
     "probe_hardware",
     "resolve_auto_policy",
     "resolve_config",
+    "run_calibration",
+    "run_canary",
     "run_training",
+    "run_validation",
+    "train_with_canary",
+    "validate",
 ]

@@ -24,10 +24,13 @@ class Checkpointer:
     """Saves and restores the training state under `model_dir/checkpoints`.
 
     Args:
-        model_dir: The run's directory.
+        model_dir: The run's directory: restores from its `checkpoints`.
         model: The model; built, so that its variables exist.
         optimizer: The optimizer; built on the model's trainable variables.
         keep: How many of the latest checkpoints to keep.
+        write_dir: Where to save, if not `model_dir`: a multi-worker run's
+            non-chief workers take part in saving into a directory of their
+            own (see `distribute.worker_write_dir`).
 
     Example:
 
@@ -37,7 +40,14 @@ class Checkpointer:
         checkpointer.save(step)
     """
 
-    def __init__(self, model_dir: str, model: keras.Model, optimizer: keras.Optimizer, keep: int):
+    def __init__(
+        self,
+        model_dir: str,
+        model: keras.Model,
+        optimizer: keras.Optimizer,
+        keep: int,
+        write_dir: str | None = None,
+    ):
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         # The variables, not the objects: tf.train.Checkpoint does not track a
         # Keras 3 model's variables (only the optimizer's references to the
@@ -50,16 +60,17 @@ class Checkpointer:
             optimizer=list(optimizer.variables),
             step=self._step,
         )
+        self._restore_dir = os.path.join(model_dir, CHECKPOINT_SUBDIR)
         self._manager = tf.train.CheckpointManager(
             self._checkpoint,
-            directory=os.path.join(model_dir, CHECKPOINT_SUBDIR),
+            directory=os.path.join(write_dir or model_dir, CHECKPOINT_SUBDIR),
             max_to_keep=keep,
             checkpoint_name="step",
         )
 
     def restore(self) -> int:
         """Restores the latest checkpoint, if any; returns the steps it had done."""
-        latest = self._manager.latest_checkpoint
+        latest = tf.train.latest_checkpoint(self._restore_dir)
         if latest is None:
             return 0
         self._checkpoint.restore(latest).assert_existing_objects_matched()

@@ -187,6 +187,9 @@ class TrainConfig:
         tpu: Address of the TPU for strategy `tpu` (`None`: the local or
             environment-configured one).
         jit_compile: XLA compilation of the train step: `auto`, `true`, `false`.
+        auto_promote: Promote layers that keep overflowing with the loss scale
+            at its floor (see `mpt_keras.AutoPromote`); the promoted manifest
+            is written to `model_dir/promoted_manifest.json`.
         data: See `DataConfig`.
         model: See `ModelConfig`.
         optimizer: See `OptimizerConfig`.
@@ -205,6 +208,7 @@ class TrainConfig:
     virtual_cpus: int = 0
     tpu: str | None = None
     jit_compile: str = "auto"
+    auto_promote: bool = False
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
@@ -354,6 +358,8 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
     if value is None and type(None) in allowed:
         return None
     for kind in allowed:
+        if kind is bool and isinstance(value, bool):
+            return value
         if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         if kind is int and isinstance(value, int) and not isinstance(value, bool):
@@ -370,6 +376,7 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
 
 _UnionType = type(int | None)
 _TYPE_NAMES = {
+    bool: "true or false",
     int: "an integer",
     float: "a number",
     str: "a string",

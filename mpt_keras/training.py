@@ -23,7 +23,9 @@ from typing import Any
 import keras
 import numpy as np
 
-from mpt_keras import data, distribute, models
+from mpt_keras import data, distribute, models, xla
+from mpt_keras.auto_promote import AutoPromote
+from mpt_keras.calibration import CalibrationResult, CalibrationThresholds, calibrate
 from mpt_keras.callbacks import StopAtStep
 from mpt_keras.checkpointing import Checkpointer, SaveCheckpoints
 from mpt_keras.config import OptimizerConfig, TrainConfig
@@ -38,13 +40,27 @@ CONFIG_FILE = "config.json"
 PRECISION_REPORT_FILE = "precision_report.json"
 METRICS_FILE = "metrics.json"
 MODEL_FILE = "model.keras"
+PROMOTED_MANIFEST_FILE = "promoted_manifest.json"
 LOGS_SUBDIR = "logs"
+# Every reference model ends in logits over classes or the next token.
+TRAINING_LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 _LOGGER = logging.getLogger(__name__)
 
-# A rerun on an existing model_dir may change only how long and how it runs,
-# not what it computes: the checkpoint would not match, or would mean another run.
+# A rerun on an existing model_dir may change only how long and where it runs
+# (the global batch stays the same), not what it computes: the checkpoint would
+# not match, or would mean another run.
 _RESUMABLE_CHANGES = frozenset(
-    {"steps", "checkpoint_every", "eval_every", "keep_checkpoints", "log_every", "jit_compile"}
+    {
+        "steps",
+        "checkpoint_every",
+        "eval_every",
+        "keep_checkpoints",
+        "log_every",
+        "jit_compile",
+        "strategy",
+        "virtual_cpus",
+        "tpu",
+    }
 )
 
 
@@ -88,34 +104,47 @@ def run_training(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
     Raises:
         UserInputError: For a bad config, manifest, dataset or `model_dir`.
     """
+    # First: splitting the CPU into virtual devices must precede any TF op.
+    strategy = distribute.make_strategy(config.strategy, config.virtual_cpus, config.tpu)
+    chief = distribute.is_chief(strategy)
     model_dir = runtime.model_dir
-    _prepare_model_dir(model_dir, config)
-    strategy = distribute.make_strategy(config.strategy, config.virtual_cpus)
+    _prepare_model_dir(model_dir, config, write_config=chief)
     task = models.model_task(config.model.name)
     task_data = _load_data(config, task)
 
-    with strategy.scope():
-        model, report = _build_model(config, task_data)
+    with distribute.worker_write_dir(model_dir, strategy) as write_dir, strategy.scope():
+        model, manifest, report = _build_model(config, task_data)
         optimizer = _make_optimizer(config, report)
-        model.compile(
+        jit_compile, jit_reason = xla.resolve_jit_compile(
+            config.jit_compile, strategy, report["precision"]
+        )
+        _LOGGER.info("%s", jit_reason)
+        report = {**report, "jit_compile": jit_compile, "jit_compile_reason": jit_reason}
+        xla.compile_model(
+            model,
             optimizer=optimizer,
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            loss=TRAINING_LOSS,
             metrics=["accuracy"],
-            jit_compile=config.jit_compile == "true",
+            jit_compile=jit_compile,
         )
         optimizer.build(model.trainable_variables)
-        checkpointer = Checkpointer(model_dir, model, optimizer, keep=config.keep_checkpoints)
+        checkpointer = Checkpointer(
+            model_dir, model, optimizer, keep=config.keep_checkpoints, write_dir=write_dir
+        )
         step = checkpointer.restore()
-        write_json_atomic(os.path.join(model_dir, PRECISION_REPORT_FILE), report)
+        if chief:
+            write_json_atomic(os.path.join(model_dir, PRECISION_REPORT_FILE), report)
 
         validation = data.eval_batches(*task_data.validation, config.data.eval_batch_size)
         if step < config.steps:
-            _fit(model, config, runtime, checkpointer, task_data, validation, step)
+            _fit(model, manifest, config, runtime, checkpointer, task_data, validation, step)
         else:
             _LOGGER.info("Step %d of %d already done: evaluating only.", step, config.steps)
         metrics = _final_metrics(model, validation, task, report)
-        _save_model_atomic(model, os.path.join(model_dir, MODEL_FILE))
-    write_json_atomic(os.path.join(model_dir, METRICS_FILE), metrics)
+        # Every worker saves (saving reads variables collectively); the chief's counts.
+        _save_model_atomic(model, os.path.join(write_dir, MODEL_FILE))
+    if chief:
+        write_json_atomic(os.path.join(model_dir, METRICS_FILE), metrics)
     _LOGGER.info("Final metrics: %s", metrics)
     return metrics
 
@@ -134,7 +163,7 @@ def plan_precision(config: TrainConfig) -> dict[str, Any]:
         `trainable_variables`, `unmatched_rules` and `shadowed_rules`.
     """
     task_data = _load_data(config, models.model_task(config.model.name))
-    return _build_model(config, task_data)[1]
+    return _build_model(config, task_data)[2]
 
 
 def format_precision_table(report: Mapping[str, Any]) -> str:
@@ -148,8 +177,65 @@ def format_precision_table(report: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _build_model(config: TrainConfig, task_data: _TaskData) -> tuple[keras.Model, dict[str, Any]]:
-    """Builds the model and gives each layer its policy; returns it and the report.
+def run_calibration(
+    config: TrainConfig,
+    output: str | os.PathLike,
+    stats_output: str | os.PathLike | None = None,
+    steps: int = 8,
+    thresholds: CalibrationThresholds = CalibrationThresholds(),
+) -> CalibrationResult:
+    """Calibrates the model and train data of a run config; writes the manifest.
+
+    The model is built as `run_training` builds it (same seed, in float32) and
+    fed the run's first `steps` train batches; the loss scale is the config's
+    `loss_scale.initial_scale`. This is what `mpt-calibrate` runs.
+
+    Args:
+        config: A resolved `TrainConfig`.
+        output: Where the manifest goes (a `mpt-train --manifest` file).
+        stats_output: Where the statistics go; default `<output stem>.stats.json`.
+        steps: Batches to measure.
+        thresholds: The decision thresholds.
+
+    Returns:
+        The calibration result.
+
+    Example:
+
+        config = resolve_config("configs/python_source_transformer.json")
+        run_calibration(config, "/tmp/transformer.json", steps=4)
+    """
+    float32_config = dataclasses.replace(config, precision="float32", manifest=None)
+    task_data = _load_data(float32_config, models.model_task(config.model.name))
+    model, _, _ = _build_model(float32_config, task_data)
+    batches = data.train_batches(*task_data.train, config.data.batch_size, seed=config.seed)
+    result = calibrate(
+        model,
+        batches,
+        TRAINING_LOSS,
+        steps=steps,
+        seed=config.seed,
+        thresholds=thresholds,
+        initial_scale=float(config.loss_scale.initial_scale),
+    )
+    stats_path = stats_output or os.path.splitext(os.fspath(output))[0] + ".stats.json"
+    for path, text in ((output, result.manifest.to_json()), (stats_path, result.to_json())):
+        directory = os.path.dirname(os.fspath(path))
+        try:
+            os.makedirs(directory or ".", exist_ok=True)
+        except OSError as error:
+            raise UserInputError(f"{path}: cannot be written ({error.strerror})") from None
+        write_text_atomic(path, text)
+    return result
+
+
+def _build_model(
+    config: TrainConfig, task_data: _TaskData
+) -> tuple[keras.Model, PrecisionManifest, dict[str, Any]]:
+    """Builds the model and gives each layer its policy.
+
+    Returns:
+        The model, the manifest applied to it, and the precision report.
 
     Without a manifest, `precision` is the default of a manifest with the safe
     defaults only (normalization layers and the outputs stay float32); a
@@ -183,7 +269,7 @@ def _build_model(config: TrainConfig, task_data: _TaskData) -> tuple[keras.Model
         "manifest": config.manifest,
         **applied.to_dict(),
     }
-    return model, report
+    return model, manifest, report
 
 
 def _resolve_precision(precision: str) -> tuple[str, str | None]:
@@ -194,7 +280,7 @@ def _resolve_precision(precision: str) -> tuple[str, str | None]:
     return policy, reason
 
 
-def _prepare_model_dir(model_dir: str, config: TrainConfig) -> None:
+def _prepare_model_dir(model_dir: str, config: TrainConfig, write_config: bool) -> None:
     """Creates `model_dir`, refusing one that holds a different run."""
     try:
         os.makedirs(model_dir, exist_ok=True)
@@ -219,7 +305,8 @@ def _prepare_model_dir(model_dir: str, config: TrainConfig) -> None:
                 f"({previous[changed[0]]!r} there, {current[changed[0]]!r} now): use a new "
                 f"model_dir, or change only {', '.join(sorted(_RESUMABLE_CHANGES))} to resume"
             )
-    write_text_atomic(config_path, config.to_json())
+    if write_config:
+        write_text_atomic(config_path, config.to_json())
 
 
 def _load_data(config: TrainConfig, task: str) -> _TaskData:
@@ -283,6 +370,7 @@ def _learning_rate(
 
 def _fit(
     model: keras.Model,
+    manifest: PrecisionManifest,
     config: TrainConfig,
     runtime: Runtime,
     checkpointer: Checkpointer,
@@ -318,11 +406,27 @@ def _fit(
                 examples_per_step=config.data.batch_size,
             ),
             SaveCheckpoints(checkpointer),
+            *_auto_promote(manifest, config, runtime),
             *runtime.callbacks,
         ],
         shuffle=False,  # The stream is shuffled by the data pipeline, by step.
         verbose=verbose,
     )
+
+
+def _auto_promote(
+    manifest: PrecisionManifest, config: TrainConfig, runtime: Runtime
+) -> list[AutoPromote]:
+    if not config.auto_promote:
+        return []
+    return [
+        AutoPromote(
+            manifest,
+            check_every=config.log_every,
+            manifest_path=os.path.join(runtime.model_dir, PROMOTED_MANIFEST_FILE),
+            log_dir=os.path.join(runtime.model_dir, LOGS_SUBDIR),
+        )
+    ]
 
 
 def _final_metrics(

@@ -57,7 +57,7 @@ def test_integers_are_accepted_for_floats():
             {"stpes": 3},
             "unknown key 'stpes'. Allowed keys: precision, manifest, seed, steps, "
             "checkpoint_every, eval_every, keep_checkpoints, log_every, strategy, virtual_cpus, "
-            "tpu, jit_compile, data, model, optimizer, loss_scale",
+            "tpu, jit_compile, auto_promote, data, model, optimizer, loss_scale",
         ),
         (
             {"data": {"batch": 3}},

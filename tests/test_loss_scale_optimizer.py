@@ -537,6 +537,7 @@ _CUSTOM = dict(
     min_scale=2.0,
     max_scale=2.0**20,
     dynamic=False,
+    all_reduce_dtype="bfloat16",
 )
 
 
@@ -604,6 +605,11 @@ def test_get_config_round_trips_every_argument():
         (
             dict(dynamic="yes"),
             "Argument dynamic must be True or False. Received: dynamic='yes'",
+        ),
+        (
+            dict(all_reduce_dtype="int8"),
+            "Argument all_reduce_dtype must be None, 'float32', 'bfloat16' or 'float16'. "
+            "Received: all_reduce_dtype='int8'",
         ),
     ],
 )
@@ -802,6 +808,49 @@ def test_gradient_accumulation_under_strategy_matches_single_device(distributed,
         np.testing.assert_allclose(replica_weights, single["weights"][0], rtol=1e-6)
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize(
+    ("dtype", "rtol"),
+    # Two roundings to 8 (bfloat16) or 11 (float16) significant bits, of each
+    # replica's gradient and of their sum: up to twice the unit roundoff.
+    [("float32", 0.0), ("bfloat16", 2 * 2.0**-8), ("float16", 2 * 2.0**-11)],
+)
+def test_all_reduce_dtype_sums_like_float32_within_its_precision(
+    distributed, strategy, dtype, rtol
+):
+    result = distributed[strategy][f"all_reduce_{dtype}"]
+    exact = distributed[strategy]["all_reduce_None"]
+    assert result["wire_dtypes"] == [dtype]
+    for replica_update in result["updates"]:
+        np.testing.assert_allclose(replica_update, exact["updates"][0], rtol=rtol, atol=0)
+    if rtol:
+        # Not float32 in disguise: the rounding shows.
+        assert result["updates"][0] != exact["updates"][0]
+    assert exact["wire_dtypes"] == ["float32"]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_float16_all_reduce_overflow_skips_the_step_on_all_replicas(distributed, strategy):
+    # 40000 per replica is finite in float16; their sum is not.
+    result = distributed[strategy]["all_reduce_float16_overflow"]
+    assert result["weights"] == [[1.0], [1.0]]
+    assert result["scale"] == [0.5, 0.5]
+    assert result["skipped_steps"] == 1
+    assert distributed[strategy]["all_reduce_float32_no_overflow"] == [[-79999.0], [-79999.0]]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_all_reduce_dtype_is_a_no_op_on_one_device(dtype):
+    # 1 + 2**-12 rounds to 1 in both low-precision dtypes.
+    grad = [1.0 + 2.0**-12, 3.0]
+    updates = {}
+    for all_reduce_dtype in (None, dtype):
+        var, _, step = _stepper("function", initial_scale=1.0, all_reduce_dtype=all_reduce_dtype)
+        step(grad)
+        updates[all_reduce_dtype] = var.numpy().tolist()
+    assert updates[dtype] == updates[None] == [1 - 0.5 * g for g in np.float32(grad)]
+
+
 def test_keras2_loop_under_mirrored_strategy(distributed):
     result = distributed["mirrored"]["keras2_loop"]
     np.testing.assert_allclose(result["guide"], result["keras3"], rtol=1e-6)
@@ -947,6 +996,52 @@ def _keras2_loop(strategy: tf.distribute.Strategy) -> dict[str, list[float]]:
     return weights
 
 
+# Per replica; their sums (2 + 2**-10 + 2**-12, 3 + 2**-6, 3e-3) need float32.
+_ALL_REDUCE_GRADS = [[[1.0 + 2.0**-10, 1.0, 1e-3]], [[1.0 + 2.0**-12, 2.0 + 2.0**-6, 2e-3]]]
+
+
+def _all_reduce_dtype_update(strategy: tf.distribute.Strategy, dtype: str | None) -> dict[str, Any]:
+    """The SGD(1) update of summed gradients, and the dtypes of the all-reduce ops."""
+    with strategy.scope():
+        var = keras.Variable(np.zeros(3, np.float32), name="w")
+        opt = LossScaleOptimizer(
+            keras.optimizers.SGD(1.0), initial_scale=1.0, all_reduce_dtype=dtype
+        )
+        opt.build([var])
+
+    @tf.function
+    def step(grads):
+        def replica_fn():
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            opt.apply([tf.gather(grads, replica)], [var])
+
+        strategy.run(replica_fn)
+
+    grads = tf.constant([replica[0] for replica in _ALL_REDUCE_GRADS], tf.float32)
+    step(grads)
+    graph = step.get_concrete_function(grads).graph.as_graph_def()
+    nodes = [*graph.node, *(node for f in graph.library.function for node in f.node_def)]
+    return {
+        "updates": [(-v.numpy()).tolist() for v in strategy.experimental_local_results(var.value)],
+        "wire_dtypes": sorted(
+            {tf.dtypes.as_dtype(n.attr["T"].type).name for n in nodes if "Collective" in n.op}
+        ),
+    }
+
+
+def _all_reduce_overflow(strategy: tf.distribute.Strategy, dtype: str) -> tuple[Any, Any]:
+    grads = [[[40000.0]], [[40000.0]]]
+    (var,), opt = _apply_per_replica(
+        strategy,
+        lambda: LossScaleOptimizer(
+            keras.optimizers.SGD(1.0), initial_scale=1.0, min_scale=0.5, all_reduce_dtype=dtype
+        ),
+        [grads],
+        shapes=[(1,)],
+    )
+    return var, opt
+
+
 def _distributed_results() -> dict[str, Any]:
     """Runs the tf.distribute scenarios; needs two logical CPU devices."""
     devices = ["/cpu:0", "/cpu:1"]
@@ -970,6 +1065,16 @@ def _distributed_results() -> dict[str, Any]:
             }
         for clip in ("clipnorm", "global_clipnorm", "clipvalue"):
             results[name][f"clip_{clip}"] = _clip_update(strategy, clip)
+        for dtype in (None, "float32", "bfloat16", "float16"):
+            results[name][f"all_reduce_{dtype}"] = _all_reduce_dtype_update(strategy, dtype)
+        var, opt = _all_reduce_overflow(strategy, "float16")
+        results[name]["all_reduce_float16_overflow"] = {
+            "weights": _local(strategy, var),
+            "scale": _local(strategy, opt.dynamic_scale),
+            "skipped_steps": opt.skipped_steps,
+        }
+        var, _ = _all_reduce_overflow(strategy, "float32")
+        results[name]["all_reduce_float32_no_overflow"] = _local(strategy, var)
 
     mirrored = strategies["mirrored"]
     var, opt = _nan_on_replica(mirrored, 1, cls=StockLossScaleOptimizer)

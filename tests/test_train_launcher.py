@@ -98,7 +98,7 @@ def test_python_dash_m_runs_and_resumes_to_the_exact_step(tfds_dir, tmp_path):
             ["--config={unknown_key}"],
             "{unknown_key}: unknown key 'optimiser'. Allowed keys: precision, manifest, seed, "
             "steps, checkpoint_every, eval_every, keep_checkpoints, log_every, strategy, "
-            "virtual_cpus, tpu, jit_compile, data, model, optimizer, loss_scale",
+            "virtual_cpus, tpu, jit_compile, auto_promote, data, model, optimizer, loss_scale",
         ),
         (
             ['--config_override={{"data": {{"name": "no_such_set"}}}}'],
@@ -184,3 +184,38 @@ def test_precision_auto_says_why(tfds_dir, tmp_path):
     assert result.returncode == 0, result.stderr
     # This machine's CPU has AVX512_BF16 (tests/test_policies.py fakes the others).
     assert "precision auto -> mixed_bfloat16: " in result.stderr
+
+
+def test_canary_lets_a_healthy_run_through_and_records_it(tfds_dir, tmp_path):
+    model_dir = tmp_path / "run"
+    result = _launch(
+        f"--config={CONFIG}",
+        f"--model_dir={model_dir}",
+        "--precision=mixed_bfloat16",
+        "--canary_steps=4",
+        "--steps=2",
+        f"--config_override={_tiny(tfds_dir)}",
+    )
+    assert result.returncode == 0, result.stderr
+    canary = json.loads((model_dir / "canary.json").read_text())
+    assert canary["diverged"] is False
+    assert json.loads((model_dir / "metrics.json").read_text())["step"] == 2
+
+
+def test_canary_stops_a_run_that_diverges(tfds_dir, tmp_path):
+    model_dir = tmp_path / "run"
+    override = json.loads(_tiny(tfds_dir))
+    override["optimizer"] = {"learning_rate": 1e6, "schedule": "constant", "warmup_steps": 0}
+    result = _launch(
+        f"--config={CONFIG}",
+        f"--model_dir={model_dir}",
+        "--precision=mixed_float16",
+        "--canary_steps=6",
+        f"--config_override={json.dumps(override)}",
+    )
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert lines[-1].startswith("mpt-train: error: canary: "), result.stderr
+    assert lines[-1].endswith("; the full run was not started")
+    assert json.loads((model_dir / "canary.json").read_text())["diverged"] is True
+    assert not (model_dir / "metrics.json").exists()

@@ -13,6 +13,7 @@ from mpt_keras import training as training_module
 from mpt_keras.callbacks import GlobalStepCallback
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError
+from mpt_keras.manifest import PrecisionManifest
 from mpt_keras.policies import iter_layers
 from mpt_keras.training import Runtime, format_precision_table, plan_precision, run_training
 
@@ -172,7 +173,7 @@ def test_model_dir_of_another_run_is_refused(tfds_dir, tmp_path):
     assert str(raised.value) == (
         f"model_dir {model_dir} holds a run whose 'seed' differs (0 there, 5 now): use a new "
         "model_dir, or change only checkpoint_every, eval_every, jit_compile, keep_checkpoints, "
-        "log_every, steps to resume"
+        "log_every, steps, strategy, tpu, virtual_cpus to resume"
     )
 
 
@@ -316,3 +317,39 @@ def test_loss_scale_errors_name_the_config_section(tfds_dir, tmp_path):
         "config section loss_scale: Argument growth_factor must be a finite number > 1. "
         "Received: growth_factor=0.5"
     )
+
+
+def test_auto_promote_moves_layers_that_keep_overflowing_out_of_float16(tfds_dir, tmp_path):
+    # dense_0 computes in float16 with the loss scale pinned at 2**24 (its
+    # floor): every step overflows until AutoPromote moves dense_0 to bfloat16.
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "default": "mixed_bfloat16",
+                "rules": [{"match": {"path": "dense_0"}, "policy": "mixed_float16"}],
+            }
+        )
+    )
+    model_dir = str(tmp_path / "run")
+    pinned = {"initial_scale": 2.0**24, "min_scale": 2.0**24, "max_scale": 2.0**24}
+    config = _config(
+        tfds_dir,
+        manifest=str(manifest),
+        steps=12,
+        checkpoint_every=6,
+        eval_every=6,
+        auto_promote=True,
+        loss_scale=pinned,
+    )
+    metrics = run_training(config, Runtime(model_dir, verbose=0))
+    assert metrics["step"] == 12
+    assert 3 <= metrics["skipped_steps"] < 12
+    assert all(np.isfinite(w).all() for w in _weights(model_dir))
+    promoted = PrecisionManifest.from_json(os.path.join(model_dir, "promoted_manifest.json"))
+    # The promotion goes first: the first matching rule wins.
+    assert [(rule.path, rule.policy) for rule in promoted.rules] == [
+        ("dense_0", "mixed_bfloat16"),
+        ("dense_0", "mixed_float16"),
+    ]

@@ -42,6 +42,19 @@ _STEPS = flags.DEFINE_integer("steps", None, "Total train steps of the run.", lo
 _CONFIG_OVERRIDE = flags.DEFINE_string(
     "config_override", None, "JSON object merged into the config file's."
 )
+_AUTO_PROMOTE = flags.DEFINE_bool(
+    "auto_promote",
+    None,
+    "Promote layers that keep overflowing at the loss-scale floor (float16 -> bfloat16 -> "
+    "float32) mid-run; the promoted manifest goes to model_dir/promoted_manifest.json.",
+)
+_CANARY_STEPS = flags.DEFINE_integer(
+    "canary_steps",
+    0,
+    "First train this many steps on a small subset in the run's precision and in float32; "
+    "stop if the run's precision diverges (0: no canary).",
+    lower_bound=0,
+)
 _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False, "Print each layer's precision and exit without training."
 )
@@ -62,13 +75,18 @@ def main(argv: Sequence[str]) -> None:
         strategy=_STRATEGY.value,
         virtual_cpus=_VIRTUAL_CPUS.value,
         tpu=_TPU.value,
+        auto_promote=_AUTO_PROMOTE.value,
         jit_compile=_JIT_COMPILE.value,
         steps=_STEPS.value,
     )
     if _DRY_RUN.value:
         print(mpt_keras.format_precision_table(mpt_keras.plan_precision(config)), end="")
         return
-    mpt_keras.run_training(config, mpt_keras.Runtime(model_dir=_MODEL_DIR.value))
+    runtime = mpt_keras.Runtime(model_dir=_MODEL_DIR.value)
+    if _CANARY_STEPS.value:
+        mpt_keras.train_with_canary(config, runtime, _CANARY_STEPS.value)
+    else:
+        mpt_keras.run_training(config, runtime)
 
 
 def run() -> None:

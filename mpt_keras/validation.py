@@ -1,0 +1,651 @@
+"""`validate`: a candidate precision against a float32 baseline, with pass/fail.
+
+Two comparisons, both from the same float32 initial weights and the same data:
+
+Forward parity. The baseline is built in float32 and its weights are copied into
+the candidate (a precision, or a manifest). Both run the validation split with
+`training=False`; the output of every top-level layer of the functional model is
+compared, so the report shows where the drift enters, not only that it exists.
+Per layer and per model output:
+
+    max_abs_error      max |candidate - baseline|
+    mean_abs_error     mean |candidate - baseline|
+    relative_error     ||candidate - baseline||_2 / ||baseline||_2, the norms
+                       taken over the whole validation split (all elements)
+    error_jump         relative_error minus the largest relative_error of the
+                       layer's inputs (0 for the model inputs): the drift this
+                       layer adds; the largest jump is where the drift enters
+
+and for the outputs, taken as logits over the last axis:
+
+    top1_agreement     fraction of predictions whose argmax agrees
+    kl_divergence      mean KL(softmax(baseline) || softmax(candidate)), in nats
+
+Training parity. Each model trains `steps` steps (same optimizer, loss-scale
+settings and batch order as `run_training`, from `train_batches` with the
+config's seed) and is evaluated on the validation split:
+
+    loss curves        the loss of each step, side by side
+    final_loss_gap     |mean candidate - mean baseline| / mean baseline loss,
+                       over the last max(1, steps // 5) steps
+    metric_delta       baseline val_accuracy - candidate val_accuracy
+                       (positive: the candidate is worse)
+    skipped_fraction   candidate steps skipped for non-finite gradients / steps
+
+Each check compares one value with a `Thresholds` field; a NaN value fails.
+Dropout masks are drawn in each model's compute dtype, so with dropout the two
+runs see different masks and their first losses differ by about 1%.
+
+Example:
+
+    config = mpt_keras.TrainConfig.from_json("configs/digits_cnn.json")
+    report = validate(config, "mixed_float16", Thresholds(output_rtol=0.01))
+    report.passed, [check.name for check in report.failed_checks()]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from mpt_keras import data, models
+from mpt_keras.config import TrainConfig
+from mpt_keras.errors import UserInputError
+from mpt_keras.files import write_json_atomic, write_text_atomic
+from mpt_keras.policies import POLICY_NAMES
+
+# Private until training.py makes them public: one way to build and optimise a run.
+from mpt_keras.training import _build_model, _load_data, _make_optimizer
+
+BASELINE = "float32"
+DEFAULT_STEPS = 50
+_CURVE_COLORS = {"baseline": (31, 119, 180), "candidate": (255, 127, 14)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Thresholds:
+    """What the candidate must meet against the float32 baseline.
+
+    The defaults pass `mixed_bfloat16` and `mixed_float16` (with the safe
+    defaults) on the reference models with a wide margin: their output
+    relative errors measure 0.0003 to 0.008.
+
+    Attributes:
+        output_rtol: Largest relative error of any model output. bfloat16 keeps
+            8 significant bits (a rounding of up to 0.4%) and a few such
+            roundings add up through the layers: 5%.
+        min_top1_agreement: Smallest fraction of predictions whose argmax
+            agrees with float32.
+        max_kl: Largest mean KL divergence of the output softmax, in nats.
+        max_metric_delta: Largest drop of the final validation accuracy
+            against float32 (0.03: three points).
+        max_loss_gap: Largest relative gap of the final training loss.
+        max_skipped_fraction: Largest fraction of the candidate's training
+            steps skipped for non-finite gradients.
+
+    Example:
+
+        Thresholds(output_rtol=0.01, max_metric_delta=0.0)
+    """
+
+    output_rtol: float = 0.05
+    min_top1_agreement: float = 0.95
+    max_kl: float = 0.01
+    max_metric_delta: float = 0.03
+    max_loss_gap: float = 0.1
+    max_skipped_fraction: float = 0.1
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise UserInputError(
+                    f"threshold {field.name}: must be a number >= 0, received {value!r}"
+                )
+        if self.min_top1_agreement > 1:
+            raise UserInputError(
+                "threshold min_top1_agreement: must be in [0, 1], "
+                f"received {self.min_top1_agreement!r}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One verdict: `value` against `threshold` (`<=` or `>=`).
+
+    Example:
+
+        Check("output_relative_error", 0.004, 0.05, "<=").passed  # True
+    """
+
+    name: str
+    value: float
+    threshold: float
+    comparison: str
+
+    @property
+    def passed(self) -> bool:
+        """Whether the value meets the threshold; a NaN value never does."""
+        if self.comparison == "<=":
+            return self.value <= self.threshold
+        return self.value >= self.threshold
+
+    def describe(self) -> str:
+        """One line: `name: value (allowed comparison threshold) PASS|FAIL`."""
+        verdict = "PASS" if self.passed else "FAIL"
+        return (
+            f"{self.name}: {self.value:.6g} (allowed {self.comparison} {self.threshold:.6g}) "
+            f"{verdict}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerParity:
+    """Forward parity of one layer's (or model output's) output; see the module doc."""
+
+    path: str
+    compute_dtype: str
+    max_abs_error: float
+    mean_abs_error: float
+    relative_error: float
+    error_jump: float
+    top1_agreement: float | None = None
+    kl_divergence: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationReport:
+    """The comparison of a candidate with the float32 baseline.
+
+    Attributes:
+        candidate: The precision name or manifest path validated.
+        steps: Training-parity steps.
+        layers: Forward parity of each top-level layer, in model order.
+        outputs: Forward parity of each model output, by output layer path.
+        baseline_losses: The float32 loss of each training step.
+        candidate_losses: The candidate's loss of each training step.
+        baseline_metrics: Final validation metrics of the float32 model.
+        candidate_metrics: Final validation metrics of the candidate.
+        skipped_steps: Candidate steps skipped for non-finite gradients.
+        checks: Each threshold's verdict.
+
+    Example:
+
+        report = validate(config, "mixed_bfloat16")
+        print(report.table())
+    """
+
+    candidate: str
+    steps: int
+    layers: tuple[LayerParity, ...]
+    outputs: tuple[LayerParity, ...]
+    baseline_losses: tuple[float, ...]
+    candidate_losses: tuple[float, ...]
+    baseline_metrics: Mapping[str, float]
+    candidate_metrics: Mapping[str, float]
+    skipped_steps: int
+    checks: tuple[Check, ...]
+
+    @property
+    def passed(self) -> bool:
+        """Whether every check passed."""
+        return all(check.passed for check in self.checks)
+
+    def failed_checks(self) -> list[Check]:
+        """The checks that failed, in report order."""
+        return [check for check in self.checks if not check.passed]
+
+    def drift_entry(self) -> str:
+        """The path of the layer with the largest error jump."""
+        return max(self.layers, key=lambda layer: _finite_or_inf(layer.error_jump)).path
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-serialisable values (NaN and inf as strings)."""
+        values = dataclasses.asdict(self)
+        values["checks"] = [
+            {**dataclasses.asdict(check), "passed": check.passed} for check in self.checks
+        ]
+        values["passed"] = self.passed
+        values["drift_entry"] = self.drift_entry()
+        return _json_safe(values)
+
+    def table(self) -> str:
+        """The report as aligned text: checks, per-layer parity, training."""
+        lines = [f"candidate {self.candidate} vs {BASELINE}: {'PASS' if self.passed else 'FAIL'}"]
+        lines += ["", "checks:"] + [f"  {check.describe()}" for check in self.checks]
+        columns = ("path", "compute", "max_abs", "mean_abs", "relative", "jump")
+        rows = [columns] + [
+            (
+                layer.path,
+                layer.compute_dtype,
+                *(
+                    f"{value:.3g}"
+                    for value in (
+                        layer.max_abs_error,
+                        layer.mean_abs_error,
+                        layer.relative_error,
+                        layer.error_jump,
+                    )
+                ),
+            )
+            for layer in self.layers
+        ]
+        lines += ["", f"forward parity per layer (drift enters at {self.drift_entry()}):"]
+        lines += _aligned(rows)
+        for output in self.outputs:
+            lines.append(
+                f"output {output.path}: top1_agreement {output.top1_agreement:.4f}, "
+                f"kl_divergence {output.kl_divergence:.3g}"
+            )
+        lines += ["", f"training parity over {self.steps} steps:"]
+        lines += _aligned(
+            [("", "loss first", "loss last", "val_loss", "val_accuracy")]
+            + [
+                (
+                    name,
+                    f"{losses[0]:.4f}",
+                    f"{losses[-1]:.4f}",
+                    f"{metrics['val_loss']:.4f}",
+                    f"{metrics['val_accuracy']:.4f}",
+                )
+                for name, losses, metrics in (
+                    (BASELINE, self.baseline_losses, self.baseline_metrics),
+                    (self.candidate, self.candidate_losses, self.candidate_metrics),
+                )
+            ]
+        )
+        lines.append(f"candidate skipped steps: {self.skipped_steps}")
+        return "\n".join(lines) + "\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingRun:
+    """What `train_steps` measured.
+
+    Attributes:
+        losses: The loss of each step.
+        metrics: Validation metrics after the last step (`val_loss`,
+            `val_accuracy`).
+        skipped_steps: Steps skipped for non-finite gradients.
+    """
+
+    losses: tuple[float, ...]
+    metrics: dict[str, float]
+    skipped_steps: int
+
+
+def validate(
+    config: TrainConfig,
+    candidate: str | os.PathLike,
+    thresholds: Thresholds = Thresholds(),
+    steps: int = DEFAULT_STEPS,
+) -> ValidationReport:
+    """Compares `candidate` with float32 on the same weights and data.
+
+    Args:
+        config: The run config; its precision and manifest are replaced by the
+            candidate's and by float32's, its `steps` by `steps`.
+        candidate: A precision (`mixed_float16`, `mixed_bfloat16`, `float32`,
+            `auto`) or the path of a precision manifest (JSON).
+        thresholds: What the candidate must meet.
+        steps: Training-parity steps of each model.
+
+    Returns:
+        The report; `report.passed` tells whether every threshold held.
+
+    Raises:
+        UserInputError: For a bad candidate, config, manifest or dataset.
+    """
+    if steps < 1:
+        raise UserInputError(f"steps: must be an integer >= 1, received {steps!r}")
+    candidate = os.fspath(candidate)
+    baseline_config = config.merged(
+        {"precision": BASELINE, "manifest": None, "steps": steps}, source="baseline"
+    )
+    candidate_config = _candidate_config(config, candidate, steps)
+    task_data = _load_data(config, models.model_task(config.model.name))
+
+    layers, outputs = _forward_parity(baseline_config, candidate_config, task_data)
+    baseline_run = train_steps(baseline_config, task_data)
+    candidate_run = train_steps(candidate_config, task_data)
+
+    window = max(1, steps // 5)
+    baseline_final = float(np.mean(baseline_run.losses[-window:]))
+    candidate_final = float(np.mean(candidate_run.losses[-window:]))
+    checks = (
+        Check(
+            "output_relative_error",
+            max(output.relative_error for output in outputs),
+            thresholds.output_rtol,
+            "<=",
+        ),
+        Check(
+            "top1_agreement",
+            min(output.top1_agreement for output in outputs),
+            thresholds.min_top1_agreement,
+            ">=",
+        ),
+        Check(
+            "kl_divergence",
+            max(output.kl_divergence for output in outputs),
+            thresholds.max_kl,
+            "<=",
+        ),
+        Check(
+            "metric_delta",
+            baseline_run.metrics["val_accuracy"] - candidate_run.metrics["val_accuracy"],
+            thresholds.max_metric_delta,
+            "<=",
+        ),
+        Check(
+            "final_loss_gap",
+            abs(candidate_final - baseline_final) / baseline_final,
+            thresholds.max_loss_gap,
+            "<=",
+        ),
+        Check(
+            "skipped_fraction",
+            candidate_run.skipped_steps / steps,
+            thresholds.max_skipped_fraction,
+            "<=",
+        ),
+    )
+    return ValidationReport(
+        candidate=candidate,
+        steps=steps,
+        layers=layers,
+        outputs=outputs,
+        baseline_losses=baseline_run.losses,
+        candidate_losses=candidate_run.losses,
+        baseline_metrics=baseline_run.metrics,
+        candidate_metrics=candidate_run.metrics,
+        skipped_steps=candidate_run.skipped_steps,
+        checks=checks,
+    )
+
+
+def run_validation(
+    config: TrainConfig,
+    candidate: str | os.PathLike,
+    output: str | os.PathLike,
+    thresholds: Thresholds = Thresholds(),
+    steps: int = DEFAULT_STEPS,
+    log_dir: str | os.PathLike | None = None,
+) -> ValidationReport:
+    """Runs `validate` and writes its report; what `mpt-validate` does.
+
+    Writes `output` (the report JSON), `<output stem>.txt` (`report.table()`),
+    `<output stem>.png` (the loss curves, see `plot_loss_curves`) and the loss curves
+    as TensorBoard scalars `validation/loss` under `log_dir/float32` and
+    `log_dir/candidate` (`log_dir` defaults to `<output stem>_logs`).
+
+    Args:
+        config: As `validate`.
+        candidate: As `validate`.
+        output: Path of the report JSON; its directory is created.
+        thresholds: As `validate`.
+        steps: As `validate`.
+        log_dir: TensorBoard directory of the loss curves.
+
+    Returns:
+        The report.
+
+    Raises:
+        UserInputError: As `validate`, or when `output` cannot be written.
+    """
+    output = os.fspath(output)
+    stem = os.path.splitext(output)[0]
+    try:
+        os.makedirs(os.path.dirname(output) or ".", exist_ok=True)
+    except OSError as error:
+        raise UserInputError(f"--output {output}: cannot be created ({error.strerror})") from None
+    report = validate(config, candidate, thresholds, steps)
+    write_json_atomic(output, report.to_dict())
+    write_text_atomic(stem + ".txt", report.table())
+    with open(stem + ".png", "wb") as file:
+        file.write(plot_loss_curves(report.baseline_losses, report.candidate_losses))
+    _write_curves(os.fspath(log_dir) if log_dir else stem + "_logs", report)
+    return report
+
+
+def plot_loss_curves(
+    baseline: Sequence[float], candidate: Sequence[float], width: int = 640, height: int = 400
+) -> bytes:
+    """The two loss curves as PNG bytes: float32 blue, candidate orange.
+
+    Drawn with numpy and `tf.io.encode_png`, without a plotting library: a
+    frame, the loss from the smallest (bottom) to the largest (top) finite
+    loss of either curve, the steps from left to right. A non-finite loss is
+    left out.
+    """
+    image = np.full((height, width, 3), 255, np.uint8)
+    margin = 20
+    image[margin, margin:-margin] = image[-margin, margin:-margin] = 160
+    image[margin:-margin, margin] = image[margin:-margin, -margin] = 160
+    finite = [value for value in (*baseline, *candidate) if math.isfinite(value)]
+    bottom, top = min(finite, default=0.0), max(finite, default=1.0)
+    span = (top - bottom) or 1.0
+    for name, losses in (("baseline", baseline), ("candidate", candidate)):
+        count = max(len(losses) - 1, 1)
+        points = [
+            (
+                margin + (width - 2 * margin) * index / count,
+                height - margin - (height - 2 * margin) * (value - bottom) / span,
+            )
+            for index, value in enumerate(losses)
+            if math.isfinite(value)
+        ]
+        for (x0, y0), (x1, y1) in zip(points, points[1:]):
+            samples = int(max(abs(x1 - x0), abs(y1 - y0))) + 2
+            xs = np.linspace(x0, x1, samples).round().astype(int)
+            ys = np.linspace(y0, y1, samples).round().astype(int)
+            for offset in (-1, 0, 1):  # Three pixels thick, to be seen.
+                image[np.clip(ys + offset, 0, height - 1), xs] = _CURVE_COLORS[name]
+    return tf.io.encode_png(image).numpy()
+
+
+def _candidate_config(config: TrainConfig, candidate: str, steps: int) -> TrainConfig:
+    if candidate in (*POLICY_NAMES, "auto"):
+        return config.merged(
+            {"precision": candidate, "manifest": None, "steps": steps}, source="candidate"
+        )
+    if not os.path.isfile(candidate):
+        raise UserInputError(
+            f"candidate {candidate!r}: neither a precision nor a manifest file. "
+            f"Allowed: {', '.join(POLICY_NAMES)}, auto, or the path of a manifest (JSON)"
+        )
+    return config.merged({"manifest": candidate, "steps": steps}, source="candidate")
+
+
+def _forward_parity(
+    baseline_config: TrainConfig, candidate_config: TrainConfig, task_data
+) -> tuple[tuple[LayerParity, ...], tuple[LayerParity, ...]]:
+    baseline = _build_model(baseline_config, task_data)[0]
+    candidate = _build_model(candidate_config, task_data)[0]
+    candidate.set_weights(baseline.get_weights())
+    layers = _probed_layers(baseline)
+    baseline_probe = _probe(baseline, layers)
+    candidate_probe = _probe(candidate, layers)
+    output_names = {layer.name for layer in _output_layers(baseline)}
+
+    errors = {name: _ErrorSums() for name in layers}
+    batch_size = baseline_config.data.eval_batch_size
+    for features, labels in data.eval_batches(*task_data.validation, batch_size):
+        del labels  # Parity compares the models with each other, not with labels.
+        expected = baseline_probe(features, training=False)
+        received = candidate_probe(features, training=False)
+        for name in layers:
+            errors[name].add(
+                keras.ops.convert_to_numpy(expected[name]),
+                keras.ops.convert_to_numpy(received[name]),
+                logits=name in output_names,
+            )
+
+    relative = {name: errors[name].relative_error() for name in layers}
+    parities = []
+    for name, layer in layers.items():
+        upstream = [relative.get(parent, 0.0) for parent in _parents(layer)]
+        parities.append(
+            errors[name].parity(
+                name,
+                candidate.get_layer(name).dtype_policy.compute_dtype,
+                error_jump=relative[name] - max(upstream, default=0.0),
+                logits=name in output_names,
+            )
+        )
+    return tuple(parities), tuple(parity for parity in parities if parity.path in output_names)
+
+
+class _ErrorSums:
+    """Running sums of one layer's errors over the validation batches."""
+
+    def __init__(self):
+        self.max_abs = 0.0
+        self.abs_sum = self.squared_error = self.squared_baseline = 0.0
+        self.count = 0
+        self.agreements = self.predictions = 0
+        self.kl_sum = 0.0
+
+    def add(self, expected: np.ndarray, received: np.ndarray, logits: bool) -> None:
+        expected = expected.astype(np.float64)
+        received = received.astype(np.float64)
+        difference = np.abs(received - expected)
+        # max() of an array holding NaN is NaN, which fails every check.
+        self.max_abs = max(self.max_abs, float(np.max(difference)), key=_finite_or_inf)
+        self.abs_sum += float(np.sum(difference))
+        self.squared_error += float(np.sum(difference**2))
+        self.squared_baseline += float(np.sum(expected**2))
+        self.count += difference.size
+        if logits:
+            self.agreements += int(np.sum(expected.argmax(-1) == received.argmax(-1)))
+            self.predictions += expected[..., 0].size
+            expected_log = _log_softmax(expected)
+            received_log = _log_softmax(received)
+            self.kl_sum += float(np.sum(np.exp(expected_log) * (expected_log - received_log)))
+
+    def relative_error(self) -> float:
+        if self.squared_baseline == 0:
+            return 0.0 if self.squared_error == 0 else math.inf
+        return math.sqrt(self.squared_error / self.squared_baseline)
+
+    def parity(self, path: str, compute_dtype: str, error_jump: float, logits: bool):
+        return LayerParity(
+            path=path,
+            compute_dtype=compute_dtype,
+            max_abs_error=self.max_abs,
+            mean_abs_error=self.abs_sum / self.count,
+            relative_error=self.relative_error(),
+            error_jump=error_jump,
+            top1_agreement=self.agreements / self.predictions if logits else None,
+            kl_divergence=self.kl_sum / self.predictions if logits else None,
+        )
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def _probed_layers(model: keras.Model) -> dict[str, keras.layers.Layer]:
+    if not getattr(model, "inputs", None):
+        raise UserInputError(
+            f"model {model.name!r}: subclassed, so its layers' outputs cannot be compared. "
+            "Allowed: a functional or Sequential model"
+        )
+    return {
+        layer.name: layer
+        for layer in model.layers
+        if not isinstance(layer, keras.layers.InputLayer)
+        and isinstance(layer.output, keras.KerasTensor)
+    }
+
+
+def _probe(model: keras.Model, layers: Mapping[str, keras.layers.Layer]) -> keras.Model:
+    own = {layer.name: layer for layer in model.layers}
+    return keras.Model(model.inputs, {name: own[name].output for name in layers})
+
+
+def _output_layers(model: keras.Model) -> list[keras.layers.Layer]:
+    return [tensor._keras_history.operation for tensor in model.outputs]
+
+
+def _parents(layer: keras.layers.Layer) -> list[str]:
+    """Names of the layers whose outputs `layer` takes as inputs."""
+    node = layer._inbound_nodes[0]
+    return [tensor._keras_history.operation.name for tensor in node.input_tensors]
+
+
+def train_steps(config: TrainConfig, task_data) -> TrainingRun:
+    """Trains `config.steps` steps on one device, writing nothing.
+
+    The model, optimizer, loss-scale settings, loss and batch order are
+    `run_training`'s; the step is XLA-compiled only for `jit_compile: "true"`.
+
+    Args:
+        config: The run config.
+        task_data: The arrays to train and validate on, as
+            `training._load_data` returns them.
+
+    Returns:
+        The loss of each step, the final validation metrics, the skipped steps.
+    """
+    model, *_, report = _build_model(config, task_data)
+    optimizer = _make_optimizer(config, report)
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+        jit_compile=config.jit_compile == "true",
+    )
+    train = data.train_batches(*task_data.train, config.data.batch_size, seed=config.seed)
+    # One step per Keras epoch: the logged loss is then that step's, not a running mean.
+    history = model.fit(train, epochs=config.steps, steps_per_epoch=1, shuffle=False, verbose=0)
+    validation = data.eval_batches(*task_data.validation, config.data.eval_batch_size)
+    metrics = model.evaluate(validation, return_dict=True, verbose=0)
+    return TrainingRun(
+        losses=tuple(float(loss) for loss in history.history["loss"]),
+        metrics={f"val_{name}": float(value) for name, value in metrics.items()},
+        skipped_steps=int(optimizer.skipped_steps),
+    )
+
+
+def _write_curves(log_dir: str, report: ValidationReport) -> None:
+    for name, losses in (
+        ("float32", report.baseline_losses),
+        ("candidate", report.candidate_losses),
+    ):
+        writer = tf.summary.create_file_writer(os.path.join(log_dir, name))
+        with writer.as_default():
+            for step, loss in enumerate(losses, start=1):
+                tf.summary.scalar("validation/loss", loss, step=step)
+        writer.close()
+
+
+def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[index]) for row in rows) for index in range(len(rows[0]))]
+    return [
+        "  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
+        for row in rows
+    ]
+
+
+def _finite_or_inf(value: float) -> float:
+    """Orders NaN above everything, so the worst value wins a max()."""
+    return math.inf if math.isnan(value) else value
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(item) for item in value]
+    return value

@@ -1,0 +1,220 @@
+"""XLA per replica: compile each replica's forward and backward pass, not the step.
+
+Keras XLA-compiles its whole train function, `strategy.run` included, so under
+`MirroredStrategy` or `MultiWorkerMirroredStrategy` XLA would have to compile
+the cross-replica all-reduce and the optimizer's merged-context update, which
+it cannot (Keras therefore turns `jit_compile="auto"` off under any strategy).
+`compile_model` splits the step instead:
+
+    XLA, per replica    forward pass, loss, gradients of the scaled loss
+    outside XLA         loss tracker, optimizer.apply (all-reduce, unscale,
+                        finiteness verdict, clip, update) and metrics
+
+so `model.fit` runs XLA under every strategy, and on one device too.
+
+`resolve_jit_compile` turns the `--jit_compile` setting (`auto`, `true`,
+`false`) into that choice. `auto` decides by the replicas' device type and the
+precision, as measured on CPUs (`benchmarks/xla_speed.py` reports the ratios
+and the `auto` choice side by side; no GPU or TPU was at hand):
+
+    TPU replicas   XLA on   TPUStrategy compiles everything with XLA anyway
+    GPU replicas   XLA on   XLA fuses the elementwise work between kernels
+    CPU replicas   XLA off  for float32 and mixed_bfloat16: TensorFlow's
+                            oneDNN kernels are faster than XLA's CPU code
+                   XLA on   for mixed_float16: TensorFlow falls back from
+                            oneDNN to its Eigen float16 kernels (it logs so),
+                            which are slower than XLA's
+
+XLA step time / step time without XLA (medians of interleaved rounds in one
+process, 2 shared cores of an AMD EPYC with AVX512_BF16 and no AVX512_FP16;
+the small transformer_lm and the 8x8 cnn; the range of three runs):
+
+                      float32     mixed_bfloat16   mixed_float16
+    transformer_lm    1.02-1.58   1.14-1.76        0.73-1.06
+    cnn               1.82-2.28   1.96-2.52        0.88-0.97
+
+Two earlier runs, while other jobs loaded the machine more, measured 0.72-1.18
+for transformer_lm in float32 and mixed_bfloat16: on a busy CPU, XLA's fused
+kernels can win there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+from keras.src.losses.loss import unscale_loss_for_distribution
+
+from mpt_keras import distribute
+from mpt_keras.errors import UserInputError
+from mpt_keras.policies import check_policy_name
+
+JIT_COMPILE_SETTINGS = ("auto", "true", "false")
+# What compile_model sets on a model; removed again when it re-compiles.
+_INSTALLED_ATTRIBUTES = ("train_step", "test_step", "_maybe_symbolic_build")
+
+
+def compile_model(
+    model: keras.Model,
+    *,
+    optimizer: keras.optimizers.Optimizer,
+    loss: Any,
+    metrics: Sequence[Any] | None = None,
+    jit_compile: bool,
+    **compile_kwargs: Any,
+) -> None:
+    """Compiles `model`, with XLA per replica if `jit_compile`.
+
+    With `jit_compile=False` this is `model.compile(..., jit_compile=False)`.
+    With `jit_compile=True` the model is compiled the same way and its train
+    step (for `fit` and `train_on_batch`) is replaced by one that XLA-compiles
+    each replica's forward pass, loss and gradients of
+    `optimizer.scale_loss(loss)`, then applies them with `optimizer.apply`
+    outside XLA, in the replica context, where the strategy all-reduces them
+    (see the module docstring). `evaluate` and `predict` run without XLA.
+
+    Under a multi-worker MultiWorkerMirroredStrategy it also makes Keras'
+    `fit` and `evaluate` work there (`distribute.support_multi_worker_fit`).
+
+    Call it under the strategy's scope, like `model.compile`. Calling it again
+    re-compiles (with or without XLA); a later plain `model.compile` restores
+    Keras' own train step. The replaced step is not part of the model's
+    config: `model.save` records `jit_compile=False`, and a loaded model trains
+    without XLA until `compile_model` is called on it.
+
+    Args:
+        model: The model to compile.
+        optimizer: Its optimizer, e.g. a `mpt_keras.LossScaleOptimizer`.
+        loss: As for `model.compile`.
+        metrics: As for `model.compile`.
+        jit_compile: Whether to XLA-compile each replica's forward and backward
+            pass (a bool: resolve `"auto"` with `resolve_jit_compile` first).
+        **compile_kwargs: More `model.compile` arguments (`steps_per_execution`,
+            `weighted_metrics`, ...), except `run_eagerly=True` with XLA.
+
+    Raises:
+        UserInputError: If `jit_compile` is not a bool, or is True together with
+            `run_eagerly=True`.
+
+    Example:
+
+        with strategy.scope():
+            model = build_model()
+            compile_model(
+                model,
+                optimizer=LossScaleOptimizer(keras.optimizers.AdamW(1e-3)),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                metrics=["accuracy"],
+                jit_compile=True,
+            )
+        model.fit(dataset, epochs=2)
+    """
+    if not isinstance(jit_compile, bool):
+        raise UserInputError(f"jit_compile must be True or False. Received: {jit_compile!r}")
+    if jit_compile and compile_kwargs.get("run_eagerly"):
+        raise UserInputError(
+            "jit_compile=True cannot run eagerly. Received: run_eagerly=True; "
+            "allowed with XLA: run_eagerly=False"
+        )
+    model.compile(
+        optimizer=optimizer, loss=loss, metrics=metrics, jit_compile=False, **compile_kwargs
+    )
+    # Instance attributes, so they never reach the model's config.
+    for name in _INSTALLED_ATTRIBUTES:
+        vars(model).pop(name, None)
+    if jit_compile:
+        model.train_step = _replica_xla_train_step(model)
+    distribute.support_multi_worker_fit(model)
+
+
+def resolve_jit_compile(
+    setting: str, strategy: tf.distribute.Strategy, precision: str
+) -> tuple[bool, str]:
+    """Chooses whether to XLA-compile the replicas' train step.
+
+    Args:
+        setting: `"true"`, `"false"` or `"auto"` (the rule in the module
+            docstring, decided by the device type of the strategy's replicas).
+        strategy: The strategy the model trains under.
+        precision: The run's dtype policy name (`float32`, `mixed_float16`,
+            `mixed_bfloat16`).
+
+    Returns:
+        `(jit_compile, reason)`, the reason a one-line explanation for logs.
+
+    Raises:
+        UserInputError: For a setting or precision outside the allowed names.
+
+    Example:
+
+        jit_compile, reason = resolve_jit_compile("auto", strategy, "mixed_bfloat16")
+        jit_compile  # False on a CPU-only machine
+        reason  # 'jit_compile=auto: CPU replicas, mixed_bfloat16: XLA off, ...'
+    """
+    if setting not in JIT_COMPILE_SETTINGS:
+        raise UserInputError(
+            f"jit_compile: unknown setting '{setting}'. Allowed: {', '.join(JIT_COMPILE_SETTINGS)}"
+        )
+    check_policy_name(precision)
+    if setting != "auto":
+        return setting == "true", f"jit_compile={setting}: as set"
+    device_type = _replica_device_type(strategy)
+    prefix = f"jit_compile=auto: {device_type} replicas, {precision}: XLA"
+    if device_type != "CPU":
+        return True, f"{prefix} on, the fast path on accelerators"
+    if precision == "mixed_float16":
+        return True, f"{prefix} on, TensorFlow's float16 CPU kernels are slower than XLA's"
+    return False, f"{prefix} off, TensorFlow's oneDNN CPU kernels are faster than XLA's"
+
+
+def _replica_device_type(strategy: tf.distribute.Strategy) -> str:
+    """`TPU`, `GPU` or `CPU`: where the strategy's replicas compute."""
+    try:
+        devices = strategy.extended.worker_devices
+    except RuntimeError:
+        # TensorFlow's default strategy names no devices: it runs where ops
+        # are placed by default, on the first GPU if there is one.
+        return "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
+    types = {tf.DeviceSpec.from_string(device).device_type for device in devices}
+    return next((kind for kind in ("TPU", "GPU") if kind in types), "CPU")
+
+
+def _replica_xla_train_step(model: keras.Model) -> Callable[[Any], dict[str, Any]]:
+    """Keras' TensorFlow train step, with the forward and backward pass in XLA."""
+    # A plain `model.compile` makes a new compile config: from then on the
+    # model trains with Keras' own step, as that compile asked.
+    compiled_with = model._compile_config
+
+    def train_step(data: Any) -> dict[str, Any]:
+        if model._compile_config is not compiled_with:
+            return type(model).train_step(model, data)
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        # A new function for each trace of the train function: a cached one
+        # would keep the loss and optimizer it was first traced with.
+        forward_backward = tf.function(_forward_backward(model), jit_compile=True)
+        loss, y_pred, gradients = forward_backward(x, y, sample_weight)
+        batch_size = tf.shape(next(i for i in keras.tree.flatten(x) if i is not None))[0]
+        model._loss_tracker.update_state(
+            unscale_loss_for_distribution(loss), sample_weight=batch_size
+        )
+        model.optimizer.apply(gradients, model.trainable_weights)
+        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    return train_step
+
+
+def _forward_backward(model: keras.Model) -> Callable[[Any, Any, Any], tuple[Any, Any, Any]]:
+    def replica_forward_backward(x: Any, y: Any, sample_weight: Any) -> tuple[Any, Any, Any]:
+        # As Keras' own train step: `training` only for models whose call
+        # takes it, and `_compute_loss` for compute_loss overrides without it.
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True) if model._call_has_training_arg else model(x)
+            loss = model._compute_loss(
+                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+            )
+            scaled_loss = model.optimizer.scale_loss(loss)
+        return loss, y_pred, tape.gradient(scaled_loss, model.trainable_weights)
+
+    return replica_forward_backward

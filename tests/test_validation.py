@@ -1,0 +1,186 @@
+"""Tests of mpt_keras.validation: parity of a candidate with float32."""
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mpt_keras
+from mpt_keras import validation
+from mpt_keras.validation import Check, Thresholds
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_STEPS = 10
+
+
+def _config(tfds_dir, name, **overrides):
+    config = mpt_keras.TrainConfig.from_json(os.path.join(REPO, "configs", name))
+    return config.merged({"data": {"data_dir": tfds_dir}, **overrides})
+
+
+def _tiny_lm(tfds_dir):
+    return _config(
+        tfds_dir,
+        "python_source_transformer.json",
+        data={"data_dir": tfds_dir, "batch_size": 8, "sequence_length": 32, "eval_examples": 32},
+        model={"options": {"num_layers": 1, "d_model": 32, "num_heads": 2}},
+        optimizer={"warmup_steps": 0},
+    )
+
+
+@pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])
+@pytest.mark.parametrize("config_name", ["digits_mlp.json", "digits_cnn.json"])
+def test_mixed_precisions_pass_the_default_thresholds(tfds_dir, config_name, precision):
+    report = validation.validate(_config(tfds_dir, config_name), precision, steps=_STEPS)
+    assert report.passed, report.table()
+    assert [check.name for check in report.checks] == [
+        "output_relative_error",
+        "top1_agreement",
+        "kl_divergence",
+        "metric_delta",
+        "final_loss_gap",
+        "skipped_fraction",
+    ]
+    assert (len(report.baseline_losses), len(report.candidate_losses)) == (_STEPS, _STEPS)
+    assert report.outputs[0].path == "logits"
+    assert report.outputs[0].compute_dtype == "float32"  # A safe default.
+    compute = precision.removeprefix("mixed_")
+    assert {layer.compute_dtype for layer in report.layers[:-1]} == {compute}
+    # Low precision does change the outputs; a zero would mean nothing was compared.
+    assert 0 < report.outputs[0].relative_error < 0.02
+
+
+@pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])
+def test_a_tiny_transformer_passes_the_default_thresholds(tfds_dir, precision):
+    report = validation.validate(_tiny_lm(tfds_dir), precision, steps=5)
+    assert report.passed, report.table()
+    assert [layer.path for layer in report.layers] == [
+        "token_embedding",
+        "position_embedding",
+        "block_0",
+        "final_norm",
+        "logits",
+    ]
+
+
+def test_a_normalization_in_float16_shows_its_drift_at_that_layer(tfds_dir, tmp_path):
+    manifest = tmp_path / "norm_in_float16.json"
+    manifest.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "default": "float32",
+                "rules": [{"match": {"path": "final_norm"}, "policy": "mixed_float16"}],
+            }
+        )
+    )
+    report = validation.validate(_tiny_lm(tfds_dir), manifest, steps=2)
+    layers = {layer.path: layer for layer in report.layers}
+    assert report.drift_entry() == "final_norm"
+    assert layers["final_norm"].compute_dtype == "float16"
+    for upstream in ("token_embedding", "position_embedding", "block_0"):
+        assert layers[upstream].relative_error == 0.0
+    assert layers["final_norm"].error_jump == layers["final_norm"].relative_error > 0
+    assert "drift enters at final_norm" in report.table()
+
+
+def test_float32_against_itself_is_exact(tfds_dir):
+    report = validation.validate(_config(tfds_dir, "digits_mlp.json"), "float32", steps=3)
+    assert all(layer.max_abs_error == 0.0 for layer in report.layers)
+    assert report.outputs[0].top1_agreement == 1.0
+    assert report.outputs[0].kl_divergence == 0.0
+    assert report.baseline_losses == report.candidate_losses
+    assert report.baseline_metrics == report.candidate_metrics
+
+
+def test_an_impossible_threshold_fails_only_its_check(tfds_dir):
+    report = validation.validate(
+        _config(tfds_dir, "digits_mlp.json"), "mixed_bfloat16", Thresholds(output_rtol=0), steps=3
+    )
+    assert not report.passed
+    assert [check.name for check in report.failed_checks()] == ["output_relative_error"]
+    assert "candidate mixed_bfloat16 vs float32: FAIL" in report.table()
+
+
+def test_run_validation_writes_json_table_png_and_tensorboard(tfds_dir, tmp_path):
+    output = tmp_path / "out" / "report.json"
+    report = validation.run_validation(
+        _config(tfds_dir, "digits_mlp.json"), "mixed_bfloat16", output, steps=3
+    )
+    values = json.loads(output.read_text())
+    assert values["passed"] is True
+    assert values["candidate"] == "mixed_bfloat16"
+    assert values["candidate_losses"] == list(report.candidate_losses)
+    assert values["checks"][0] == {
+        "name": "output_relative_error",
+        "value": report.checks[0].value,
+        "threshold": 0.05,
+        "comparison": "<=",
+        "passed": True,
+    }
+    assert (tmp_path / "out" / "report.txt").read_text() == report.table()
+    image = tf.io.decode_png((tmp_path / "out" / "report.png").read_bytes())
+    assert image.shape == (400, 640, 3)
+    curves = sorted(os.listdir(tmp_path / "out" / "report_logs"))
+    assert curves == ["candidate", "float32"]
+
+
+def test_plot_draws_both_curves_in_their_colors():
+    image = tf.io.decode_png(validation.plot_loss_curves([2.0, 1.0], [2.0, float("nan")])).numpy()
+    colors = {tuple(pixel) for pixel in image.reshape(-1, 3)}
+    assert (31, 119, 180) in colors
+    # The candidate's only finite point makes no segment.
+    assert (255, 127, 14) not in colors
+
+
+@pytest.mark.parametrize(
+    "check, passed",
+    [
+        (Check("a", 0.5, 0.5, "<="), True),
+        (Check("a", 0.6, 0.5, "<="), False),
+        (Check("a", 0.5, 0.5, ">="), True),
+        (Check("a", 0.4, 0.5, ">="), False),
+        (Check("a", math.nan, 0.5, "<="), False),
+        (Check("a", math.nan, 0.5, ">="), False),
+    ],
+)
+def test_check_verdicts(check, passed):
+    assert check.passed is passed
+
+
+def test_check_describes_itself_in_one_line():
+    check = Check("output_relative_error", 0.0123, 0.01, "<=")
+    assert check.describe() == "output_relative_error: 0.0123 (allowed <= 0.01) FAIL"
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"output_rtol": -1.0}, "threshold output_rtol: must be a number >= 0, received -1.0"),
+        ({"max_kl": "big"}, "threshold max_kl: must be a number >= 0, received 'big'"),
+        (
+            {"min_top1_agreement": 2.0},
+            "threshold min_top1_agreement: must be in [0, 1], received 2.0",
+        ),
+    ],
+)
+def test_bad_thresholds_are_user_errors(kwargs, message):
+    with pytest.raises(mpt_keras.UserInputError) as error:
+        Thresholds(**kwargs)
+    assert str(error.value) == message
+
+
+def test_a_bad_candidate_is_a_user_error(tfds_dir):
+    with pytest.raises(mpt_keras.UserInputError) as error:
+        validation.validate(_config(tfds_dir, "digits_mlp.json"), "float8", steps=1)
+    assert str(error.value) == (
+        "candidate 'float8': neither a precision nor a manifest file. Allowed: float32, "
+        "mixed_float16, mixed_bfloat16, auto, or the path of a manifest (JSON)"
+    )
+
+
+def test_nan_in_the_json_report_is_a_string():
+    assert validation._json_safe({"a": [np.float64("nan"), 1.0]}) == {"a": ["nan", 1.0]}

@@ -1,0 +1,53 @@
+"""mpt-calibrate: measures a run's model in float32 and writes a precision manifest.
+
+    mpt-calibrate --config=configs/python_source_transformer.json --steps=4 \
+        --output=/tmp/transformer_manifest.json
+    mpt-train --config=configs/python_source_transformer.json --model_dir=/tmp/run \
+        --manifest=/tmp/transformer_manifest.json
+
+The model is built as `mpt-train` builds it from the config and fed the run's
+first `--steps` train batches; each layer gets float16, bfloat16 or float32
+with the reason and its numbers. The statistics go to `<output stem>.stats.json`
+(or `--stats_output`); a table of the decisions is printed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from absl import flags
+
+import mpt_keras
+from mpt_keras import calibration
+from mpt_keras import config as config_lib
+from trainers import cli
+
+_CONFIG = flags.DEFINE_string("config", None, "Run config file (JSON).", required=True)
+_OUTPUT = flags.DEFINE_string(
+    "output", None, "Where the precision manifest (JSON) is written.", required=True
+)
+_STATS_OUTPUT = flags.DEFINE_string(
+    "stats_output", None, "Where the statistics (JSON) go; default <output stem>.stats.json."
+)
+_STEPS = flags.DEFINE_integer("steps", 8, "Train batches to measure.", lower_bound=1)
+_CONFIG_OVERRIDE = flags.DEFINE_string(
+    "config_override", None, "JSON object merged into the config file's."
+)
+
+
+def main(argv: Sequence[str]) -> None:
+    del argv  # Checked by cli.run.
+    config = config_lib.resolve_config(_CONFIG.value, _CONFIG_OVERRIDE.value)
+    result = mpt_keras.run_calibration(
+        config, _OUTPUT.value, stats_output=_STATS_OUTPUT.value, steps=_STEPS.value
+    )
+    print(calibration.format_calibration_table(result.statistics), end="")
+
+
+def run() -> None:
+    """Console-script entry point of `mpt-calibrate`."""
+    cli.run(main, program="mpt-calibrate")
+
+
+if __name__ == "__main__":
+    run()

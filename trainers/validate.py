@@ -1,0 +1,131 @@
+"""mpt-validate: checks a mixed-precision candidate against a float32 baseline.
+
+    mpt-validate --config=configs/digits_cnn.json --precision=mixed_float16 \\
+        --output=/tmp/validation/report.json
+
+Compares the candidate (`--precision` or `--manifest`, exactly one) with float32
+on the same weights and data: the outputs of every layer on the validation
+split, and `--steps` training steps from the same start and batch order (see
+`mpt_keras.validation`). Writes `--output` (the report JSON), `<stem>.txt` (the
+report as a table), `<stem>.png` (the two loss curves) and the loss curves to
+TensorBoard under `--tensorboard_dir` (default `<stem>_logs`).
+
+Exit status: 0 when every threshold holds; 1 when one fails, after one line on
+stderr per failed check (`mpt-validate: check failed: <check>: <value> (allowed
+<= <threshold>)`); 2 for a usage error (a bad flag, config or manifest). The
+report table is printed on stdout in every case, so a CI job can gate on the
+status and keep the log.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from absl import flags
+
+import mpt_keras
+from mpt_keras import config as config_lib
+from mpt_keras import validation
+from trainers import cli
+
+CHECK_FAILED = 1
+_DEFAULTS = validation.Thresholds()
+
+_CONFIG = flags.DEFINE_string("config", None, "Run config file (JSON).", required=True)
+_PRECISION = flags.DEFINE_enum(
+    "precision",
+    None,
+    config_lib.PRECISIONS,
+    "Candidate precision; exactly one of --precision and --manifest.",
+)
+_MANIFEST = flags.DEFINE_string(
+    "manifest", None, "Candidate precision manifest (JSON); exactly one of it and --precision."
+)
+_OUTPUT = flags.DEFINE_string(
+    "output", None, "Report JSON; <stem>.txt and <stem>.png are written beside it.", required=True
+)
+# Not --log_dir: absl.logging defines that flag (the directory of its log files).
+_TENSORBOARD_DIR = flags.DEFINE_string(
+    "tensorboard_dir", None, "TensorBoard directory of the loss curves; default <output stem>_logs."
+)
+_STEPS = flags.DEFINE_integer(
+    "steps", validation.DEFAULT_STEPS, "Training-parity steps of each model.", lower_bound=1
+)
+_CONFIG_OVERRIDE = flags.DEFINE_string(
+    "config_override", None, "JSON object merged into the config file's."
+)
+_OUTPUT_RTOL = flags.DEFINE_float(
+    "output_rtol",
+    _DEFAULTS.output_rtol,
+    "Largest relative error ||cand - base|| / ||base|| of any model output.",
+    lower_bound=0,
+)
+_MIN_TOP1_AGREEMENT = flags.DEFINE_float(
+    "min_top1_agreement",
+    _DEFAULTS.min_top1_agreement,
+    "Smallest fraction of predictions whose argmax agrees with float32.",
+    lower_bound=0,
+    upper_bound=1,
+)
+_MAX_KL = flags.DEFINE_float(
+    "max_kl", _DEFAULTS.max_kl, "Largest mean KL divergence of the output softmax.", lower_bound=0
+)
+_MAX_METRIC_DELTA = flags.DEFINE_float(
+    "max_metric_delta",
+    _DEFAULTS.max_metric_delta,
+    "Largest drop of the final validation accuracy against float32.",
+    lower_bound=0,
+)
+_MAX_LOSS_GAP = flags.DEFINE_float(
+    "max_loss_gap",
+    _DEFAULTS.max_loss_gap,
+    "Largest relative gap of the final training loss against float32.",
+    lower_bound=0,
+)
+_MAX_SKIPPED_FRACTION = flags.DEFINE_float(
+    "max_skipped_fraction",
+    _DEFAULTS.max_skipped_fraction,
+    "Largest fraction of the candidate's steps skipped for non-finite gradients.",
+    lower_bound=0,
+)
+
+
+def main(argv: Sequence[str]) -> None:
+    del argv  # Checked by cli.run.
+    if (_PRECISION.value is None) == (_MANIFEST.value is None):
+        raise mpt_keras.UserInputError(
+            "the candidate: received "
+            f"{'both --precision and --manifest' if _PRECISION.value else 'neither'}. "
+            "Allowed: exactly one of --precision and --manifest"
+        )
+    config = config_lib.resolve_config(_CONFIG.value, _CONFIG_OVERRIDE.value)
+    report = validation.run_validation(
+        config,
+        _PRECISION.value or _MANIFEST.value,
+        _OUTPUT.value,
+        validation.Thresholds(
+            output_rtol=_OUTPUT_RTOL.value,
+            min_top1_agreement=_MIN_TOP1_AGREEMENT.value,
+            max_kl=_MAX_KL.value,
+            max_metric_delta=_MAX_METRIC_DELTA.value,
+            max_loss_gap=_MAX_LOSS_GAP.value,
+            max_skipped_fraction=_MAX_SKIPPED_FRACTION.value,
+        ),
+        steps=_STEPS.value,
+        log_dir=_TENSORBOARD_DIR.value,
+    )
+    print(report.table(), end="")
+    for check in report.failed_checks():
+        print(f"mpt-validate: check failed: {check.describe()}", file=sys.stderr)
+    if not report.passed:
+        sys.exit(CHECK_FAILED)
+
+
+def run() -> None:
+    """Console-script entry point of `mpt-validate`."""
+    cli.run(main, program="mpt-validate")
+
+
+if __name__ == "__main__":
+    run()
