@@ -25,17 +25,16 @@ and the `auto` choice side by side; no GPU or TPU was at hand):
                             oneDNN to its Eigen float16 kernels (it logs so),
                             which are slower than XLA's
 
-XLA step time / step time without XLA (medians of interleaved rounds in one
-process, 2 shared cores of an AMD EPYC with AVX512_BF16 and no AVX512_FP16;
-the small transformer_lm and the 8x8 cnn; the range of three runs):
+XLA step time / step time without XLA (ratio of the medians of interleaved
+rounds in one process; 2 shared cores of an AMD EPYC with AVX512_BF16 and no
+AVX512_FP16; the small transformer_lm and the 8x8 cnn; range of six runs):
 
                       float32     mixed_bfloat16   mixed_float16
-    transformer_lm    1.02-1.58   1.14-1.76        0.73-1.06
-    cnn               1.82-2.28   1.96-2.52        0.88-0.97
+    transformer_lm    0.72-1.58   0.90-1.76        0.64-1.06
+    cnn               1.74-2.28   1.74-2.52        0.88-0.99
 
-Two earlier runs, while other jobs loaded the machine more, measured 0.72-1.18
-for transformer_lm in float32 and mixed_bfloat16: on a busy CPU, XLA's fused
-kernels can win there.
+For transformer_lm in float32 and mixed_bfloat16 it is a toss-up here (its
+step time without XLA varied most from run to run); the cnn decides those.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ whole split in memory as numpy arrays, so they suit datasets that fit in RAM
 """
 
 import dataclasses
+import fcntl
+import os
 from collections.abc import Iterable
 
 import numpy as np
@@ -170,13 +172,7 @@ def _prepared_builder(name: str, split: str, data_dir: str | None) -> tfds.core.
     """
     builder = _builder(name, data_dir)
     if builder.name in EMBEDDED_DATASETS and not builder.is_prepared():
-        # Under a second of work: no progress bars in the run's output.
-        shown = tfds.core.utils.tqdm_utils._active
-        tfds.display_progress_bar(False)
-        try:
-            builder.download_and_prepare(download_config=_OFFLINE)
-        finally:
-            tfds.display_progress_bar(shown)
+        builder = _prepare_embedded(name, data_dir, builder)
     elif not builder.is_prepared():
         root = builder.data_dir_root
         raise UserInputError(
@@ -200,6 +196,31 @@ def _prepared_builder(name: str, split: str, data_dir: str | None) -> tfds.core.
             f"Split {split!r} of dataset {name!r} has no examples. Allowed: a "
             f"split or slice with at least one example among {', '.join(splits)}."
         )
+    return builder
+
+
+def _prepare_embedded(
+    name: str, data_dir: str | None, builder: tfds.core.DatasetBuilder
+) -> tfds.core.DatasetBuilder:
+    """Prepares an embedded dataset once, even with several processes at it.
+
+    The workers of a multi-worker run start together on one data_dir; TFDS'
+    final rename would race, so they take turns under a file lock, and the
+    ones that wait find the dataset prepared.
+    """
+    root = builder.data_dir_root
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, f".{name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        builder = _builder(name, data_dir)
+        if not builder.is_prepared():
+            # Under a second of work: no progress bars in the run's output.
+            shown = tfds.core.utils.tqdm_utils._active
+            tfds.display_progress_bar(False)
+            try:
+                builder.download_and_prepare(download_config=_OFFLINE)
+            finally:
+                tfds.display_progress_bar(shown)
     return builder
 
 
