@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import keras
 import numpy as np
 import tensorflow as tf
 from absl import flags
@@ -46,6 +48,20 @@ def token_batches(batch_size: int, sequence_length: int) -> tf.data.Dataset:
         .repeat()
         .prefetch(tf.data.AUTOTUNE)
     )
+
+
+def train_function_runner(model: keras.Model, iterator: Any) -> Callable[[int], float]:
+    """Calls the compiled train function; returns the seconds `steps` calls took."""
+    model.make_train_function()
+
+    def run(steps: int) -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            logs = model.train_function(iterator)
+        float(logs["loss"])  # Waits for the last step.
+        return time.perf_counter() - start
+
+    return run
 
 
 def interleave(

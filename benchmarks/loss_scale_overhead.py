@@ -10,7 +10,6 @@ synchronised at the end of the round (see `benchmarks.harness`).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import keras
@@ -50,7 +49,7 @@ def measure(
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                 jit_compile=False,
             )
-            runners[name] = _train_function_runner(model, iter(dataset))
+            runners[name] = harness.train_function_runner(model, iter(dataset))
             runners[name](warmup_steps)
     comparison = harness.compare(
         harness.interleave(runners, rounds, steps_per_round), "mpt_keras", "stock"
@@ -70,20 +69,6 @@ def measure(
         **comparison,
         "devices": harness.devices(),
     }
-
-
-def _train_function_runner(model: keras.Model, iterator):
-    """Calls the compiled train function; returns the seconds `steps` calls took."""
-    model.make_train_function()
-
-    def run(steps: int) -> float:
-        start = time.perf_counter()
-        for _ in range(steps):
-            logs = model.train_function(iterator)
-        float(logs["loss"])  # Waits for the last step.
-        return time.perf_counter() - start
-
-    return run
 
 
 def main(argv: Sequence[str]) -> None:

@@ -16,8 +16,7 @@ is the faster of the two by the median of the per-round ratios.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -79,7 +78,7 @@ def measure(
                         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                         jit_compile=variant == "xla",
                     )
-                    runner = _train_function_runner(model, iter(batches[model_name]))
+                    runner = harness.train_function_runner(model, iter(batches[model_name]))
                     runner(warmup_steps)
                 runners[_key(model_name, precision, variant)] = runner
     step_seconds = harness.interleave(runners, rounds, steps_per_round)
@@ -135,20 +134,6 @@ def _image_batches(batch_size: int) -> tf.data.Dataset:
         .repeat()
         .prefetch(tf.data.AUTOTUNE)
     )
-
-
-def _train_function_runner(model: keras.Model, iterator: Any) -> Callable[[int], float]:
-    """Calls the compiled train function; returns the seconds `steps` calls took."""
-    model.make_train_function()
-
-    def run(steps: int) -> float:
-        start = time.perf_counter()
-        for _ in range(steps):
-            logs = model.train_function(iterator)
-        float(logs["loss"])  # Waits for the last step.
-        return time.perf_counter() - start
-
-    return run
 
 
 def main(argv: Sequence[str]) -> None:

@@ -179,6 +179,12 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         self.step_counter = self._add_counter("step_counter")
         self._overflow_counter = self._add_counter("overflow_counter")
         self._skipped_counter = self._add_counter("skipped_counter")
+        # For MixedPrecisionMonitor: the global norm of the last step's
+        # unscaled, all-reduced gradients, before clipping (inf or NaN on a
+        # skipped step). Written in-graph, read only when someone asks.
+        self.gradient_norm = self.add_variable(
+            shape=(), initializer="zeros", dtype="float32", name="gradient_norm"
+        )
 
     def _add_counter(self, name: str, shape: tuple[int, ...] = ()) -> keras.Variable:
         return self.add_variable(shape=shape, dtype="int64", name=name)
@@ -272,6 +278,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         nonfinite = [~ops.all(ops.isfinite(_values(g))) for g in grads]
         finite = ~ops.any(ops.stack(nonfinite))
         assignments = self._counter_updates(finite, nonfinite, trainable_variables)
+        assignments.append((self.gradient_norm, _global_norm(grads)))
         if self.dynamic:
             assignments += self._scale_updates(finite)
         should_update = finite
@@ -536,6 +543,12 @@ def _unscale(gradient: tf.Tensor, scale: tf.Tensor | keras.Variable) -> tf.Tenso
     # ops.divide promotes float16 to float32 (the scale's dtype), so small
     # unscaled gradients do not flush to zero.
     return ops.divide(gradient, scale)
+
+
+def _global_norm(gradients: list[tf.Tensor]) -> tf.Tensor:
+    # In float32: the square of a float16 gradient above 256 would overflow.
+    squares = [ops.sum(ops.square(ops.cast(_values(g), "float32"))) for g in gradients]
+    return ops.sqrt(ops.sum(ops.stack(squares)))
 
 
 def _values(gradient: tf.Tensor | tf.IndexedSlices) -> tf.Tensor:

@@ -22,6 +22,7 @@ from typing import Any
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from mpt_keras import data, distribute, models, xla
 from mpt_keras.auto_promote import AutoPromote
@@ -135,7 +136,9 @@ def run_training(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
         if chief:
             write_json_atomic(os.path.join(model_dir, PRECISION_REPORT_FILE), report)
 
-        validation = data.eval_batches(*task_data.validation, config.data.eval_batch_size)
+        validation = _sharded_by_data(
+            data.eval_batches(*task_data.validation, config.data.eval_batch_size)
+        )
         if step < config.steps:
             _fit(model, manifest, config, runtime, checkpointer, task_data, validation, step)
         else:
@@ -379,8 +382,10 @@ def _fit(
     step: int,
 ) -> None:
     interval = config.checkpoint_every
-    train = data.train_batches(
-        *task_data.train, config.data.batch_size, seed=config.seed, start_step=step
+    train = _sharded_by_data(
+        data.train_batches(
+            *task_data.train, config.data.batch_size, seed=config.seed, start_step=step
+        )
     )
     first_epoch = step // interval
     verbose = runtime.verbose if runtime.verbose is not None else (1 if sys.stdout.isatty() else 2)
@@ -427,6 +432,18 @@ def _auto_promote(
             log_dir=os.path.join(runtime.model_dir, LOGS_SUBDIR),
         )
     ]
+
+
+def _sharded_by_data(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """Marks a stream of global batches to be split by data across workers.
+
+    Under a multi-worker strategy each worker then takes its part of every
+    global batch (the batches come from memory, not files, to shard by), so
+    all workers run the same steps; elsewhere the option does nothing.
+    """
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.with_options(options)
 
 
 def _final_metrics(
