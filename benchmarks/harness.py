@@ -96,6 +96,18 @@ def compare(step_seconds: Mapping[str, list[float]], numerator: str, denominator
     }
 
 
+def comparison_lines(result: Mapping[str, Any], label: str) -> list[str]:
+    """A table of the variants' median steps and the `compare` ratios, as lines."""
+    medians = result["median_step_seconds"]
+    width = max(len("variant"), *map(len, medians))
+    lines = [f"{'variant':<{width}} {'median step (ms)':>17}"]
+    lines += [f"{name:<{width}} {seconds * 1e3:>17.2f}" for name, seconds in medians.items()]
+    return lines + [
+        f"{label}: {result['ratio']:.3f}",
+        f"{label}, median of the per-round ratios: {result['paired_ratio_median']:.3f}",
+    ]
+
+
 def report(result: Mapping[str, Any], lines: list[str], output: str | None) -> None:
     """Prints `lines` and writes `result` as JSON to `output` if given."""
     print("\n".join(lines))

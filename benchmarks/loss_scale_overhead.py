@@ -82,14 +82,7 @@ def main(argv: Sequence[str]) -> None:
         harness.NUM_LAYERS.value,
         harness.D_MODEL.value,
     )
-    medians = result["median_step_seconds"]
-    lines = [f"{'variant':<10} {'median step (ms)':>17}"]
-    lines += [f"{name:<10} {seconds * 1e3:>17.2f}" for name, seconds in medians.items()]
-    lines += [
-        f"ours / stock: {result['ratio']:.3f}",
-        f"ours / stock, median of per-round ratios: {result['paired_ratio_median']:.3f}",
-    ]
-    harness.report(result, lines, harness.OUTPUT.value)
+    harness.report(result, harness.comparison_lines(result, "ours / stock"), harness.OUTPUT.value)
 
 
 if __name__ == "__main__":

@@ -132,13 +132,7 @@ def main(argv: Sequence[str]) -> None:
         harness.NUM_LAYERS.value,
         harness.D_MODEL.value,
     )
-    medians = result["median_step_seconds"]
-    lines = [f"{'variant':<16} {'median step (ms)':>17}"]
-    lines += [f"{name:<16} {seconds * 1e3:>17.2f}" for name, seconds in medians.items()]
-    lines += [
-        f"with / without: {result['ratio']:.3f}",
-        f"median of the per-round ratios: {result['paired_ratio_median']:.3f}",
-    ]
+    lines = harness.comparison_lines(result, "with / without")
     harness.report(result, lines, harness.OUTPUT.value)
 
 
