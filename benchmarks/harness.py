@@ -22,6 +22,9 @@ import numpy as np
 import tensorflow as tf
 from absl import flags
 
+from mpt_keras import models
+from mpt_keras.training import TRAINING_LOSS
+
 ROUNDS = flags.DEFINE_integer("rounds", 20, "Interleaved measurement rounds.", lower_bound=1)
 STEPS_PER_ROUND = flags.DEFINE_integer(
     "steps_per_round", 10, "Train steps per round.", lower_bound=1
@@ -48,6 +51,31 @@ def token_batches(batch_size: int, sequence_length: int) -> tf.data.Dataset:
         .repeat()
         .prefetch(tf.data.AUTOTUNE)
     )
+
+
+def compiled_transformer_lm(
+    optimizer: keras.Optimizer, sequence_length: int, num_layers: int, d_model: int
+) -> keras.Model:
+    """The reference Transformer LM from seed 0, compiled without XLA."""
+    keras.utils.set_random_seed(0)
+    model = models.build_transformer_lm(
+        256, sequence_length, num_layers=num_layers, d_model=d_model, num_heads=4
+    )
+    model.compile(optimizer=optimizer, loss=TRAINING_LOSS, jit_compile=False)
+    return model
+
+
+def transformer_lm_description(
+    num_layers: int, d_model: int, sequence_length: int, batch_size: int
+) -> dict[str, Any]:
+    """How `compiled_transformer_lm` was sized, for a result's JSON."""
+    return {
+        "name": "transformer_lm",
+        "num_layers": num_layers,
+        "d_model": d_model,
+        "sequence_length": sequence_length,
+        "batch_size": batch_size,
+    }
 
 
 def train_function_runner(model: keras.Model, iterator: Any) -> Callable[[int], float]:

@@ -16,7 +16,6 @@ import keras
 from absl import app
 
 from benchmarks import harness
-from mpt_keras import models
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 from mpt_keras.policies import global_policy
 
@@ -40,14 +39,8 @@ def measure(
     runners = {}
     with global_policy("mixed_float16"):
         for name, wrap in VARIANTS.items():
-            keras.utils.set_random_seed(0)
-            model = models.build_transformer_lm(
-                256, sequence_length, num_layers=num_layers, d_model=d_model, num_heads=4
-            )
-            model.compile(
-                optimizer=wrap(keras.optimizers.AdamW(1e-3)),
-                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                jit_compile=False,
+            model = harness.compiled_transformer_lm(
+                wrap(keras.optimizers.AdamW(1e-3)), sequence_length, num_layers, d_model
             )
             runners[name] = harness.train_function_runner(model, iter(dataset))
             runners[name](warmup_steps)
@@ -56,13 +49,9 @@ def measure(
     )
     return {
         "benchmark": "loss_scale_overhead",
-        "model": {
-            "name": "transformer_lm",
-            "num_layers": num_layers,
-            "d_model": d_model,
-            "sequence_length": sequence_length,
-            "batch_size": batch_size,
-        },
+        "model": harness.transformer_lm_description(
+            num_layers, d_model, sequence_length, batch_size
+        ),
         "policy": "mixed_float16",
         "rounds": rounds,
         "steps_per_round": steps_per_round,

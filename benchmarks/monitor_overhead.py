@@ -25,7 +25,6 @@ import tensorflow as tf
 from absl import app, flags
 
 from benchmarks import harness
-from mpt_keras import models
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 from mpt_keras.monitor import MixedPrecisionMonitor
 from mpt_keras.policies import global_policy
@@ -63,27 +62,20 @@ def measure(
         with global_policy("mixed_float16"):
             runners = {}
             for name in VARIANTS:
-                keras.utils.set_random_seed(0)
-                model = models.build_transformer_lm(
-                    256, sequence_length, num_layers=num_layers, d_model=d_model, num_heads=4
-                )
-                model.compile(
-                    optimizer=LossScaleOptimizer(keras.optimizers.AdamW(1e-3)),
-                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                    jit_compile=False,
+                model = harness.compiled_transformer_lm(
+                    LossScaleOptimizer(keras.optimizers.AdamW(1e-3)),
+                    sequence_length,
+                    num_layers,
+                    d_model,
                 )
                 runners[name] = _Runner(model, dataset, callbacks[name]).run
                 runners[name](warmup_steps)
             step_seconds = harness.interleave(runners, rounds, steps_per_round)
     return {
         "benchmark": "monitor_overhead",
-        "model": {
-            "name": "transformer_lm",
-            "num_layers": num_layers,
-            "d_model": d_model,
-            "sequence_length": sequence_length,
-            "batch_size": batch_size,
-        },
+        "model": harness.transformer_lm_description(
+            num_layers, d_model, sequence_length, batch_size
+        ),
         "policy": "mixed_float16",
         "update_freq": update_freq,
         "rounds": rounds,

@@ -87,3 +87,19 @@ def test_console_scripts_are_the_launchers():
     modules = {line.split("=")[1].strip().split(":")[0] for line in scripts}
     trainers = {path for path in _launchers() if path.startswith("trainers/")}
     assert modules == {path.removesuffix(".py").replace("/", ".") for path in trainers}
+
+
+def test_ci_runs_the_readme_test_command():
+    with open(os.path.join(REPO, "README.md")) as file:
+        readme = file.read().splitlines()
+    # The README opens with a ```bash block of exactly two commands.
+    start = readme.index("```bash")
+    end = readme.index("```", start + 1)
+    commands = readme[start + 1 : end]
+    assert len(commands) == 2
+    with open(os.path.join(REPO, ".ci", "run")) as file:
+        ci_lines = file.read().splitlines()
+    assert ci_lines[-1] == commands[1]
+    assert commands[0].endswith(
+        "mpt-train --config=configs/digits_cnn.json --model_dir=runs/digits_cnn"
+    )
