@@ -4,19 +4,32 @@ A checkpoint holds the model's (float32 master) weights, the optimizer's state
 (loss scale and counters included) and the number of train steps done. The data
 position needs no state of its own: the train stream is a pure function of the
 seed and the step (see `mpt_keras.data.pipeline`), so the step restores it.
+
+TensorFlow writes a checkpoint's shards to a temporary name and merges them
+into place, then records it in the `checkpoint` state file, so a process
+killed while saving leaves the previous checkpoints intact. A checkpoint that
+is torn or corrupted anyway (a truncated file, a bad disk) is skipped on
+restore with a warning, and the one before it restored.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 
 import keras
 import tensorflow as tf
 
 from mpt_keras.callbacks import GlobalStepCallback
+from mpt_keras.errors import UserInputError
 
 CHECKPOINT_SUBDIR = "checkpoints"
+_PREFIX = "step"
+# What reading a torn or foreign checkpoint raises (a truncated data file:
+# IndexError from the checkpoint reader; a truncated index: DataLossError).
+_UNREADABLE = (tf.errors.OpError, ValueError, AssertionError, IndexError, KeyError)
+_INDEX_FILE = re.compile(rf"^{_PREFIX}-(\d+)\.index$")
 _LOGGER = logging.getLogger(__name__)
 
 
@@ -65,23 +78,71 @@ class Checkpointer:
             self._checkpoint,
             directory=os.path.join(write_dir or model_dir, CHECKPOINT_SUBDIR),
             max_to_keep=keep,
-            checkpoint_name="step",
+            checkpoint_name=_PREFIX,
         )
 
     def restore(self) -> int:
-        """Restores the latest checkpoint, if any; returns the steps it had done."""
-        latest = tf.train.latest_checkpoint(self._restore_dir)
-        if latest is None:
-            return 0
-        self._checkpoint.restore(latest).assert_existing_objects_matched()
-        step = int(self._step.numpy())
-        _LOGGER.info("Resumed from %s at step %d.", latest, step)
-        return step
+        """Restores the latest readable checkpoint, if any.
+
+        Checkpoints are tried newest first; one that cannot be read (torn,
+        corrupted, or of another model) is skipped with a warning.
+
+        Returns:
+            The number of train steps the restored checkpoint had done; 0 if
+            there is no checkpoint.
+
+        Raises:
+            UserInputError: If there are checkpoints and none can be read.
+        """
+        candidates = checkpoint_prefixes(self._restore_dir)
+        problems = []
+        for prefix in candidates:
+            try:
+                self._checkpoint.restore(prefix).assert_existing_objects_matched()
+            except _UNREADABLE as error:
+                reason = _first_line(error)
+                problems.append(reason)
+                _LOGGER.warning(
+                    "Checkpoint %s cannot be restored (%s): trying the one before it.",
+                    prefix,
+                    reason,
+                )
+                continue
+            step = int(self._step.numpy())
+            _LOGGER.info("Resumed from %s at step %d.", prefix, step)
+            return step
+        if candidates:
+            raise UserInputError(
+                f"{self._restore_dir}: none of its {len(candidates)} checkpoints can be "
+                f"restored (the latest: {problems[0]}); move the directory away to start over"
+            )
+        return 0
 
     def save(self, step: int) -> str:
         """Saves the state after `step` train steps; returns the checkpoint path."""
         self._step.assign(step)
         return self._manager.save(checkpoint_number=step)
+
+
+def checkpoint_prefixes(directory: str) -> list[str]:
+    """The checkpoints in `directory` (their path prefixes), newest first.
+
+    Read from the files themselves rather than the `checkpoint` state file, so
+    a checkpoint the state file does not list is still found.
+    """
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    steps = sorted(
+        (int(match.group(1)) for match in map(_INDEX_FILE.match, names) if match), reverse=True
+    )
+    return [os.path.join(directory, f"{_PREFIX}-{step}") for step in steps]
+
+
+def _first_line(error: Exception) -> str:
+    text = str(getattr(error, "message", None) or error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 class SaveCheckpoints(GlobalStepCallback):

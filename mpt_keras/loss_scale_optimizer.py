@@ -26,6 +26,8 @@ _StockLossScaleOptimizer = keras.optimizers.LossScaleOptimizer
 _SCALE_LOW = float(np.finfo(np.float32).tiny)
 _SCALE_HIGH = float(np.finfo(np.float32).max)
 _ALL_REDUCE_DTYPES = (None, "float32", "bfloat16", "float16")
+# How many of the latest bad batches' steps `bad_batch_steps` remembers.
+BAD_BATCH_MEMORY = 64
 
 
 @keras.saving.register_keras_serializable(package="mpt_keras")
@@ -74,8 +76,16 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
     per rounding). With one replica nothing is cast. MirroredStrategy's
     default NCCL all-reduce on GPUs has no bfloat16 kernel.
 
-    All state (scale, growth and overflow counters, skipped steps, per-variable
-    non-finite counts) is optimizer variables updated in-graph (no host sync
+    Bad data is not an overflow: `check_batch(x, y, sample_weight)` before
+    `apply` (the train step of `mpt_keras.xla.compile_model` calls it) makes
+    a batch with a NaN or Inf in any floating input, label or weight, on any
+    replica, skip the step without touching the scale or the per-variable
+    overflow counts. It is counted in `skipped_steps` and `bad_batches`, and
+    its step (1-based, the value of `iterations` after it) recorded in
+    `bad_batch_steps()`. This works in every precision, float32 included.
+
+    All state (scale, growth and overflow counters, skipped steps, bad batches,
+    per-variable non-finite counts) is optimizer variables updated in-graph (no host sync
     per step; int64 counters), so it is saved by `model.save` and
     `tf.train.Checkpoint`.
 
@@ -168,6 +178,8 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         # unscaled gradients. Per thread: MirroredStrategy runs each replica
         # in its own thread.
         self._caller_unscaled = threading.local()
+        # check_batch() marks the next apply() of the same replica (thread).
+        self._pending_batch = threading.local()
         # Made here, not in build(): a scale_loss() traced before the first
         # apply() must read the variable, not bake in initial_scale.
         self.dynamic_scale = self.add_variable(
@@ -179,6 +191,12 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         self.step_counter = self._add_counter("step_counter")
         self._overflow_counter = self._add_counter("overflow_counter")
         self._skipped_counter = self._add_counter("skipped_counter")
+        self._bad_batch_counter = self._add_counter("bad_batch_counter")
+        # A ring of the latest bad batches' steps (0: empty slot).
+        self._bad_batch_ring = self._add_counter("bad_batch_ring", (BAD_BATCH_MEMORY,))
+        self._last_loss = self.add_variable(
+            shape=(), initializer="zeros", dtype="float32", name="last_loss"
+        )
         # For MixedPrecisionMonitor: the global norm of the last step's
         # unscaled, all-reduced gradients, before clipping (inf or NaN on a
         # skipped step). Written in-graph, read only when someone asks.
@@ -206,6 +224,49 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
     def skipped_steps(self) -> int | tf.Tensor:
         """Steps (micro-batches) skipped because a gradient was non-finite."""
         return _read(self._skipped_counter, int)
+
+    @property
+    def bad_batches(self) -> int | tf.Tensor:
+        """Steps skipped because their batch held a NaN or Inf (see `check_batch`)."""
+        return _read(self._bad_batch_counter, int)
+
+    def bad_batch_steps(self) -> list[int]:
+        """The steps of the latest `BAD_BATCH_MEMORY` bad batches, in order.
+
+        Call eagerly: reading them syncs with the device.
+        """
+        count = int(ops.convert_to_numpy(self._bad_batch_counter))
+        ring = ops.convert_to_numpy(self._bad_batch_ring)
+        first = max(0, count - BAD_BATCH_MEMORY)
+        return [int(ring[i % BAD_BATCH_MEMORY]) for i in range(first, count)]
+
+    @property
+    def last_loss(self) -> float | tf.Tensor:
+        """The loss of the last step whose batch was finite, as given to `check_batch`."""
+        return _read(self._last_loss, float)
+
+    def check_batch(self, batch: Any, loss: tf.Tensor | None = None) -> tf.Tensor:
+        """Makes the next `apply` in this replica skip the step if `batch` is not finite.
+
+        Args:
+            batch: A tensor or a nested structure of them (inputs, labels,
+                sample weights); integer and `None` entries are ignored.
+            loss: This replica's loss of the batch, scaled for distribution as
+                Keras' `compute_loss` returns it; the next `apply` records the
+                global loss in `last_loss` (unless the batch is bad).
+
+        Returns:
+            Whether this replica's batch holds a NaN or Inf (a bool tensor).
+        """
+        flags = [
+            ~ops.all(ops.isfinite(t))
+            for t in keras.tree.flatten(batch)
+            if t is not None and tf.as_dtype(t.dtype).is_floating
+        ]
+        bad = ops.any(ops.stack(flags)) if flags else ops.convert_to_tensor(False)
+        self._pending_batch.bad = bad
+        self._pending_batch.loss = loss
+        return bad
 
     def nonfinite_counts(self) -> dict[str, int]:
         """Counts, per variable path, the steps whose gradient was non-finite.
@@ -268,6 +329,20 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         inner = self.inner_optimizer
         caller_unscaled = getattr(self._caller_unscaled, "pending", False)
         self._caller_unscaled.pending = False
+        bad_batch = getattr(self._pending_batch, "bad", None)
+        loss = getattr(self._pending_batch, "loss", None)
+        self._pending_batch.bad = self._pending_batch.loss = None
+        if bad_batch is not None:
+            # Every replica must agree, as on the gradients: one all-reduce of
+            # the bad-batch votes and the (distribution-scaled) losses.
+            loss = ops.zeros((), "float32") if loss is None else ops.cast(loss, "float32")
+            votes, loss = ops.unstack(
+                tf.distribute.get_replica_context().all_reduce(
+                    tf.distribute.ReduceOp.SUM,
+                    ops.stack([ops.cast(bad_batch, "float32"), loss]),
+                )
+            )
+            bad_batch = votes > 0
         # Reduce first: from here on every replica holds the same values, so
         # verdict, clipping and state updates agree on all replicas.
         reduced = self._all_reduce_sum_gradients(zip(grads, trainable_variables))
@@ -277,10 +352,21 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             grads = [_unscale(g, scale) for g in grads]
         nonfinite = [~ops.all(ops.isfinite(_values(g))) for g in grads]
         finite = ~ops.any(ops.stack(nonfinite))
-        assignments = self._counter_updates(finite, nonfinite, trainable_variables)
+        if bad_batch is not None:
+            # Not an overflow: no attribution, no change of the scale.
+            nonfinite = [flag & ~bad_batch for flag in nonfinite]
+        assignments = self._counter_updates(finite, nonfinite, trainable_variables, bad_batch, loss)
         assignments.append((self.gradient_norm, _global_norm(grads)))
+        if bad_batch is not None:
+            finite = finite & ~bad_batch
         if self.dynamic:
-            assignments += self._scale_updates(finite)
+            scale_updates = self._scale_updates(finite)
+            if bad_batch is not None:
+                scale_updates = [
+                    (variable, ops.where(bad_batch, variable, value))
+                    for variable, value in scale_updates
+                ]
+            assignments += scale_updates
         should_update = finite
         if inner.gradient_accumulation_steps:
             grads, should_update, accumulator_updates = self._accumulate(
@@ -317,20 +403,34 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         finite: tf.Tensor,
         nonfinite: list[tf.Tensor],
         trainable_variables: list[keras.Variable],
+        bad_batch: tf.Tensor | None,
+        loss: tf.Tensor | None,
     ) -> list[tuple[keras.Variable, tf.Tensor]]:
+        """Counts the step: iterations, skipped steps, overflows per variable, bad batches."""
         indices = map(self._get_variable_index, trainable_variables)
         flags = dict(zip(indices, nonfinite))
         per_variable = [
             ops.cast(flags.get(i, False), "int64") for i in range(len(self._trainable_variables))
         ]
         iterations = self.inner_optimizer._iterations
-        return [
-            (self._skipped_counter, self._skipped_counter + ops.cast(~finite, "int64")),
+        skipped = ~finite if bad_batch is None else ~finite | bad_batch
+        updates = [
+            (self._skipped_counter, self._skipped_counter + ops.cast(skipped, "int64")),
             (
                 self._nonfinite_counter,
                 self._nonfinite_counter + ops.stack(per_variable),
             ),
             (iterations, iterations + 1),
+        ]
+        if bad_batch is None:
+            return updates
+        updates.append((self._last_loss, ops.where(bad_batch, self._last_loss, loss)))
+        count = self._bad_batch_counter
+        slot = ops.arange(BAD_BATCH_MEMORY, dtype="int64") == count % BAD_BATCH_MEMORY
+        ring = ops.where(bad_batch & slot, ops.cast(iterations, "int64") + 1, self._bad_batch_ring)
+        return updates + [
+            (count, count + ops.cast(bad_batch, "int64")),
+            (self._bad_batch_ring, ring),
         ]
 
     def _scale_updates(self, finite: tf.Tensor) -> list[tuple[keras.Variable, tf.Tensor]]:

@@ -10,7 +10,11 @@ it cannot (Keras therefore turns `jit_compile="auto"` off under any strategy).
     outside XLA         loss tracker, optimizer.apply (all-reduce, unscale,
                         finiteness verdict, clip, update) and metrics
 
-so `model.fit` runs XLA under every strategy, and on one device too.
+so `model.fit` runs XLA under every strategy, and on one device too. Without
+XLA the step is the same, run as TensorFlow ops. With a
+`mpt_keras.LossScaleOptimizer`, the step also asks it to skip a batch holding
+a NaN or Inf (`LossScaleOptimizer.check_batch`); such a batch adds nothing to
+the reported loss.
 
 `resolve_jit_compile` turns the `--jit_compile` setting (`auto`, `true`,
 `false`) into that choice. `auto` decides by the replicas' device type and the
@@ -48,6 +52,7 @@ from keras.src.losses.loss import unscale_loss_for_distribution
 
 from mpt_keras import distribute
 from mpt_keras.errors import UserInputError
+from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 from mpt_keras.policies import check_policy_name
 
 JIT_COMPILE_SETTINGS = ("auto", "true", "false")
@@ -66,13 +71,15 @@ def compile_model(
 ) -> None:
     """Compiles `model`, with XLA per replica if `jit_compile`.
 
-    With `jit_compile=False` this is `model.compile(..., jit_compile=False)`.
-    With `jit_compile=True` the model is compiled the same way and its train
-    step (for `fit` and `train_on_batch`) is replaced by one that XLA-compiles
-    each replica's forward pass, loss and gradients of
-    `optimizer.scale_loss(loss)`, then applies them with `optimizer.apply`
-    outside XLA, in the replica context, where the strategy all-reduces them
-    (see the module docstring). `evaluate` and `predict` run without XLA.
+    The model is compiled with `model.compile(..., jit_compile=False)` and its
+    train step (for `fit` and `train_on_batch`) is replaced by one that
+    computes each replica's forward pass, loss and gradients of
+    `optimizer.scale_loss(loss)` (XLA-compiled if `jit_compile`), then applies
+    them with `optimizer.apply` outside XLA, in the replica context, where the
+    strategy all-reduces them (see the module docstring). With a
+    `mpt_keras.LossScaleOptimizer` a batch with a NaN or Inf is skipped and
+    counted (`optimizer.bad_batches`) and left out of the loss metric.
+    `evaluate` and `predict` run without XLA.
 
     Under a multi-worker MultiWorkerMirroredStrategy it also makes Keras'
     `fit` and `evaluate` work there (`distribute.support_multi_worker_fit`).
@@ -123,8 +130,7 @@ def compile_model(
     # Instance attributes, so they never reach the model's config.
     for name in _INSTALLED_ATTRIBUTES:
         vars(model).pop(name, None)
-    if jit_compile:
-        model.train_step = _replica_xla_train_step(model)
+    model.train_step = _replica_train_step(model, jit_compile)
     distribute.support_multi_worker_fit(model)
 
 
@@ -180,8 +186,8 @@ def _replica_device_type(strategy: tf.distribute.Strategy) -> str:
     return next((kind for kind in ("TPU", "GPU") if kind in types), "CPU")
 
 
-def _replica_xla_train_step(model: keras.Model) -> Callable[[Any], dict[str, Any]]:
-    """Keras' TensorFlow train step, with the forward and backward pass in XLA."""
+def _replica_train_step(model: keras.Model, jit_compile: bool) -> Callable[[Any], dict[str, Any]]:
+    """Keras' TensorFlow train step, with the forward and backward pass in XLA if asked."""
     # A plain `model.compile` makes a new compile config: from then on the
     # model trains with Keras' own step, as that compile asked.
     compiled_with = model._compile_config
@@ -192,16 +198,28 @@ def _replica_xla_train_step(model: keras.Model) -> Callable[[Any], dict[str, Any
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         # A new function for each trace of the train function: a cached one
         # would keep the loss and optimizer it was first traced with.
-        forward_backward = tf.function(_forward_backward(model), jit_compile=True)
+        forward_backward = _forward_backward(model)
+        if jit_compile:
+            forward_backward = _xla_function(forward_backward)
         loss, y_pred, gradients = forward_backward(x, y, sample_weight)
         batch_size = tf.shape(next(i for i in keras.tree.flatten(x) if i is not None))[0]
+        optimizer = model.optimizer
+        if isinstance(optimizer, LossScaleOptimizer):
+            bad = optimizer.check_batch((x, y, sample_weight), loss)
+            # A skipped bad batch would make the epoch's mean loss NaN.
+            loss = tf.where(bad, tf.zeros_like(loss), loss)
+            batch_size = batch_size * tf.cast(~bad, batch_size.dtype)
         model._loss_tracker.update_state(
             unscale_loss_for_distribution(loss), sample_weight=batch_size
         )
-        model.optimizer.apply(gradients, model.trainable_weights)
+        optimizer.apply(gradients, model.trainable_weights)
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     return train_step
+
+
+def _xla_function(function: Callable[..., Any]) -> Callable[..., Any]:
+    return tf.function(function, jit_compile=True)
 
 
 def _forward_backward(model: keras.Model) -> Callable[[Any, Any, Any], tuple[Any, Any, Any]]:

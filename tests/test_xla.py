@@ -63,14 +63,16 @@ GLOBAL_BATCH = 16
 STEPS = 6
 
 
-def _data(steps: int = STEPS, nan_at: tuple[int, int] | None = None) -> tuple[np.ndarray, ...]:
-    """Features and labels of `steps` global batches; NaN in (step, row) if given."""
+def _data(
+    steps: int = STEPS, nan_at: tuple[int, int] | None = None, value: float = np.nan
+) -> tuple[np.ndarray, ...]:
+    """Features and labels of `steps` global batches; `value` in (step, row) if given."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(steps * GLOBAL_BATCH, 8)).astype("float32")
     y = (x[:, 0] + x[:, 1] > 0).astype("int32") + 2 * (x[:, 2] > 0).astype("int32")
     if nan_at is not None:
         step, row = nan_at
-        x[step * GLOBAL_BATCH + row, 3] = np.nan
+        x[step * GLOBAL_BATCH + row, 3] = value
     return x, y
 
 
@@ -136,7 +138,7 @@ def test_xla_fit_matches_plain_fit_on_one_device(make_model, fit_kwargs, compile
     for jit_compile in (False, True):
         model = make_model()
         _compile(model, jit_compile, **compile_kwargs)
-        assert ("train_step" in vars(model)) is jit_compile
+        assert "train_step" in vars(model)
         history = model.fit(
             x,
             y,
@@ -166,19 +168,18 @@ def test_sample_weights_reach_the_xla_loss():
 
 
 def _count_forward_backward_traces(monkeypatch) -> list[int]:
+    """Counts the traces of XLA-compiled forward and backward passes."""
     traces = [0]
-    original = xla._forward_backward
+    original = xla._xla_function
 
-    def counting(model):
-        step = original(model)
-
+    def counting(function):
         def replica_forward_backward(*args):
             traces[0] += 1
-            return step(*args)
+            return function(*args)
 
-        return replica_forward_backward
+        return original(replica_forward_backward)
 
-    monkeypatch.setattr(xla, "_forward_backward", counting)
+    monkeypatch.setattr(xla, "_xla_function", counting)
     return traces
 
 
@@ -191,7 +192,6 @@ def test_recompiling_switches_the_step(monkeypatch):
     xla_traces = traces[0]
     assert xla_traces > 0
     _compile(model, jit_compile=False)
-    assert "train_step" not in vars(model)
     model.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0)
     assert traces[0] == xla_traces
     _compile(model, jit_compile=True)
@@ -428,14 +428,27 @@ def test_losses_agree_across_xla_and_replicas(distributed, precision):
 
 
 @pytest.mark.parametrize("bad_replica", [0, 1])
-def test_nan_on_one_replica_under_xla_skips_the_step_on_both(distributed, bad_replica):
-    run = distributed["nan"][bad_replica]
-    # Step 2 (0-based 1) holds the NaN: weights unchanged on both replicas.
-    assert run["unchanged_at_nan_step"] == [True, True]
+def test_overflow_on_one_replica_under_xla_skips_the_step_on_both(distributed, bad_replica):
+    # A float32 input of 1e5 is finite data, but inf in float16 compute.
+    run = distributed["overflow"][bad_replica]
+    # Step 2 (0-based 1) overflows: weights unchanged on both replicas.
+    assert run["unchanged_at_bad_step"] == [True, True]
     assert run["replica_weights_equal"]
     # growth_interval=2: 32768 -> 65536 after step 2, if it were finite.
     assert run["scales"] == [[32768.0, 32768.0], [16384.0, 16384.0], [16384.0, 16384.0]]
-    assert run["skipped_steps"] == 1
+    assert (run["skipped_steps"], run["bad_batches"]) == (1, 0)
+    assert run["finite_weights"]
+
+
+@pytest.mark.parametrize("bad_replica", [0, 1])
+def test_nan_data_on_one_replica_under_xla_is_a_bad_batch_on_both(distributed, bad_replica):
+    run = distributed["nan"][bad_replica]
+    assert run["unchanged_at_bad_step"] == [True, True]
+    assert run["replica_weights_equal"]
+    # Bad data is no overflow: the scale keeps its course and grows after
+    # two finite steps (steps 1 and 3).
+    assert run["scales"] == [[32768.0, 32768.0], [32768.0, 32768.0], [65536.0, 65536.0]]
+    assert (run["skipped_steps"], run["bad_batches"], run["bad_batch_steps"]) == (1, 1, [2])
     assert run["finite_weights"]
 
 
@@ -510,6 +523,8 @@ def _train(
         "scales": recorder.scales,
         "unchanged": recorder.unchanged,
         "skipped_steps": optimizer.skipped_steps,
+        "bad_batches": optimizer.bad_batches,
+        "bad_batch_steps": optimizer.bad_batch_steps(),
     }
 
 
@@ -554,18 +569,21 @@ def _distributed_results(dump_dir: str) -> dict[str, Any]:
                 if key not in runs[precision]:
                     runs[precision][key] = _train(strategies[name], precision, jit_compile, data)
 
-    results["nan"] = []
-    for bad_replica in (0, 1):
-        # Row 3 of a global batch of 16 goes to replica 0, row 11 to replica 1.
-        nan_data = _data(steps=3, nan_at=(1, 3 + 8 * bad_replica))
-        run = _train(strategies["mirrored"], "mixed_float16", True, nan_data)
-        results["nan"].append(
-            {
-                "unchanged_at_nan_step": run["unchanged"][1],
-                "replica_weights_equal": run["replica_weights_equal"],
-                "scales": run["scales"],
-                "skipped_steps": run["skipped_steps"],
-                "finite_weights": run["finite_weights"],
-            }
-        )
+    for scenario, value in (("overflow", 1e5), ("nan", np.nan)):
+        results[scenario] = []
+        for bad_replica in (0, 1):
+            # Row 3 of a global batch of 16 goes to replica 0, row 11 to replica 1.
+            bad_data = _data(steps=3, nan_at=(1, 3 + 8 * bad_replica), value=value)
+            run = _train(strategies["mirrored"], "mixed_float16", True, bad_data)
+            results[scenario].append(
+                {
+                    "unchanged_at_bad_step": run["unchanged"][1],
+                    "replica_weights_equal": run["replica_weights_equal"],
+                    "scales": run["scales"],
+                    "skipped_steps": run["skipped_steps"],
+                    "bad_batches": run["bad_batches"],
+                    "bad_batch_steps": run["bad_batch_steps"],
+                    "finite_weights": run["finite_weights"],
+                }
+            )
     return results
