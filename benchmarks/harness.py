@@ -1,4 +1,4 @@
-"""What the benchmarks share: flags, the token stream, interleaved timing, output.
+"""What the benchmarks share: the reference models and their data, interleaved timing, output.
 
 Every benchmark measures its variants in ONE process, interleaved round by
 round (alternating which goes first) so that machine drift cancels, and
@@ -11,34 +11,27 @@ disturbed by other load on the machine.
 from __future__ import annotations
 
 import json
+import os
+import platform
+import resource
 import statistics
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
-from absl import flags
 
 from mpt_keras import models
+from mpt_keras.policies import probe_hardware
 from mpt_keras.training import TRAINING_LOSS
 
-ROUNDS = flags.DEFINE_integer("rounds", 20, "Interleaved measurement rounds.", lower_bound=1)
-STEPS_PER_ROUND = flags.DEFINE_integer(
-    "steps_per_round", 10, "Train steps per round.", lower_bound=1
-)
-WARMUP_STEPS = flags.DEFINE_integer(
-    "warmup_steps", 10, "Untimed steps per variant before the rounds.", lower_bound=1
-)
-BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "LM sequences per batch.", lower_bound=1)
-SEQUENCE_LENGTH = flags.DEFINE_integer(
-    "sequence_length", 64, "LM tokens per sequence.", lower_bound=2
-)
-NUM_LAYERS = flags.DEFINE_integer("num_layers", 2, "LM Transformer blocks.", lower_bound=1)
-D_MODEL = flags.DEFINE_integer("d_model", 64, "LM Transformer width.", lower_bound=8)
-OUTPUT = flags.DEFINE_string("output", None, "Also write the result as JSON here.")
+VOCAB_SIZE = 256
+_LOW_PRECISION_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")
+IMAGE_SHAPE = (8, 8, 1)
+NUM_CLASSES = 10
 
 
 def token_batches(batch_size: int, sequence_length: int) -> tf.data.Dataset:
@@ -53,14 +46,38 @@ def token_batches(batch_size: int, sequence_length: int) -> tf.data.Dataset:
     )
 
 
+def image_batches(batch_size: int) -> tf.data.Dataset:
+    """An endless stream of (8x8 image, label) batches of random values."""
+    rng = np.random.default_rng(0)
+    images = rng.normal(size=(batch_size * 8, *IMAGE_SHAPE)).astype(np.float32)
+    labels = rng.integers(0, NUM_CLASSES, size=batch_size * 8, dtype=np.int32)
+    return (
+        tf.data.Dataset.from_tensor_slices((images, labels))
+        .batch(batch_size, drop_remainder=True)
+        .repeat()
+        .prefetch(tf.data.AUTOTUNE)
+    )
+
+
+def build_transformer_lm(sequence_length: int, num_layers: int, d_model: int) -> keras.Model:
+    """The reference Transformer LM over bytes, from seed 0, in the global policy."""
+    keras.utils.set_random_seed(0)
+    return models.build_transformer_lm(
+        VOCAB_SIZE, sequence_length, num_layers=num_layers, d_model=d_model, num_heads=4
+    )
+
+
+def build_cnn() -> keras.Model:
+    """The reference CNN over 8x8 images, from seed 0, in the global policy."""
+    keras.utils.set_random_seed(0)
+    return models.build_cnn(IMAGE_SHAPE, NUM_CLASSES)
+
+
 def compiled_transformer_lm(
     optimizer: keras.Optimizer, sequence_length: int, num_layers: int, d_model: int
 ) -> keras.Model:
     """The reference Transformer LM from seed 0, compiled without XLA."""
-    keras.utils.set_random_seed(0)
-    model = models.build_transformer_lm(
-        256, sequence_length, num_layers=num_layers, d_model=d_model, num_heads=4
-    )
+    model = build_transformer_lm(sequence_length, num_layers, d_model)
     model.compile(optimizer=optimizer, loss=TRAINING_LOSS, jit_compile=False)
     return model
 
@@ -92,6 +109,50 @@ def train_function_runner(model: keras.Model, iterator: Any) -> Callable[[int], 
     return run
 
 
+class FitLoop:
+    """Runs train steps as `model.fit` does, with its callbacks, resumable round by round.
+
+    Each call runs `steps` more steps of one endless epoch: the callbacks' batch
+    hooks around each call of the compiled train function, as in Keras' fit
+    loop, through a `keras.callbacks.CallbackList` made as `fit` makes it (so
+    callbacks without batch hooks are dispatched asynchronously, as in `fit`).
+    Unlike a `fit` per round, it pays the start and end of training once (on
+    construction and in `end`), as a real run does.
+
+    Args:
+        model: A compiled model.
+        iterator: An iterator of its batches.
+        callbacks: Keras callbacks, e.g. a `MixedPrecisionMonitor`.
+    """
+
+    def __init__(self, model: keras.Model, iterator: Any, callbacks: Sequence[Any] = ()):
+        self._model = model
+        self._iterator = iterator
+        model.make_train_function()
+        self._callbacks = keras.callbacks.CallbackList(
+            list(callbacks), add_history=True, model=model, verbose=0, epochs=1, steps=None
+        )
+        self._callbacks.on_train_begin()
+        self._callbacks.on_epoch_begin(0)
+        self._step = 0
+
+    def __call__(self, steps: int) -> float:
+        """Runs `steps` steps; returns the seconds they took, the last one finished."""
+        start = time.perf_counter()
+        for _ in range(steps):
+            self._callbacks.on_train_batch_begin(self._step)
+            logs = self._model.train_function(self._iterator)
+            self._callbacks.on_train_batch_end(self._step, logs)
+            self._step += 1
+        float(logs["loss"])  # Waits for the last step.
+        return time.perf_counter() - start
+
+    def end(self) -> None:
+        """Ends training for the callbacks (a monitor writes its last interval)."""
+        self._callbacks.on_epoch_end(0, {})
+        self._callbacks.on_train_end()
+
+
 def interleave(
     runners: Mapping[str, Callable[[int], float]], rounds: int, steps_per_round: int
 ) -> dict[str, list[float]]:
@@ -111,16 +172,24 @@ def interleave(
     return step_seconds
 
 
+def ratio(numerator: Sequence[float], denominator: Sequence[float]) -> dict[str, float]:
+    """The ratio of two variants' median step times, and the median of the per-round ratios."""
+    return {
+        "ratio": statistics.median(numerator) / statistics.median(denominator),
+        "paired_ratio_median": statistics.median(
+            a / b for a, b in zip(numerator, denominator, strict=True)
+        ),
+    }
+
+
 def compare(step_seconds: Mapping[str, list[float]], numerator: str, denominator: str) -> dict:
     """Medians per variant, their ratio, and the median of the per-round ratios."""
-    medians = {name: statistics.median(times) for name, times in step_seconds.items()}
     return {
-        "median_step_seconds": medians,
+        "median_step_seconds": {
+            name: statistics.median(times) for name, times in step_seconds.items()
+        },
         "step_seconds": dict(step_seconds),
-        "ratio": medians[numerator] / medians[denominator],
-        "paired_ratio_median": statistics.median(
-            a / b for a, b in zip(step_seconds[numerator], step_seconds[denominator], strict=True)
-        ),
+        **ratio(step_seconds[numerator], step_seconds[denominator]),
     }
 
 
@@ -148,3 +217,31 @@ def report(result: Mapping[str, Any], lines: list[str], output: str | None) -> N
 def devices() -> list[str]:
     """The logical devices the measurement ran on."""
     return [device.name for device in tf.config.list_logical_devices()]
+
+
+def machine() -> dict[str, Any]:
+    """The machine and software the measurement ran on, for a result's JSON."""
+    cpu_flags = probe_hardware().cpu_flags
+    return {
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpu_flags": sorted(flag for flag in _LOW_PRECISION_CPU_FLAGS if flag in cpu_flags),
+        "platform": platform.platform(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default"),
+        "devices": devices(),
+        "process_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as file:
+            for line in file:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import keras
 from absl import app
 
-from benchmarks import harness
+from benchmarks import common_flags, harness
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 from mpt_keras.policies import global_policy
 
@@ -63,15 +63,17 @@ def measure(
 def main(argv: Sequence[str]) -> None:
     del argv
     result = measure(
-        harness.ROUNDS.value,
-        harness.STEPS_PER_ROUND.value,
-        harness.WARMUP_STEPS.value,
-        harness.BATCH_SIZE.value,
-        harness.SEQUENCE_LENGTH.value,
-        harness.NUM_LAYERS.value,
-        harness.D_MODEL.value,
+        common_flags.ROUNDS.value,
+        common_flags.STEPS_PER_ROUND.value,
+        common_flags.WARMUP_STEPS.value,
+        common_flags.BATCH_SIZE.value,
+        common_flags.SEQUENCE_LENGTH.value,
+        common_flags.NUM_LAYERS.value,
+        common_flags.D_MODEL.value,
     )
-    harness.report(result, harness.comparison_lines(result, "ours / stock"), harness.OUTPUT.value)
+    harness.report(
+        result, harness.comparison_lines(result, "ours / stock"), common_flags.OUTPUT.value
+    )
 
 
 if __name__ == "__main__":

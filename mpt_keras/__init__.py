@@ -9,7 +9,8 @@ from mpt_keras.auto_promote import AutoPromote
 from mpt_keras.calibration import CalibrationResult, CalibrationThresholds, calibrate
 from mpt_keras.canary import CanaryResult, CanaryThresholds, run_canary, train_with_canary
 from mpt_keras.config import TrainConfig, resolve_config
-from mpt_keras.errors import UserInputError
+from mpt_keras.errors import PeerFailedError, RunStoppedError, UserInputError
+from mpt_keras.guards import BadBatchLimit, DivergenceGuard, ScaledLearningRate
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 from mpt_keras.manifest import ManifestReport, PrecisionManifest, Rule
 from mpt_keras.monitor import MixedPrecisionMonitor
@@ -31,17 +32,22 @@ from mpt_keras.validation import Thresholds, ValidationReport, run_validation, v
 
 __all__ = [
     "AutoPromote",
+    "BadBatchLimit",
     "CalibrationResult",
     "CalibrationThresholds",
     "CanaryResult",
     "CanaryThresholds",
+    "DivergenceGuard",
     "HardwareProbe",
     "LossScaleOptimizer",
     "ManifestReport",
     "MixedPrecisionMonitor",
+    "PeerFailedError",
     "PrecisionManifest",
     "Rule",
+    "RunStoppedError",
     "Runtime",
+    "ScaledLearningRate",
     "Thresholds",
     "TrainConfig",
     "UserInputError",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Callable, Mapping
 
 import keras
 import tensorflow as tf
@@ -44,6 +45,8 @@ class Checkpointer:
         write_dir: Where to save, if not `model_dir`: a multi-worker run's
             non-chief workers take part in saving into a directory of their
             own (see `distribute.worker_write_dir`).
+        extra_variables: More variables to save, by name (e.g. the learning
+            rate scale of a divergence rollback).
 
     Example:
 
@@ -60,6 +63,7 @@ class Checkpointer:
         optimizer: keras.Optimizer,
         keep: int,
         write_dir: str | None = None,
+        extra_variables: Mapping[str, tf.Variable | keras.Variable] | None = None,
     ):
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         # The variables, not the objects: tf.train.Checkpoint does not track a
@@ -72,6 +76,10 @@ class Checkpointer:
             model=list(model.variables),
             optimizer=list(optimizer.variables),
             step=self._step,
+            **{
+                name: getattr(variable, "value", variable)
+                for name, variable in (extra_variables or {}).items()
+            },
         )
         self._restore_dir = os.path.join(model_dir, CHECKPOINT_SUBDIR)
         self._manager = tf.train.CheckpointManager(
@@ -153,12 +161,21 @@ class SaveCheckpoints(GlobalStepCallback):
 
     Args:
         checkpointer: Where to save.
+        healthy: Whether the run is in a state worth saving; if it returns
+            False, the save is skipped (with a warning) and the previous
+            checkpoints stay the latest. `None`: always save.
     """
 
-    def __init__(self, checkpointer: Checkpointer):
+    def __init__(self, checkpointer: Checkpointer, healthy: Callable[[], bool] | None = None):
         super().__init__()
         self._checkpointer = checkpointer
+        self._healthy = healthy
 
     def on_epoch_end(self, epoch, logs=None):
+        if self._healthy is not None and not self._healthy():
+            _LOGGER.warning(
+                "Step %d: the loss is unhealthy, no checkpoint saved.", self.global_step
+            )
+            return
         path = self._checkpointer.save(self.global_step)
         _LOGGER.info("Step %d: saved %s.", self.global_step, path)

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import sys
 import typing
 from collections.abc import Mapping
 from typing import Any
@@ -32,6 +34,9 @@ STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
 JIT_COMPILE = ("auto", "true", "false")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 LR_SCHEDULES = ("constant", "cosine")
+DIVERGENCE_ACTIONS = ("rollback", "promote", "stop")
+# NumPy's legacy seeding, which `keras.utils.set_random_seed` calls, takes 32 bits.
+_MAX_SEED = 2**32 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +55,8 @@ class DataConfig:
         sequence_length: Tokens per example for language models; unused for
             images.
         eval_examples: Validation examples to evaluate (0: the whole split).
+        max_bad_batches: Train batches holding NaN or Inf values that the run
+            skips (and reports); one more stops it.
     """
 
     name: str = "mpt_digits"
@@ -60,6 +67,7 @@ class DataConfig:
     eval_batch_size: int = 256
     sequence_length: int = 64
     eval_examples: int = 0
+    max_bad_batches: int = 10
 
     def __post_init__(self):
         _require(bool(self.name), "data.name", "a non-empty TFDS dataset name", self.name)
@@ -78,6 +86,12 @@ class DataConfig:
         )
         _require(
             self.eval_examples >= 0, "data.eval_examples", "an integer >= 0", self.eval_examples
+        )
+        _require(
+            self.max_bad_batches >= 0,
+            "data.max_bad_batches",
+            "an integer >= 0",
+            self.max_bad_batches,
         )
 
 
@@ -168,6 +182,50 @@ class LossScaleConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class DivergenceConfig:
+    """When a run counts as diverged, and what it does then.
+
+    Attributes:
+        patience: Consecutive steps whose loss is non-finite (or above
+            `max_loss`) that make the run diverged; 0: never.
+        max_loss: A finite loss above this counts as exploded; `None`: only
+            non-finite losses count.
+        action: `rollback`: restore the last checkpoint and go on with the
+            learning rate times `lr_factor`; `promote`: restore it and go on
+            with every float16 layer in bfloat16 and every bfloat16 layer in
+            float32; `stop`: end the run with an error, keeping the checkpoints.
+        lr_factor: What `rollback` multiplies the learning rate by, in (0, 1).
+        max_rollbacks: Rollbacks (or promotions) after which a divergence
+            stops the run.
+    """
+
+    patience: int = 0
+    max_loss: float | None = None
+    action: str = "rollback"
+    lr_factor: float = 0.5
+    max_rollbacks: int = 3
+
+    def __post_init__(self):
+        _require_choice(self.action, "divergence.action", DIVERGENCE_ACTIONS)
+        _require(self.patience >= 0, "divergence.patience", "an integer >= 0", self.patience)
+        _require(
+            self.max_loss is None or math.isfinite(self.max_loss),
+            "divergence.max_loss",
+            "null or a finite number",
+            self.max_loss,
+        )
+        _require(
+            0 < self.lr_factor < 1, "divergence.lr_factor", "a number in (0, 1)", self.lr_factor
+        )
+        _require(
+            self.max_rollbacks >= 0,
+            "divergence.max_rollbacks",
+            "an integer >= 0",
+            self.max_rollbacks,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Everything that decides what a run computes.
 
@@ -190,10 +248,14 @@ class TrainConfig:
         auto_promote: Promote layers that keep overflowing with the loss scale
             at its floor (see `mpt_keras.AutoPromote`); the promoted manifest
             is written to `model_dir/promoted_manifest.json`.
+        deterministic: Seed everything and enable TensorFlow's op determinism
+            (`tf.config.experimental.enable_op_determinism`), so two runs of
+            the same config give identical weights.
         data: See `DataConfig`.
         model: See `ModelConfig`.
         optimizer: See `OptimizerConfig`.
         loss_scale: See `LossScaleConfig`.
+        divergence: See `DivergenceConfig`.
     """
 
     precision: str = "float32"
@@ -209,15 +271,18 @@ class TrainConfig:
     tpu: str | None = None
     jit_compile: str = "auto"
     auto_promote: bool = False
+    deterministic: bool = False
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
     loss_scale: LossScaleConfig = dataclasses.field(default_factory=LossScaleConfig)
+    divergence: DivergenceConfig = dataclasses.field(default_factory=DivergenceConfig)
 
     def __post_init__(self):
         _require_choice(self.precision, "precision", PRECISIONS)
         _require_choice(self.strategy, "strategy", STRATEGIES)
         _require_choice(self.jit_compile, "jit_compile", JIT_COMPILE)
+        _require(0 <= self.seed <= _MAX_SEED, "seed", f"an integer in [0, {_MAX_SEED}]", self.seed)
         _require(self.steps >= 1, "steps", "an integer >= 1", self.steps)
         _require(
             self.checkpoint_every >= 1, "checkpoint_every", "an integer >= 1", self.checkpoint_every
@@ -313,6 +378,17 @@ def parse_json_object(text: str, source: str) -> dict[str, Any]:
         raise UserInputError(
             f"{source}: malformed JSON at line {error.lineno} column {error.colno}: {error.msg}"
         ) from None
+    except RecursionError:
+        raise UserInputError(
+            f"{source}: JSON arrays and objects nested too deeply for Python's "
+            f"recursion limit ({sys.getrecursionlimit()})"
+        ) from None
+    except ValueError:
+        # Python's limit on the digits of an integer it converts from text.
+        raise UserInputError(
+            f"{source}: a JSON integer is too long. Allowed: at most "
+            f"{sys.get_int_max_str_digits()} digits"
+        ) from None
     if not isinstance(value, dict):
         raise UserInputError(f"{source}: expected a JSON object, received {type(value).__name__}")
     return value
@@ -361,6 +437,10 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
         if kind is bool and isinstance(value, bool):
             return value
         if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not abs(value) <= sys.float_info.max:  # NaN, infinities, ints beyond floats
+                raise UserInputError(
+                    f"key '{key}' must be a finite number, received {json.dumps(value)}"
+                )
             return float(value)
         if kind is int and isinstance(value, int) and not isinstance(value, bool):
             return value

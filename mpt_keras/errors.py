@@ -1,7 +1,7 @@
-"""The one error type the toolkit raises for bad user input.
+"""The toolkit's own errors: bad user input, and a lost peer worker.
 
-Launchers print a `UserInputError` as a single line and exit with status 2; any
-other exception is a bug and keeps its traceback.
+Launchers print either as a single line and exit with a status of its own (see
+`trainers.cli`); any other exception is a bug and keeps its traceback.
 """
 
 
@@ -9,5 +9,47 @@ class UserInputError(ValueError):
     """Bad input from the user: a flag, a config or manifest file, or data.
 
     The message names what was wrong (the flag, file, key or value received) and
-    what is allowed instead, in one line.
+    what is allowed instead, in one line: the user's text quoted in it (a key, a
+    path, a regex) may hold line breaks, so unprintable characters are escaped.
+
+    Example:
+
+        str(UserInputError("unknown key 'a" + chr(10) + "b'"))  # one line: a, backslash, n, b
     """
+
+    def __init__(self, message: str):
+        super().__init__(printable(message))
+
+
+class RunStoppedError(UserInputError):
+    """A guard stopped training: too much bad data, or a divergence it cannot mend.
+
+    Reported like bad input (one line, exit status 2): the data or the config
+    must change before a rerun. The checkpoints already saved are kept.
+    """
+
+
+class PeerFailedError(RuntimeError):
+    """A multi-worker run lost a peer worker, so this worker cannot go on.
+
+    The peer stopped answering (it crashed, was killed or preempted) and
+    TensorFlow aborted this worker's collectives. Nothing is wrong with the
+    input and the checkpoints already saved are complete: rerunning every
+    worker with the same `model_dir` resumes from the last one. The message
+    names the peer, what TensorFlow reported and the `model_dir`, in one line.
+    """
+
+
+def printable(text: str) -> str:
+    """`text` with each unprintable character escaped as in Python literals.
+
+    Line breaks (`\\n`, `\\r`, `\\u2028`, ...), tabs, other control characters
+    and lone surrogates become `\\n`, `\\t`, `\\x85`, `\\ud800`; printable text,
+    backslashes included, is unchanged, so applying it twice changes nothing.
+    """
+    if text.isprintable():
+        return text
+    return "".join(
+        char if char.isprintable() else char.encode("unicode_escape").decode("ascii")
+        for char in text
+    )

@@ -2,6 +2,8 @@
 
 A writer that is killed half-way leaves a temporary file beside the target,
 never a torn target; `os.replace` is atomic on POSIX file systems.
+`check_writable_dir` refuses, before a run starts, a directory it could not
+write to.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import json
 import os
 import tempfile
 from typing import Any
+
+from mpt_keras.errors import UserInputError
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
@@ -38,3 +42,52 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 def write_json_atomic(path: str | os.PathLike, value: Any) -> None:
     """Writes `value` as indented, key-sorted JSON; see `write_text_atomic`."""
     write_text_atomic(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+# A run writes checkpoints, logs and a saved model: refuse to start one that
+# would fail on its first checkpoint. The digits models' run takes a few MiB.
+MIN_FREE_BYTES = 64 * 2**20
+_PROBE_PREFIX = ".write_probe."
+
+
+def check_writable_dir(
+    path: str | os.PathLike, what: str = "directory", min_free_bytes: int = MIN_FREE_BYTES
+) -> None:
+    """Creates directory `path` and checks that files can be written in it.
+
+    Writes, fsyncs and removes a small probe file, so a read-only file system
+    or a full disk is caught even when `os.access` says yes (it does for root),
+    then checks that at least `min_free_bytes` are free.
+
+    Args:
+        path: The directory.
+        what: What the directory is, for messages (e.g. `model_dir`).
+        min_free_bytes: Free space required on its file system.
+
+    Raises:
+        UserInputError: `<what> <path>: cannot be created (...)`, `...: not
+            writable (...)` or `...: only 12 MiB free, need at least 64 MiB`.
+    """
+    path = os.fspath(path)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as error:
+        raise UserInputError(f"{what} {path}: cannot be created ({error.strerror})") from None
+    try:
+        # A name of its own: the workers of a multi-worker run probe together.
+        descriptor, probe = tempfile.mkstemp(dir=path, prefix=_PROBE_PREFIX)
+        try:
+            os.write(descriptor, b"probe\n")
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+            os.remove(probe)
+    except OSError as error:
+        raise UserInputError(f"{what} {path}: not writable ({error.strerror})") from None
+    status = os.statvfs(path)
+    free = status.f_bavail * status.f_frsize
+    if free < min_free_bytes:
+        raise UserInputError(
+            f"{what} {path}: only {free // 2**20} MiB free, need at least "
+            f"{min_free_bytes // 2**20} MiB"
+        )

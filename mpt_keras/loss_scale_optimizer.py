@@ -256,7 +256,11 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
                 global loss in `last_loss` (unless the batch is bad).
 
         Returns:
-            Whether this replica's batch holds a NaN or Inf (a bool tensor).
+            Whether the batch of any replica holds a NaN or Inf (a bool
+            tensor, the same on every replica).
+
+        Call it in a replica context (inside `strategy.run`, as the train
+        step is), in every replica: it all-reduces the verdict.
         """
         flags = [
             ~ops.all(ops.isfinite(t))
@@ -264,9 +268,17 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             if t is not None and tf.as_dtype(t.dtype).is_floating
         ]
         bad = ops.any(ops.stack(flags)) if flags else ops.convert_to_tensor(False)
-        self._pending_batch.bad = bad
+        loss = ops.zeros((), "float32") if loss is None else ops.cast(loss, "float32")
+        # Every replica must agree, as on the gradients: one all-reduce of
+        # the bad-batch votes and the (distribution-scaled) losses.
+        votes, loss = ops.unstack(
+            tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, ops.stack([ops.cast(bad, "float32"), loss])
+            )
+        )
+        self._pending_batch.bad = votes > 0
         self._pending_batch.loss = loss
-        return bad
+        return self._pending_batch.bad
 
     def nonfinite_counts(self) -> dict[str, int]:
         """Counts, per variable path, the steps whose gradient was non-finite.
@@ -332,17 +344,6 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         bad_batch = getattr(self._pending_batch, "bad", None)
         loss = getattr(self._pending_batch, "loss", None)
         self._pending_batch.bad = self._pending_batch.loss = None
-        if bad_batch is not None:
-            # Every replica must agree, as on the gradients: one all-reduce of
-            # the bad-batch votes and the (distribution-scaled) losses.
-            loss = ops.zeros((), "float32") if loss is None else ops.cast(loss, "float32")
-            votes, loss = ops.unstack(
-                tf.distribute.get_replica_context().all_reduce(
-                    tf.distribute.ReduceOp.SUM,
-                    ops.stack([ops.cast(bad_batch, "float32"), loss]),
-                )
-            )
-            bad_batch = votes > 0
         # Reduce first: from here on every replica holds the same values, so
         # verdict, clipping and state updates agree on all replicas.
         reduced = self._all_reduce_sum_gradients(zip(grads, trainable_variables))

@@ -143,8 +143,12 @@ class Rule:
         if self.path is not None:
             try:
                 re.compile(self.path)
-            except re.error as error:
+            except (re.error, OverflowError) as error:  # Overflow: a repeat count > 2**32.
                 raise UserInputError(f"match.path: bad regex '{self.path}': {error}") from None
+            except RecursionError:
+                raise UserInputError(
+                    f"match.path: bad regex '{self.path}': groups nested too deeply"
+                ) from None
         if self.reason is not None and not isinstance(self.reason, str):
             raise UserInputError(f"reason: must be a string, received {_shown(self.reason)}")
 

@@ -8,21 +8,29 @@ restored step -> `model.fit` with checkpoints and telemetry -> final validation
 The run is cut into Keras epochs of `checkpoint_every` steps: the progress bar
 reports per interval, a checkpoint is saved at the end of each, and a rerun on
 the same `model_dir` resumes at the exact step it reached.
+
+Guards (`mpt_keras.guards`) watch the run: batches with NaN or Inf values are
+skipped, reported and limited (`data.max_bad_batches`); a divergence
+(`divergence.patience` steps with a non-finite or exploded loss) rolls the run
+back to its last checkpoint saved while the loss was healthy, with a lower
+learning rate or promoted layers, or stops it (`DivergenceConfig`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import config as tf_config
 
 from mpt_keras import data, distribute, models, xla
 from mpt_keras.auto_promote import AutoPromote
@@ -30,8 +38,15 @@ from mpt_keras.calibration import CalibrationResult, CalibrationThresholds, cali
 from mpt_keras.callbacks import StopAtStep
 from mpt_keras.checkpointing import Checkpointer, SaveCheckpoints
 from mpt_keras.config import OptimizerConfig, TrainConfig
-from mpt_keras.errors import UserInputError
+from mpt_keras.errors import RunStoppedError, UserInputError
 from mpt_keras.files import write_json_atomic, write_text_atomic
+from mpt_keras.guards import (
+    BadBatchLimit,
+    Diverged,
+    DivergenceGuard,
+    ScaledLearningRate,
+    promote_low_precision_layers,
+)
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 from mpt_keras.manifest import PrecisionManifest
 from mpt_keras.monitor import MixedPrecisionMonitor
@@ -61,6 +76,7 @@ _RESUMABLE_CHANGES = frozenset(
         "strategy",
         "virtual_cpus",
         "tpu",
+        "deterministic",
     }
 )
 
@@ -98,22 +114,34 @@ def run_training(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
     Returns:
         The final metrics, as written to `metrics.json`: `step`, `precision`,
         `loss_scale`, `skipped_steps` (steps whose gradients were non-finite,
-        so not applied), and the validation metrics (`val_loss`,
+        so not applied), `bad_batches` (those of them whose batch held a NaN
+        or Inf), and the validation metrics (`val_loss`,
         `val_accuracy`, and for language models `val_perplexity` and
         `val_bits_per_byte`).
 
     Raises:
         UserInputError: For a bad config, manifest, dataset or `model_dir`.
+        RunStoppedError: When a guard stops the run: more bad batches than
+            `data.max_bad_batches`, or a divergence `divergence` cannot mend.
     """
     # First: splitting the CPU into virtual devices must precede any TF op.
     strategy = distribute.make_strategy(config.strategy, config.virtual_cpus, config.tpu)
+    with _op_determinism(config.deterministic):
+        return _run(config, runtime, strategy)
+
+
+def _run(config: TrainConfig, runtime: Runtime, strategy: tf.distribute.Strategy) -> dict[str, Any]:
     chief = distribute.is_chief(strategy)
     model_dir = runtime.model_dir
     _prepare_model_dir(model_dir, config, write_config=chief)
     task = models.model_task(config.model.name)
     task_data = _load_data(config, task)
 
-    with distribute.worker_write_dir(model_dir, strategy) as write_dir, strategy.scope():
+    with (
+        distribute.peer_failures_as_errors(strategy, model_dir),
+        distribute.worker_write_dir(model_dir, strategy) as write_dir,
+        strategy.scope(),
+    ):
         model, manifest, report = _build_model(config, task_data)
         optimizer = _make_optimizer(config, report)
         jit_compile, jit_reason = xla.resolve_jit_compile(
@@ -130,7 +158,12 @@ def run_training(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
         )
         optimizer.build(model.trainable_variables)
         checkpointer = Checkpointer(
-            model_dir, model, optimizer, keep=config.keep_checkpoints, write_dir=write_dir
+            model_dir,
+            model,
+            optimizer,
+            keep=config.keep_checkpoints,
+            write_dir=write_dir,
+            extra_variables={"learning_rate_scale": _learning_rate_scale(optimizer)},
         )
         step = checkpointer.restore()
         if chief:
@@ -284,15 +317,11 @@ def _resolve_precision(precision: str) -> tuple[str, str | None]:
 
 
 def _prepare_model_dir(model_dir: str, config: TrainConfig, write_config: bool) -> None:
-    """Creates `model_dir`, refusing one that holds a different run."""
-    try:
-        os.makedirs(model_dir, exist_ok=True)
-    except OSError as error:
-        raise UserInputError(
-            f"model_dir {model_dir}: cannot be created ({error.strerror})"
-        ) from None
-    if not os.access(model_dir, os.W_OK):
-        raise UserInputError(f"model_dir {model_dir}: not writable")
+    """Creates `model_dir`, refusing one that holds a different run, or that
+    cannot be written or has too little space (`files.check_writable_dir`)."""
+    from mpt_keras.files import check_writable_dir  # Local: keeps this edit in one function.
+
+    check_writable_dir(model_dir, what="model_dir")
     config_path = os.path.join(model_dir, CONFIG_FILE)
     if os.path.exists(config_path):
         previous = TrainConfig.from_json(config_path).to_dict()
@@ -335,7 +364,8 @@ def _load_data(config: TrainConfig, task: str) -> _TaskData:
 
 def _make_optimizer(config: TrainConfig, report: Mapping[str, Any]) -> LossScaleOptimizer:
     settings = config.optimizer
-    learning_rate = _learning_rate(settings, config.steps)
+    # Scaled, so that a divergence rollback can lower it (a checkpointed variable).
+    learning_rate = ScaledLearningRate(_learning_rate(settings, config.steps))
     clipping = {"global_clipnorm": settings.global_clipnorm}
     if settings.name == "adam":
         inner = keras.optimizers.Adam(learning_rate, **clipping)
@@ -354,6 +384,11 @@ def _make_optimizer(config: TrainConfig, report: Mapping[str, Any]) -> LossScale
         return LossScaleOptimizer(inner, **scaling)
     except UserInputError as error:
         raise UserInputError(f"config section loss_scale: {error}") from None
+
+
+def _learning_rate_scale(optimizer: LossScaleOptimizer) -> keras.Variable:
+    """The scale of the `ScaledLearningRate` that `_make_optimizer` gave `optimizer`."""
+    return optimizer.inner_optimizer._learning_rate.scale
 
 
 def _learning_rate(
@@ -381,6 +416,85 @@ def _fit(
     validation,
     step: int,
 ) -> None:
+    """Trains from `step` to `config.steps`, rolling back on divergence."""
+    divergence = config.divergence
+    if divergence.patience and step == 0:
+        checkpointer.save(0)  # Something to roll back to.
+    rollbacks = 0
+    while True:
+        guard = DivergenceGuard(divergence.patience, divergence.max_loss)
+        try:
+            _fit_from(
+                model,
+                manifest,
+                config,
+                runtime,
+                checkpointer,
+                task_data,
+                validation,
+                step,
+                guard if divergence.patience else None,
+            )
+            return
+        except Diverged as diverged:
+            rollbacks += 1
+            if divergence.action == "stop" or rollbacks > divergence.max_rollbacks:
+                done = "" if divergence.action == "stop" else f" after {rollbacks - 1} rollbacks"
+                raise RunStoppedError(
+                    f"training diverged at {diverged}{done}; divergence.action="
+                    f"{divergence.action}: stopped, the checkpoints in {runtime.model_dir} are "
+                    "kept (all saved while the loss was healthy)"
+                ) from None
+            step = checkpointer.restore()
+            manifest = _mend(model, manifest, config, diverged, runtime.model_dir)
+            _LOGGER.warning(
+                "Training diverged at %s: rolled back to step %d (rollback %d of %d).",
+                diverged,
+                step,
+                rollbacks,
+                divergence.max_rollbacks,
+            )
+
+
+def _mend(
+    model: keras.Model,
+    manifest: PrecisionManifest,
+    config: TrainConfig,
+    diverged: Diverged,
+    model_dir: str,
+) -> PrecisionManifest:
+    """Applies the divergence action after a rollback; returns the manifest in force."""
+    if config.divergence.action == "rollback":
+        scale = _learning_rate_scale(model.optimizer)
+        scale.assign(scale * config.divergence.lr_factor)
+        _LOGGER.warning("Learning rate scaled by %g.", float(scale.numpy()))
+        return manifest
+    manifest, promoted = promote_low_precision_layers(
+        model, manifest, reason=f"divergence at {diverged}"
+    )
+    if not promoted:
+        raise RunStoppedError(
+            f"training diverged at {diverged} with every layer in float32 already: "
+            "divergence.action=promote has nothing to promote; lower the learning rate"
+        )
+    model.make_train_function(force=True)
+    write_text_atomic(os.path.join(model_dir, PROMOTED_MANIFEST_FILE), manifest.to_json())
+    for path, old, new in promoted:
+        _LOGGER.warning("Layer %s promoted from %s to %s.", path, old, new)
+    return manifest
+
+
+def _fit_from(
+    model: keras.Model,
+    manifest: PrecisionManifest,
+    config: TrainConfig,
+    runtime: Runtime,
+    checkpointer: Checkpointer,
+    task_data: _TaskData,
+    validation,
+    step: int,
+    guard: DivergenceGuard | None,
+) -> None:
     interval = config.checkpoint_every
     train = _sharded_by_data(
         data.train_batches(
@@ -405,12 +519,14 @@ def _fit(
         validation_freq=config.eval_every // interval,
         callbacks=[
             StopAtStep(config.steps),
+            *([] if guard is None else [guard]),
+            BadBatchLimit(config.data.max_bad_batches, check_every=config.log_every),
             MixedPrecisionMonitor(
                 os.path.join(runtime.model_dir, LOGS_SUBDIR),
                 update_freq=config.log_every,
                 examples_per_step=config.data.batch_size,
             ),
-            SaveCheckpoints(checkpointer),
+            SaveCheckpoints(checkpointer, healthy=None if guard is None else guard.healthy),
             *_auto_promote(manifest, config, runtime),
             *runtime.callbacks,
         ],
@@ -432,6 +548,20 @@ def _auto_promote(
             log_dir=os.path.join(runtime.model_dir, LOGS_SUBDIR),
         )
     ]
+
+
+@contextlib.contextmanager
+def _op_determinism(enabled: bool) -> Iterator[None]:
+    """Enables TensorFlow's op determinism for the run, if asked; restores it after."""
+    # Public: enable_op_determinism; TensorFlow exports no inverse, this is its own.
+    before = tf_config.is_op_determinism_enabled()
+    if enabled and not before:
+        tf.config.experimental.enable_op_determinism()
+    try:
+        yield
+    finally:
+        if enabled and not before:
+            tf_config.disable_op_determinism()
 
 
 def _sharded_by_data(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -456,6 +586,7 @@ def _final_metrics(
         "precision": report["precision"],
         "loss_scale": optimizer.loss_scale,
         "skipped_steps": optimizer.skipped_steps,
+        "bad_batches": optimizer.bad_batches,
     }
     metrics.update({f"val_{name}": float(value) for name, value in results.items()})
     if task == models.LANGUAGE_MODEL:

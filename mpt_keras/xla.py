@@ -18,7 +18,7 @@ the reported loss.
 
 `resolve_jit_compile` turns the `--jit_compile` setting (`auto`, `true`,
 `false`) into that choice. `auto` decides by the replicas' device type and the
-precision, as measured on CPUs (`benchmarks/xla_speed.py` reports the ratios
+precision, as measured on CPUs (`mpt-bench` reports the ratios
 and the `auto` choice side by side; no GPU or TPU was at hand):
 
     TPU replicas   XLA on   TPUStrategy compiles everything with XLA anyway

@@ -57,12 +57,14 @@ def test_integers_are_accepted_for_floats():
             {"stpes": 3},
             "unknown key 'stpes'. Allowed keys: precision, manifest, seed, steps, "
             "checkpoint_every, eval_every, keep_checkpoints, log_every, strategy, virtual_cpus, "
-            "tpu, jit_compile, auto_promote, data, model, optimizer, loss_scale",
+            "tpu, jit_compile, auto_promote, deterministic, data, model, optimizer, loss_scale, "
+            "divergence",
         ),
         (
             {"data": {"batch": 3}},
             "unknown key 'data.batch'. Allowed keys in data: name, data_dir, "
-            "train_split, eval_split, batch_size, eval_batch_size, sequence_length, eval_examples",
+            "train_split, eval_split, batch_size, eval_batch_size, sequence_length, eval_examples, "
+            "max_bad_batches",
         ),
         ({"steps": "10"}, "key 'steps' must be an integer, received \"10\""),
         ({"steps": True}, "key 'steps' must be an integer, received true"),
@@ -84,6 +86,28 @@ def test_integers_are_accepted_for_floats():
         (
             {"optimizer": {"global_clipnorm": -1}},
             "key 'optimizer.global_clipnorm' must be null or a number > 0, received -1.0",
+        ),
+        # Found by tests/test_fuzz.py:
+        ({"seed": -1}, "key 'seed' must be an integer in [0, 4294967295], received -1"),
+        ({"seed": 2**32}, "key 'seed' must be an integer in [0, 4294967295], received 4294967296"),
+        (
+            {"optimizer": {"learning_rate": float("inf")}},
+            "key 'optimizer.learning_rate' must be a finite number, received Infinity",
+        ),
+        (
+            {"loss_scale": {"initial_scale": float("nan")}},
+            "key 'loss_scale.initial_scale' must be a finite number, received NaN",
+        ),
+        (
+            {"optimizer": {"learning_rate": 10**309}},
+            "key 'optimizer.learning_rate' must be a finite number, received 1" + "0" * 309,
+        ),
+        (
+            {"a\nb": 1},
+            "unknown key 'a\\nb'. Allowed keys: precision, manifest, seed, steps, "
+            "checkpoint_every, eval_every, keep_checkpoints, log_every, strategy, virtual_cpus, "
+            "tpu, jit_compile, auto_promote, deterministic, data, model, optimizer, loss_scale, "
+            "divergence",
         ),
     ],
 )
@@ -107,6 +131,26 @@ def test_malformed_json_names_file_and_position(tmp_path):
         f"{path}: malformed JSON at line 3 column 1: "
         "Expecting property name enclosed in double quotes"
     )
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "[" * 5000 + "]" * 5000,
+            "JSON arrays and objects nested too deeply for Python's recursion limit",
+        ),
+        (
+            '{"steps": ' + "9" * 5000 + "}",
+            "a JSON integer is too long. Allowed: at most 4300 digits",
+        ),
+    ],
+)
+def test_json_python_cannot_read_is_a_user_error(text, message):
+    # Found by tests/test_fuzz.py: RecursionError and ValueError escaped.
+    with pytest.raises(UserInputError) as raised:
+        parse_json_object(text, "--config_override")
+    assert str(raised.value).startswith(f"--config_override: {message}")
 
 
 def test_json_that_is_not_an_object():

@@ -331,12 +331,18 @@ def test_each_worker_sees_its_half_of_every_global_batch(workers):
 
 def test_two_workers_train_like_one_device_on_the_global_batches(workers):
     reference = _train(tf.distribute.get_strategy())
-    assert np.isnan(reference["history"]["loss"][1])
-    assert (reference["loss_scale"], reference["skipped_steps"]) == (2.0, 1)
+    # The NaN batch is bad data: skipped, left out of the loss (an epoch of
+    # only it reports 0), no back-off of the scale.
+    assert reference["history"]["loss"][1] == 0.0
+    assert (reference["loss_scale"], reference["skipped_steps"], reference["bad_batches"]) == (
+        4.0,
+        1,
+        1,
+    )
     for worker in workers["workers"]:
         assert worker["replicas"] == 2
         # The NaN only worker 1 saw skipped the step on both.
-        assert (worker["loss_scale"], worker["skipped_steps"]) == (2.0, 1)
+        assert (worker["loss_scale"], worker["skipped_steps"], worker["bad_batches"]) == (4.0, 1, 1)
         assert set(worker["history"]) == set(reference["history"])
         for key, values in reference["history"].items():
             np.testing.assert_allclose(worker["history"][key], values, rtol=1e-5, err_msg=key)
@@ -413,6 +419,7 @@ def _train(strategy: tf.distribute.Strategy) -> dict[str, Any]:
         "weights": np.concatenate([v.numpy().ravel() for v in model.trainable_variables]).tolist(),
         "loss_scale": optimizer.loss_scale,
         "skipped_steps": optimizer.skipped_steps,
+        "bad_batches": optimizer.bad_batches,
     }
 
 
@@ -478,6 +485,7 @@ def _worker_results(model_dir: str) -> dict[str, Any]:
         "weights": run["weights"],
         "loss_scale": run["loss_scale"],
         "skipped_steps": run["skipped_steps"],
+        "bad_batches": run["bad_batches"],
         "write_dir": write_dir,
         "saved": saved,
         "write_dir_exists_after": os.path.exists(write_dir),

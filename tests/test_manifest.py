@@ -564,6 +564,19 @@ def _rules(*rules):
             "malformed JSON at line 3 column 1: Expecting property name enclosed in double quotes",
         ),
         ("[]", "expected a JSON object, received list"),
+        # Found by tests/test_fuzz.py: OverflowError, RecursionError, a line break.
+        (
+            _rules({"match": {"path": "a{4294967296}"}, "policy": "float32"}),
+            "rules[0].match.path: bad regex 'a{4294967296}': the repetition number is too large",
+        ),
+        (
+            _rules({"match": {"path": "(" * 2000 + ")" * 2000}, "policy": "float32"}),
+            f"rules[0].match.path: bad regex '{'(' * 2000 + ')' * 2000}': groups nested too deeply",
+        ),
+        (
+            '{"version": 1, "default": "float32", "a\\u2028b": 1}',
+            "unknown key 'a\\u2028b'. Allowed keys: version, default, safe_defaults, rules",
+        ),
     ],
 )
 def test_bad_manifest_files_name_file_key_and_allowed_values(tmp_path, text, message):

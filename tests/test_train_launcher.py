@@ -85,6 +85,12 @@ def test_python_dash_m_runs_and_resumes_to_the_exact_step(tfds_dir, tmp_path):
             "<float32|mixed_float16|mixed_bfloat16|auto>",
         ),
         (["--bogus=1"], "Unknown command line flag 'bogus'"),
+        # Found by tests/test_fuzz.py: absl quotes the value, line break and all.
+        (
+            ["--precision=float\n32"],
+            "flag --precision=float\\n32: value should be one of "
+            "<float32|mixed_float16|mixed_bfloat16|auto>",
+        ),
         (["--steps=0"], "flag --steps=0: 0 is not a positive integer"),
         (
             ["--config={missing}"],
@@ -98,7 +104,8 @@ def test_python_dash_m_runs_and_resumes_to_the_exact_step(tfds_dir, tmp_path):
             ["--config={unknown_key}"],
             "{unknown_key}: unknown key 'optimiser'. Allowed keys: precision, manifest, seed, "
             "steps, checkpoint_every, eval_every, keep_checkpoints, log_every, strategy, "
-            "virtual_cpus, tpu, jit_compile, auto_promote, data, model, optimizer, loss_scale",
+            "virtual_cpus, tpu, jit_compile, auto_promote, deterministic, data, model, optimizer, "
+            "loss_scale, divergence",
         ),
         (
             ['--config_override={{"data": {{"name": "no_such_set"}}}}'],
@@ -146,6 +153,22 @@ def test_bad_input_is_one_line_on_stderr_and_status_2(tmp_path, flags, message):
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("mpt-train: error: " + message.format(**paths)), lines[0]
+
+
+def test_unwritable_model_dir_is_one_line_before_training(tfds_dir, tmp_path):
+    (tmp_path / "file").write_text("")
+    model_dir = tmp_path / "file" / "run"
+    result = _launch(
+        f"--config={CONFIG}",
+        f"--model_dir={model_dir}",
+        "--steps=2",
+        f"--config_override={_tiny(tfds_dir)}",
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"mpt-train: error: model_dir {model_dir}: cannot be created (Not a directory)"
+    ]
+    assert result.stdout == ""  # Nothing trained: no progress bar, no metrics.
 
 
 def test_manifest_and_dry_run_print_the_layers_and_write_nothing(tfds_dir, tmp_path):

@@ -70,6 +70,7 @@ def test_run_writes_every_output(tfds_dir, tmp_path):
         "precision",
         "loss_scale",
         "skipped_steps",
+        "bad_batches",
         "val_loss",
         "val_accuracy",
     }
@@ -172,8 +173,8 @@ def test_model_dir_of_another_run_is_refused(tfds_dir, tmp_path):
         run_training(other, Runtime(model_dir, verbose=0))
     assert str(raised.value) == (
         f"model_dir {model_dir} holds a run whose 'seed' differs (0 there, 5 now): use a new "
-        "model_dir, or change only checkpoint_every, eval_every, jit_compile, keep_checkpoints, "
-        "log_every, steps, strategy, tpu, virtual_cpus to resume"
+        "model_dir, or change only checkpoint_every, deterministic, eval_every, jit_compile, "
+        "keep_checkpoints, log_every, steps, strategy, tpu, virtual_cpus to resume"
     )
 
 

@@ -2,7 +2,10 @@
 
 A user error (a bad flag, config, manifest or dataset) ends the program with
 exit status 2 and a single line on stderr, `<program>: error: <message>`,
-naming what was wrong and what is allowed; never a traceback.
+naming what was wrong and what is allowed; never a traceback. A multi-worker
+run that loses a peer worker ends the same way with exit status 75 (EX_TEMPFAIL
+of sysexits.h: a temporary failure, retrying may succeed), naming the peer and
+the `model_dir` that a rerun of all workers resumes from.
 """
 
 from __future__ import annotations
@@ -14,22 +17,26 @@ from collections.abc import Callable, Sequence
 from absl import app, flags
 from absl import logging as absl_logging
 
-from mpt_keras.errors import UserInputError
+from mpt_keras.errors import PeerFailedError, UserInputError, printable
 
 USAGE_ERROR = 2
+PEER_FAILED = 75
 
 
 def run(main: Callable[[Sequence[str]], None], program: str) -> None:
-    """Runs `main` under absl, turning user errors into one line and status 2.
+    """Runs `main` under absl, turning the toolkit's errors into one line each.
+
+    A `UserInputError` exits with status 2, a `PeerFailedError` with 75.
 
     Args:
         main: The launcher's main, called with the arguments left after flags.
         program: The launcher's name in messages, e.g. `mpt-train`.
     """
 
-    def fail(message: str) -> None:
-        print(f"{program}: error: {message}", file=sys.stderr)
-        sys.exit(USAGE_ERROR)
+    def fail(message: str, status: int = USAGE_ERROR) -> None:
+        # absl's flag errors quote the value as given, line breaks included.
+        print(f"{program}: error: {printable(message)}", file=sys.stderr)
+        sys.exit(status)
 
     def parse_flags(argv: list[str]) -> list[str]:
         try:
@@ -49,5 +56,7 @@ def run(main: Callable[[Sequence[str]], None], program: str) -> None:
             main(argv)
         except UserInputError as error:
             fail(str(error))
+        except PeerFailedError as error:
+            fail(str(error), PEER_FAILED)
 
     app.run(main_with_errors, flags_parser=parse_flags)

@@ -48,6 +48,12 @@ _AUTO_PROMOTE = flags.DEFINE_bool(
     "Promote layers that keep overflowing at the loss-scale floor (float16 -> bfloat16 -> "
     "float32) mid-run; the promoted manifest goes to model_dir/promoted_manifest.json.",
 )
+_DETERMINISTIC = flags.DEFINE_bool(
+    "deterministic",
+    None,
+    "Enable TensorFlow's op determinism, so two runs of the same config give identical "
+    "weights (slower on GPUs; some ops then refuse to run).",
+)
 _CANARY_STEPS = flags.DEFINE_integer(
     "canary_steps",
     0,
@@ -76,6 +82,7 @@ def main(argv: Sequence[str]) -> None:
         virtual_cpus=_VIRTUAL_CPUS.value,
         tpu=_TPU.value,
         auto_promote=_AUTO_PROMOTE.value,
+        deterministic=_DETERMINISTIC.value,
         jit_compile=_JIT_COMPILE.value,
         steps=_STEPS.value,
     )

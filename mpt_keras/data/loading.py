@@ -10,9 +10,11 @@ whole split in memory as numpy arrays, so they suit datasets that fit in RAM
 (mnist, cifar10, imdb_reviews, the embedded ones), not web-scale corpora.
 """
 
+import contextlib
 import dataclasses
 import fcntl
 import os
+import sys
 from collections.abc import Iterable
 
 import numpy as np
@@ -218,7 +220,10 @@ def _prepare_embedded(
             shown = tfds.core.utils.tqdm_utils._active
             tfds.display_progress_bar(False)
             try:
-                builder.download_and_prepare(download_config=_OFFLINE)
+                # TFDS prints "Downloading and preparing ..." to stdout, which
+                # belongs to the program's own output (`--dry_run`'s table).
+                with contextlib.redirect_stdout(sys.stderr):
+                    builder.download_and_prepare(download_config=_OFFLINE)
             finally:
                 tfds.display_progress_bar(shown)
     return builder

@@ -1,0 +1,76 @@
+"""The machine's limit: measured matmul FLOP/s per dtype, the ceiling of every variant.
+
+A square `size x size` matmul (2 * size**3 FLOPs) run by TensorFlow's own
+kernel (oneDNN on x86 CPUs, without XLA), timed for each dtype interleaved
+round by round like the benchmarks' variants (`harness.interleave`), so the
+dtypes' figures, and the bfloat16 / float32 ratio, see the same machine load.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from benchmarks import harness
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def measure_matmul_peak(
+    size: int, rounds: int, dtypes: Sequence[str] = DTYPES, matmuls_per_round: int = 2
+) -> dict[str, Any]:
+    """Measures matmul FLOP/s per dtype; returns the JSON-ready result.
+
+    Args:
+        size: Rows (= columns) of the square matrices.
+        rounds: Interleaved measurement rounds.
+        dtypes: TensorFlow dtype names to measure.
+        matmuls_per_round: Matmuls timed per dtype and round.
+
+    Returns:
+        `size`, `rounds`, `flops_per_matmul`, `step_seconds` (per dtype, per
+        round, seconds per matmul), `flops_per_second` (per dtype, from the
+        median) and `bfloat16_over_float32` / `float16_over_float32` when
+        those dtypes were measured.
+    """
+    runners = {dtype: _matmul_runner(dtype, size) for dtype in dtypes}
+    for runner in runners.values():
+        runner(1)  # Traces and warms the kernel up.
+    step_seconds = harness.interleave(runners, rounds, matmuls_per_round)
+    flops = 2 * size**3
+    flops_per_second = {
+        dtype: flops / statistics.median(seconds) for dtype, seconds in step_seconds.items()
+    }
+    result = {
+        "size": size,
+        "rounds": rounds,
+        "flops_per_matmul": flops,
+        "step_seconds": step_seconds,
+        "flops_per_second": flops_per_second,
+    }
+    for dtype in ("bfloat16", "float16"):
+        if dtype in flops_per_second and "float32" in flops_per_second:
+            result[f"{dtype}_over_float32"] = flops_per_second[dtype] / flops_per_second["float32"]
+    return result
+
+
+def _matmul_runner(dtype: str, size: int) -> Callable[[int], float]:
+    matrix = tf.cast(tf.random.stateless_normal((size, size), seed=(0, 0)), dtype)
+
+    @tf.function(jit_compile=False)
+    def product() -> tf.Tensor:
+        # One element goes back to the host: the wait, without copying the product.
+        return tf.matmul(matrix, matrix)[0, 0]
+
+    def run(matmuls: int) -> float:
+        start = time.perf_counter()
+        for _ in range(matmuls):
+            value = product()
+        value.numpy()
+        return time.perf_counter() - start
+
+    return run

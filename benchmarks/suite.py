@@ -1,0 +1,480 @@
+"""The benchmark suite behind `mpt-bench`: every variant side by side, against the machine's limit.
+
+A variant is a reference model (the Transformer LM, the 8x8 CNN), a precision
+(`float32`, `mixed_bfloat16`, `mixed_float16`), XLA (`off`, `on`) and a stack:
+
+    ours    the global policy, `PrecisionManifest(default=precision)` (the safe
+            defaults: normalization and the output layer in float32) applied,
+            `mpt_keras.LossScaleOptimizer` (dynamic loss scaling where a layer
+            computes in float16, else a fixed scale of 1 that still skips
+            non-finite steps, as `mpt-train` makes it), `xla.compile_model` (XLA
+            per replica) and a `MixedPrecisionMonitor` at its default
+            `update_freq`
+    stock   the global policy only, `keras.optimizers.LossScaleOptimizer` for
+            `mixed_float16` and the plain optimizer otherwise,
+            `model.compile(jit_compile=...)`, no callback
+
+Both stacks train with AdamW(1e-3) from the same initial weights on the same
+batches, with the train-step loop of `model.fit` (`harness.FitLoop`). All
+variants are built and warmed up, then timed in ONE process, interleaved
+round by round (`harness.interleave`), so machine drift cancels. Before them,
+the matmul peak per dtype is measured the same way (`matmul_peak`).
+
+Per variant: the median step time over the rounds, examples (and tokens) per
+second, the train step's FLOPs (`flops`) and FLOP/s, their fraction of the
+matmul peak of the variant's compute dtype, peak memory, and speed ratios
+(examples/s of one variant over another's; above 1: faster), each as the
+ratio of the medians and the median of the per-round ratios:
+`vs_float32` (same model, XLA and stack in float32), `vs_stock` (ours over
+stock) and `vs_no_xla` (XLA on over off). Per (model, precision): what
+`resolve_jit_compile("auto", ...)` chooses and its step time over the better of
+XLA on and off.
+
+Memory is read from TensorFlow's allocator statistics of the device
+(`tf.config.experimental.get_memory_info`, reset before each variant's
+reading), one variant at a time right after its first step, over
+`memory_steps` train steps without callbacks (the monitor resets those
+statistics at its writes): `peak_memory_bytes` is the peak minus what was
+allocated before the variant was built (what it keeps, weights, optimizer
+state and input buffers, plus a step's working memory), `step_memory_bytes` the
+peak minus what was allocated when the steps began (activations, gradients,
+temporaries). On CPU, TensorFlow 2.21 counts only allocations of 256 KiB and
+more (smaller ones come from a pool its statistics leave out), and nothing
+allocated outside its allocator (oneDNN's and XLA's own buffers): the figures
+are lower bounds, comparable between variants of one model at one size.
+`variable_bytes` is exact: the bytes of the model's and optimizer's variables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import os
+import statistics
+import tempfile
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from benchmarks import flops, harness, matmul_peak, suite_report
+from mpt_keras import xla
+from mpt_keras.errors import UserInputError
+from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
+from mpt_keras.manifest import PrecisionManifest
+from mpt_keras.monitor import MixedPrecisionMonitor
+from mpt_keras.policies import global_policy
+from mpt_keras.training import TRAINING_LOSS
+
+MODELS = ("transformer_lm", "cnn")
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+XLA_SETTINGS = ("off", "on")
+STACKS = ("ours", "stock")
+COMPUTE_DTYPES = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
+JSON_FILE = "bench.json"
+PLOT_FILE = "bench.png"
+AUTO_TOLERANCE = 1.05  # The goal: auto at most 5% slower than the better of on and off.
+_MEMORY_METHOD = (
+    "tf.config.experimental.get_memory_info('{device}'), one variant at a time after its "
+    "first step, over {steps} train steps: peak_memory_bytes = peak - allocated before the "
+    "variant was built, step_memory_bytes = peak - allocated when the steps began; counts "
+    "TensorFlow's allocator only (on CPU, allocations of 256 KiB and more): lower bounds. "
+    "variable_bytes: exact bytes of the model's and optimizer's variables"
+)
+_STEP_TIME_METHOD = (
+    "median over the rounds of (seconds of steps_per_round train steps, as in model.fit, "
+    "synchronised at the end) / steps_per_round; all variants interleaved round by round"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What the suite measures, and how long.
+
+    Attributes:
+        models: Reference models, of `MODELS`.
+        precisions: Global dtype policies, of `PRECISIONS`.
+        xla: XLA settings, of `XLA_SETTINGS`.
+        stacks: `ours` and/or `stock` (see the module docstring).
+        rounds: Interleaved measurement rounds.
+        steps_per_round: Train steps per variant and round.
+        warmup_steps: Untimed steps per variant before the rounds.
+        memory_steps: Train steps per variant of the memory measurement.
+        batch_size: LM sequences per batch.
+        sequence_length: LM tokens per sequence.
+        num_layers: LM Transformer blocks.
+        d_model: LM width.
+        image_batch_size: CNN images per batch.
+        matmul_size: Rows of the square matrices of the matmul peak.
+        matmul_rounds: Interleaved rounds of the matmul peak.
+
+    Example:
+
+        result = measure(Settings(models=("cnn",), precisions=("float32",), rounds=3))
+        result["variants"]["cnn/float32/xla_off/ours"]["median_step_seconds"]
+    """
+
+    models: tuple[str, ...] = MODELS
+    precisions: tuple[str, ...] = PRECISIONS
+    xla: tuple[str, ...] = XLA_SETTINGS
+    stacks: tuple[str, ...] = STACKS
+    rounds: int = 10
+    steps_per_round: int = 10
+    warmup_steps: int = 10
+    memory_steps: int = 3
+    batch_size: int = 32
+    sequence_length: int = 64
+    num_layers: int = 2
+    d_model: int = 64
+    image_batch_size: int = 64
+    matmul_size: int = 2048
+    matmul_rounds: int = 5
+
+    def __post_init__(self):
+        for name, allowed in (
+            ("models", MODELS),
+            ("precisions", PRECISIONS),
+            ("xla", XLA_SETTINGS),
+            ("stacks", STACKS),
+        ):
+            values = tuple(getattr(self, name))
+            object.__setattr__(self, name, values)
+            unknown = [value for value in values if value not in allowed]
+            if unknown or not values or len(set(values)) != len(values):
+                problem = f"unknown '{unknown[0]}'" if unknown else f"received {list(values)}"
+                raise UserInputError(
+                    f"{name}: {problem}. Allowed: one or more of {', '.join(allowed)}, each once"
+                )
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.type == "int" and (type(value) is not int or value < 1):
+                raise UserInputError(
+                    f"{field.name}: must be a positive integer. Received: {value!r}"
+                )
+        if self.d_model % 4:
+            raise UserInputError(
+                f"d_model: must be divisible by the 4 attention heads. Received: {self.d_model}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One measured configuration; `name` is its key in the result."""
+
+    model: str
+    precision: str
+    xla: str
+    stack: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}/{self.precision}/xla_{self.xla}/{self.stack}"
+
+
+def variants(settings: Settings) -> list[Variant]:
+    """The variants `settings` selects, in measurement order."""
+    return [
+        Variant(model, precision, xla_setting, stack)
+        for model in settings.models
+        for precision in settings.precisions
+        for xla_setting in settings.xla
+        for stack in settings.stacks
+    ]
+
+
+def measure(settings: Settings) -> dict[str, Any]:
+    """Measures the matmul peak and every variant in one process; returns the JSON-ready result.
+
+    The keys: `benchmark`, `settings`, `models` (their sizes), `machine`,
+    `methods` (how time, FLOPs and memory were measured), `matmul_peak` (see
+    `matmul_peak.measure_matmul_peak`), `variants` (by `Variant.name`) and
+    `auto_jit_compile` (by `<model>/<precision>`).
+    """
+    peak = matmul_peak.measure_matmul_peak(settings.matmul_size, settings.matmul_rounds)
+    measured = measure_variants(settings)
+    memory_device = _memory_device()
+    records = {
+        variant.name: _record(variant, settings, measured, peak) for variant in variants(settings)
+    }
+    return {
+        "benchmark": "suite",
+        "settings": dataclasses.asdict(settings),
+        "models": {name: _dimensions(name, settings) for name in settings.models},
+        "machine": harness.machine(),
+        "methods": {
+            "step_time": _STEP_TIME_METHOD,
+            "flops": flops.METHOD,
+            "memory": _MEMORY_METHOD.format(device=memory_device, steps=settings.memory_steps)
+            if memory_device
+            else "not measured: TensorFlow tracks no device's memory here",
+            "speed_ratio": "examples/s of the variant over the other's (its step time over "
+            "the variant's): ratio of the medians, and median of the per-round ratios",
+        },
+        "matmul_peak": peak,
+        "variants": records,
+        "auto_jit_compile": _auto_choices(settings, measured.step_seconds),
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurements:
+    """What `measure_variants` measured.
+
+    Attributes:
+        step_seconds: Per variant name, seconds per step in each round.
+        memory: Per variant name, `peak_bytes`, `step_bytes` (None where the
+            device tracks no memory) and `variable_bytes`.
+        train_step_flops: Per model name, FLOPs of a train step (`flops`).
+    """
+
+    step_seconds: dict[str, list[float]]
+    memory: dict[str, dict[str, int | None]]
+    train_step_flops: dict[str, int]
+
+
+def measure_variants(settings: Settings) -> Measurements:
+    """Builds every variant `settings` selects and times them interleaved, in this process."""
+    memory_device = _memory_device()
+    selected = variants(settings)
+    with tempfile.TemporaryDirectory() as log_root:
+        prepared = {
+            variant: _prepare(variant, settings, log_root, memory_device) for variant in selected
+        }
+        # After every variant is built: a variant's first steps after others
+        # were built are slow (hundreds of ms, measured), so warm-up comes now.
+        for ready in prepared.values():
+            ready.loop(settings.warmup_steps)
+        step_seconds = harness.interleave(
+            {variant.name: ready.loop for variant, ready in prepared.items()},
+            settings.rounds,
+            settings.steps_per_round,
+        )
+        for ready in prepared.values():
+            ready.loop.end()
+    train_flops = {}
+    for variant, ready in prepared.items():
+        if variant.model not in train_flops:
+            train_flops[variant.model] = flops.train_step_flops(
+                ready.model, *_input_spec(variant.model, settings)
+            )
+    return Measurements(
+        step_seconds=step_seconds,
+        memory={variant.name: ready.memory for variant, ready in prepared.items()},
+        train_step_flops=train_flops,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Prepared:
+    """A variant ready to be timed: its fit loop, model, and memory figures (or None)."""
+
+    loop: harness.FitLoop
+    model: keras.Model
+    memory: dict[str, int | None]
+
+
+def _prepare(
+    variant: Variant, settings: Settings, log_root: str, memory_device: str | None
+) -> _Prepared:
+    """Builds and compiles a variant, runs its first step (tracing), measures its memory."""
+    # Frees what earlier work left in reference cycles (the matmul peak's
+    # matrices), which would otherwise be freed during this variant's build.
+    gc.collect()
+    memory_before = _memory_current(memory_device)
+    with global_policy(variant.precision):
+        if variant.model == "transformer_lm":
+            model = harness.build_transformer_lm(
+                settings.sequence_length, settings.num_layers, settings.d_model
+            )
+            dataset = harness.token_batches(settings.batch_size, settings.sequence_length)
+        else:
+            model = harness.build_cnn()
+            dataset = harness.image_batches(settings.image_batch_size)
+        inner = keras.optimizers.AdamW(1e-3)
+        jit_compile = variant.xla == "on"
+        if variant.stack == "ours":
+            report = PrecisionManifest(default=variant.precision).apply(model)
+            if any(layer.compute_dtype == "float16" for layer in report.layers):
+                optimizer = LossScaleOptimizer(inner)
+            else:
+                optimizer = LossScaleOptimizer(
+                    inner, initial_scale=1.0, min_scale=1.0, max_scale=1.0, dynamic=False
+                )
+            xla.compile_model(
+                model, optimizer=optimizer, loss=TRAINING_LOSS, jit_compile=jit_compile
+            )
+            callbacks = [
+                MixedPrecisionMonitor(
+                    os.path.join(log_root, variant.name.replace("/", "-")),
+                    examples_per_step=_batch_size(variant.model, settings),
+                )
+            ]
+        else:
+            if variant.precision == "mixed_float16":
+                optimizer = keras.optimizers.LossScaleOptimizer(inner)
+            else:
+                optimizer = inner
+            model.compile(optimizer=optimizer, loss=TRAINING_LOSS, jit_compile=jit_compile)
+            callbacks = []
+        iterator = iter(dataset)
+        loop = harness.FitLoop(model, iterator, callbacks)
+        loop(1)
+    memory = _step_memory(model, iterator, settings.memory_steps, memory_device, memory_before)
+    memory["variable_bytes"] = sum(
+        variable.numpy().nbytes
+        for variable in {id(v): v for v in (*model.weights, *optimizer.variables)}.values()
+    )
+    return _Prepared(loop, model, memory)
+
+
+def _memory_device() -> str | None:
+    """The device whose allocator statistics the suite reads, if it tracks any."""
+    device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
+    try:
+        tf.config.experimental.get_memory_info(device)
+    except ValueError:
+        return None
+    return device
+
+
+def _memory_current(device: str | None) -> int:
+    return tf.config.experimental.get_memory_info(device)["current"] if device else 0
+
+
+def _step_memory(
+    model: keras.Model, iterator: Any, steps: int, device: str | None, memory_before: int
+) -> dict[str, int | None]:
+    """The allocator's peak during `steps` train steps: above `memory_before`, and above
+    what was allocated when the steps began."""
+    if device is None:
+        return {"peak_bytes": None, "step_bytes": None}
+    resident = _memory_current(device)
+    tf.config.experimental.reset_memory_stats(device)
+    for _ in range(steps):
+        logs = model.train_function(iterator)
+    float(logs["loss"])
+    peak = tf.config.experimental.get_memory_info(device)["peak"]
+    return {"peak_bytes": peak - memory_before, "step_bytes": peak - resident}
+
+
+def _record(
+    variant: Variant, settings: Settings, measured: Measurements, peak: dict[str, Any]
+) -> dict[str, Any]:
+    step_seconds = measured.step_seconds
+    memory = measured.memory[variant.name]
+    train_flops = measured.train_step_flops
+    seconds = step_seconds[variant.name]
+    median = statistics.median(seconds)
+    batch_size = _batch_size(variant.model, settings)
+    flops_per_second = train_flops[variant.model] / median
+    compute_dtype = COMPUTE_DTYPES[variant.precision]
+
+    def speed_over(**changes: str) -> dict[str, float] | None:
+        other = dataclasses.replace(variant, **changes).name
+        if other == variant.name or other not in step_seconds:
+            return None
+        return harness.ratio(step_seconds[other], seconds)
+
+    return {
+        "model": variant.model,
+        "precision": variant.precision,
+        "compute_dtype": compute_dtype,
+        "xla": variant.xla == "on",
+        "stack": variant.stack,
+        "step_seconds": seconds,
+        "median_step_seconds": median,
+        "examples_per_second": batch_size / median,
+        "tokens_per_second": (
+            batch_size * settings.sequence_length / median
+            if variant.model == "transformer_lm"
+            else None
+        ),
+        "train_step_flops": train_flops[variant.model],
+        "flops_per_second": flops_per_second,
+        "fraction_of_matmul_peak": flops_per_second / peak["flops_per_second"][compute_dtype],
+        "peak_memory_bytes": memory["peak_bytes"],
+        "step_memory_bytes": memory["step_bytes"],
+        "variable_bytes": memory["variable_bytes"],
+        "speed": {
+            "vs_float32": speed_over(precision="float32"),
+            "vs_stock": speed_over(stack="stock") if variant.stack == "ours" else None,
+            "vs_no_xla": speed_over(xla="off") if variant.xla == "on" else None,
+        },
+    }
+
+
+def _auto_choices(settings: Settings, step_seconds: dict[str, list[float]]) -> dict[str, Any]:
+    """Per (model, precision): what `auto` picks, and its step time over the better choice."""
+    stack = "ours" if "ours" in settings.stacks else settings.stacks[0]
+    strategy = tf.distribute.get_strategy()
+    choices = {}
+    for model in settings.models:
+        for precision in settings.precisions:
+            jit_compile, reason = xla.resolve_jit_compile("auto", strategy, precision)
+            times = {
+                setting: step_seconds[Variant(model, precision, setting, stack).name]
+                for setting in settings.xla
+            }
+            entry: dict[str, Any] = {
+                "stack": stack,
+                "jit_compile": jit_compile,
+                "reason": reason,
+                "step_time_over_best": None,
+                "paired_step_time_over_best": None,
+                "tolerance": AUTO_TOLERANCE,
+                "within_tolerance": None,
+            }
+            if len(times) == 2:
+                chosen, other = ("on", "off") if jit_compile else ("off", "on")
+                over_other = harness.ratio(times[chosen], times[other])
+                entry["step_time_over_best"] = max(1.0, over_other["ratio"])
+                entry["paired_step_time_over_best"] = max(1.0, over_other["paired_ratio_median"])
+                entry["within_tolerance"] = entry["step_time_over_best"] <= AUTO_TOLERANCE
+            choices[f"{model}/{precision}"] = entry
+    return choices
+
+
+def _batch_size(model: str, settings: Settings) -> int:
+    return settings.batch_size if model == "transformer_lm" else settings.image_batch_size
+
+
+def _input_spec(model: str, settings: Settings) -> tuple[tuple[int, ...], str]:
+    if model == "transformer_lm":
+        return (settings.batch_size, settings.sequence_length), "int32"
+    return (settings.image_batch_size, *harness.IMAGE_SHAPE), "float32"
+
+
+def _dimensions(model: str, settings: Settings) -> dict[str, Any]:
+    if model == "transformer_lm":
+        return harness.transformer_lm_description(
+            settings.num_layers, settings.d_model, settings.sequence_length, settings.batch_size
+        )
+    return {
+        "name": "cnn",
+        "input_shape": list(harness.IMAGE_SHAPE),
+        "batch_size": settings.image_batch_size,
+    }
+
+
+def run(settings: Settings, output_dir: str | None = None) -> dict[str, Any]:
+    """Measures, prints the table, and writes `bench.json` and `bench.png` to `output_dir`.
+
+    Raises:
+        UserInputError: If `output_dir` cannot be created.
+    """
+    if output_dir:
+        try:
+            os.makedirs(output_dir, exist_ok=True)
+        except OSError as error:
+            raise UserInputError(
+                f"output: {output_dir} cannot be created ({error.strerror})"
+            ) from None
+    result = measure(settings)
+    print(suite_report.table(result), end="", flush=True)
+    if output_dir:
+        with open(os.path.join(output_dir, JSON_FILE), "w") as file:
+            json.dump(result, file, indent=2)
+        with open(os.path.join(output_dir, PLOT_FILE), "wb") as file:
+            file.write(suite_report.plot(result))
+    return result

@@ -1,0 +1,98 @@
+"""The benchmark suite's outputs: the table on stdout and the plot.
+
+Both read only the JSON-ready result of `benchmarks.suite.measure`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks import chart
+
+
+def table(result: dict[str, Any]) -> str:
+    """The result as a text table: one row per variant, then the peak and `auto` lines."""
+    peak = result["matmul_peak"]
+    peaks = peak["flops_per_second"]
+    ceilings = {dtype: peaks[dtype] / peaks["float32"] for dtype in peaks}
+    width = max(len("variant"), *map(len, result["variants"]))
+    header = (
+        f"{'variant':<{width}} {'step ms':>8} {'ex/s':>8} {'tok/s':>8} {'GFLOP/s':>8} "
+        f"{'%peak':>6} {'mem MiB':>8} {'/f32':>5} {'(ceil)':>6} {'/stock':>6} {'/noXLA':>6}"
+    )
+    lines = [header]
+    for name, row in result["variants"].items():
+        speed = row["speed"]
+        lines.append(
+            f"{name:<{width}} {row['median_step_seconds'] * 1e3:>8.2f} "
+            f"{row['examples_per_second']:>8.0f} {_number(row['tokens_per_second'], 8, 0)} "
+            f"{row['flops_per_second'] / 1e9:>8.2f} {row['fraction_of_matmul_peak'] * 100:>5.1f}% "
+            f"{_number(_mib(row['peak_memory_bytes']), 8, 1)} "
+            f"{_number(_ratio(speed['vs_float32']), 5, 2)} "
+            f"{'(' + format(ceilings[row['compute_dtype']], '.2f') + ')':>6} "
+            f"{_number(_ratio(speed['vs_stock']), 6, 2)} "
+            f"{_number(_ratio(speed['vs_no_xla']), 6, 2)}"
+        )
+    lines.append(
+        "ratios: examples/s over float32 (ceiling: the dtype's matmul peak over float32's), "
+        "over stock, over XLA off; above 1 faster"
+    )
+    lines.append(
+        f"matmul peak ({peak['size']}x{peak['size']}, median of {peak['rounds']} rounds): "
+        + ", ".join(
+            f"{dtype} {value / 1e9:.1f} GFLOP/s ({ceilings[dtype]:.2f}x)"
+            for dtype, value in peaks.items()
+        )
+    )
+    for key, auto in result["auto_jit_compile"].items():
+        choice = "XLA on" if auto["jit_compile"] else "XLA off"
+        if auto["step_time_over_best"] is None:
+            verdict = "not compared (needs --xla=off,on)"
+        else:
+            verdict = (
+                f"step time {auto['step_time_over_best']:.3f}x the better of on/off "
+                f"(paired {auto['paired_step_time_over_best']:.3f}x): "
+                + ("ok" if auto["within_tolerance"] else f"MORE than {auto['tolerance']:.2f}x")
+            )
+        lines.append(f"jit_compile=auto {key}: {choice}; {verdict}")
+    machine = result["machine"]
+    lines.append(
+        f"machine: {machine['cpu']}, {machine['cpu_count']} cores, "
+        f"flags {' '.join(machine['cpu_flags']) or 'none'}; TensorFlow {machine['tensorflow']}, "
+        f"Keras {machine['keras']}"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any]) -> bytes:
+    """The result's achieved GFLOP/s per variant against the matmul peaks, as PNG bytes."""
+    short = {
+        "transformer_lm": "lm",
+        "float32": "f32",
+        "mixed_bfloat16": "bf16",
+        "mixed_float16": "f16",
+    }
+    bars = [
+        (
+            " ".join(short.get(part, part) for part in name.split("/")),
+            row["precision"],
+            row["flops_per_second"] / 1e9,
+        )
+        for name, row in result["variants"].items()
+    ]
+    peaks = {
+        dtype: value / 1e9 for dtype, value in result["matmul_peak"]["flops_per_second"].items()
+    }
+    return chart.plot_throughput(bars, peaks)
+
+
+def _number(value: float | None, width: int, digits: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
+
+
+def _ratio(speed: dict[str, float] | None) -> float | None:
+    return None if speed is None else speed["ratio"]
+
+
+def _mib(value: int | None) -> float | None:
+    return None if value is None else value / 2**20

@@ -1,0 +1,201 @@
+"""mpt-bench runs (at a tiny size), reports every field, and counts FLOPs exactly.
+
+The benchmark suite is not a timed test: these tests check that it runs and
+what it writes, never how fast anything was.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from benchmarks import chart, flops, suite
+from mpt_keras.errors import UserInputError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NUMBER = (int, float)
+RATIO = {"ratio": float, "paired_ratio_median": float}
+VARIANT_FIELDS = {
+    "model": str,
+    "precision": str,
+    "compute_dtype": str,
+    "xla": bool,
+    "stack": str,
+    "step_seconds": list,
+    "median_step_seconds": float,
+    "examples_per_second": float,
+    "tokens_per_second": type(None),  # The CNN has no tokens.
+    "train_step_flops": int,
+    "flops_per_second": float,
+    "fraction_of_matmul_peak": float,
+    "peak_memory_bytes": int,
+    "step_memory_bytes": int,
+    "variable_bytes": int,
+    "speed": dict,
+}
+AUTO_FIELDS = {
+    "stack": str,
+    "jit_compile": bool,
+    "reason": str,
+    "step_time_over_best": float,
+    "paired_step_time_over_best": float,
+    "tolerance": float,
+    "within_tolerance": bool,
+}
+
+
+def _launch(*flags):
+    command = [sys.executable, "-m", "trainers.bench", *flags]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_the_launcher_prints_the_table_and_writes_every_field(tmp_path):
+    rounds = 2
+    result = _launch(
+        "--models=cnn",
+        "--precisions=float32",
+        "--xla=off,on",
+        "--stacks=ours,stock",
+        f"--rounds={rounds}",
+        "--steps_per_round=2",
+        "--warmup_steps=1",
+        "--memory_steps=1",
+        "--image_batch_size=4",
+        "--matmul_size=32",
+        "--matmul_rounds=2",
+        f"--output={tmp_path / 'out'}",
+    )
+    assert result.returncode == 0, result.stderr
+    names = [
+        "cnn/float32/xla_off/ours",
+        "cnn/float32/xla_off/stock",
+        "cnn/float32/xla_on/ours",
+        "cnn/float32/xla_on/stock",
+    ]
+    table_rows = [line.split()[0] for line in result.stdout.splitlines()[1:5]]
+    assert table_rows == names
+    assert "jit_compile=auto cnn/float32: XLA off; step time" in result.stdout
+    assert sorted(os.listdir(tmp_path / "out")) == ["bench.json", "bench.png"]
+
+    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert set(report) == {
+        "benchmark",
+        "settings",
+        "models",
+        "machine",
+        "methods",
+        "matmul_peak",
+        "variants",
+        "auto_jit_compile",
+    }
+    assert report["settings"]["xla"] == ["off", "on"]
+    assert report["models"] == {"cnn": {"name": "cnn", "input_shape": [8, 8, 1], "batch_size": 4}}
+    assert set(report["methods"]) == {"step_time", "flops", "memory", "speed_ratio"}
+    assert {"cpu", "cpu_count", "tensorflow", "keras", "devices"} <= set(report["machine"])
+
+    peak = report["matmul_peak"]
+    assert peak["size"] == 32 and peak["flops_per_matmul"] == 2 * 32**3
+    assert set(peak["flops_per_second"]) == {"float32", "bfloat16", "float16"}
+    assert all(len(times) == 2 for times in peak["step_seconds"].values())
+    assert peak["bfloat16_over_float32"] == (
+        peak["flops_per_second"]["bfloat16"] / peak["flops_per_second"]["float32"]
+    )
+
+    assert list(report["variants"]) == names
+    for name, row in report["variants"].items():
+        assert {key: type(value) for key, value in row.items()} == VARIANT_FIELDS, name
+        assert len(row["step_seconds"]) == rounds
+        assert row["examples_per_second"] == 4 / row["median_step_seconds"]
+        assert row["flops_per_second"] == row["train_step_flops"] / row["median_step_seconds"]
+        assert row["fraction_of_matmul_peak"] == (
+            row["flops_per_second"] / peak["flops_per_second"]["float32"]
+        )
+        expected_ratios = {
+            "vs_float32": False,  # Float32 itself.
+            "vs_stock": row["stack"] == "ours",
+            "vs_no_xla": row["xla"],
+        }
+        for key, present in expected_ratios.items():
+            ratio = row["speed"][key]
+            if present:
+                assert {k: type(v) for k, v in ratio.items()} == RATIO, (name, key)
+            else:
+                assert ratio is None, (name, key)
+    stock = report["variants"]["cnn/float32/xla_off/stock"]["median_step_seconds"]
+    ours = report["variants"]["cnn/float32/xla_off/ours"]
+    assert ours["speed"]["vs_stock"]["ratio"] == stock / ours["median_step_seconds"]
+
+    auto = report["auto_jit_compile"]["cnn/float32"]
+    assert {key: type(value) for key, value in auto.items()} == AUTO_FIELDS
+    assert auto["stack"] == "ours" and auto["jit_compile"] is False
+    assert auto["step_time_over_best"] >= 1.0
+    assert auto["tolerance"] == suite.AUTO_TOLERANCE
+    assert auto["within_tolerance"] is (auto["step_time_over_best"] <= suite.AUTO_TOLERANCE)
+
+    image = tf.io.decode_png((tmp_path / "out" / "bench.png").read_bytes())
+    assert image.shape[2] == 3 and image.shape[1] == 900
+
+
+def test_a_bad_flag_is_one_line_on_stderr_and_status_2():
+    # One launch: each pays TensorFlow's import (absl's own flag checks, such
+    # as --rounds=0, go the same way through trainers.cli).
+    result = _launch("--models=cnn,resnet")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        "mpt-bench: error: models: unknown 'resnet'. "
+        "Allowed: one or more of transformer_lm, cnn, each once"
+    )
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"precisions": ()}, "precisions: received []. Allowed: one or more of"),
+        ({"xla": ("on", "on")}, "xla: received ['on', 'on']. Allowed: one or more of off, on"),
+        ({"stacks": ("theirs",)}, "stacks: unknown 'theirs'. Allowed: one or more of ours, stock"),
+        ({"rounds": 0}, "rounds: must be a positive integer. Received: 0"),
+        ({"d_model": 10}, "d_model: must be divisible by the 4 attention heads. Received: 10"),
+    ],
+)
+def test_settings_name_the_bad_field_and_what_is_allowed(changes, message):
+    with pytest.raises(UserInputError) as raised:
+        suite.Settings(**changes)
+    assert str(raised.value).startswith(message)
+
+
+def test_train_step_flops_are_3x_the_forward_products():
+    inputs = keras.Input((4, 4, 2))
+    x = keras.layers.Conv2D(3, 3, padding="same")(inputs)  # 2 * (4*4*3) * (3*3*2) per image
+    x = keras.layers.Flatten()(x)
+    outputs = keras.layers.Dense(5)(x)  # 2 * 48 * 5 per image
+    model = keras.Model(inputs, outputs)
+    per_image = 2 * 48 * 18 + 2 * 48 * 5
+    assert flops.train_step_flops(model, (2, 4, 4, 2), "float32") == 3 * 2 * per_image
+
+
+def test_einsum_flops_count_every_distinct_index():
+    @tf.function
+    def attention_scores(query, key):
+        return tf.einsum("btnh,bsnh->bnts", query, key)
+
+    graph = attention_scores.get_concrete_function(
+        tf.TensorSpec((2, 5, 3, 4)), tf.TensorSpec((2, 6, 3, 4))
+    ).graph
+    assert flops.product_flops(graph.get_operations()) == 2 * 2 * 5 * 3 * 4 * 6
+
+
+def test_the_plot_has_a_row_per_variant():
+    bars = [
+        ("cnn f32 xla_off ours", "float32", 1.5),
+        ("cnn bf16 xla_off ours", "mixed_bfloat16", 3.0),
+    ]
+    one = tf.io.decode_png(chart.plot_throughput(bars[:1], {"float32": 10.0}))
+    two = tf.io.decode_png(chart.plot_throughput(bars, {"float32": 10.0}))
+    assert two.shape[0] - one.shape[0] == 18  # One row of 9 font pixels, scaled 2x.
+    assert np.any(np.all(two.numpy() == (255, 127, 14), axis=-1))  # The bfloat16 bar.

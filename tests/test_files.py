@@ -1,0 +1,58 @@
+"""Tests of mpt_keras.files: the check that a directory can be written before a run."""
+
+import errno
+import os
+
+import pytest
+
+from mpt_keras import files
+from mpt_keras.errors import UserInputError
+
+
+def test_creates_the_directory_and_leaves_nothing_in_it(tmp_path):
+    directory = tmp_path / "a" / "run"
+    files.check_writable_dir(directory, what="model_dir")
+    assert directory.is_dir()
+    assert os.listdir(directory) == []
+
+
+def test_a_directory_under_a_regular_file_cannot_be_created(tmp_path):
+    (tmp_path / "file").write_text("")
+    directory = tmp_path / "file" / "run"
+    with pytest.raises(UserInputError) as raised:
+        files.check_writable_dir(directory, what="model_dir")
+    assert str(raised.value) == f"model_dir {directory}: cannot be created (Not a directory)"
+
+
+@pytest.mark.parametrize(
+    "failing, code, reason",
+    [
+        ("fsync", errno.ENOSPC, "No space left on device"),
+        ("write", errno.ENOSPC, "No space left on device"),
+        ("open", errno.EROFS, "Read-only file system"),
+    ],
+)
+def test_a_failing_probe_write_is_not_writable(tmp_path, monkeypatch, failing, code, reason):
+    # As root, os.access says yes to everything: only writing tells.
+    def fail(*args, **kwargs):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, failing, fail)
+    with pytest.raises(UserInputError) as raised:
+        files.check_writable_dir(tmp_path, what="model_dir")
+    monkeypatch.undo()
+    assert str(raised.value) == f"model_dir {tmp_path}: not writable ({reason})"
+    assert os.listdir(tmp_path) == []  # The probe is removed.
+
+
+def test_too_little_free_space(tmp_path, monkeypatch):
+    class Full:
+        f_frsize = 4096
+        f_bavail = 12 * 2**20 // 4096
+
+    monkeypatch.setattr(os, "statvfs", lambda path: Full)
+    with pytest.raises(UserInputError) as raised:
+        files.check_writable_dir(tmp_path, what="model_dir")
+    assert str(raised.value) == f"model_dir {tmp_path}: only 12 MiB free, need at least 64 MiB"
+    Full.f_bavail = files.MIN_FREE_BYTES // 4096
+    files.check_writable_dir(tmp_path, what="model_dir")  # Exactly the minimum is enough.

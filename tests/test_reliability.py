@@ -1,0 +1,254 @@
+"""What a run guarantees when things go wrong: NaN data, divergence, kills, determinism."""
+
+import dataclasses
+import glob
+import json
+import logging
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.framework import config as tf_config
+
+from mpt_keras import data
+from mpt_keras import training as training_module
+from mpt_keras.config import TrainConfig
+from mpt_keras.errors import RunStoppedError
+from mpt_keras.training import Runtime, run_training
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BATCH = 16
+
+
+def _config(tfds_dir, **changes):
+    values = {
+        "precision": "float32",
+        "steps": 6,
+        "checkpoint_every": 2,
+        "eval_every": 2,
+        "log_every": 1,
+        "data": {
+            "name": "mpt_digits",
+            "data_dir": tfds_dir,
+            "batch_size": BATCH,
+            "eval_examples": 64,
+        },
+        "model": {"name": "mlp", "options": {"hidden_units": [16]}},
+        "optimizer": {"name": "adam", "learning_rate": 0.01},
+    }
+    return TrainConfig.from_dict(values).merged(changes)
+
+
+def _weights(model_dir):
+    model = keras.saving.load_model(os.path.join(model_dir, "model.keras"))
+    return [np.asarray(w) for w in model.weights]
+
+
+# --- NaN in the data ----------------------------------------------------------
+
+
+def _poison(monkeypatch, tfds_dir, bad_steps, seed=0):
+    """Puts a NaN into one example of each 1-based train step in `bad_steps`."""
+    clean = data.classification_arrays("mpt_digits", "train", tfds_dir)
+    order = np.arange(len(clean.labels), dtype=np.float32)[:, None]
+    batches = data.train_batches(order, clean.labels, BATCH, seed=seed).take(max(bad_steps))
+    indices = [batch[0][:, 0].numpy().astype(int) for batch in batches]
+    features = clean.features.copy()
+    for position, step in enumerate(bad_steps):
+        features[indices[step - 1][position % BATCH]].flat[position] = np.nan
+    original = data.classification_arrays
+
+    def poisoned(name, split, data_dir):
+        loaded = original(name, split, data_dir)
+        if split != "train":
+            return loaded
+        return dataclasses.replace(loaded, features=features)
+
+    monkeypatch.setattr(training_module.data, "classification_arrays", poisoned)
+
+
+@pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16", "mixed_float16"])
+def test_nan_batches_are_skipped_counted_and_reported_with_their_step(
+    tfds_dir, tmp_path, monkeypatch, caplog, precision
+):
+    _poison(monkeypatch, tfds_dir, bad_steps=[2, 5])
+    with caplog.at_level(logging.WARNING, logger="mpt_keras.guards"):
+        metrics = run_training(
+            _config(tfds_dir, precision=precision), Runtime(str(tmp_path), verbose=0)
+        )
+    assert (metrics["step"], metrics["bad_batches"], metrics["skipped_steps"]) == (6, 2, 2)
+    # Not overflows: the float16 scale did not back off.
+    assert metrics["loss_scale"] == (32768.0 if precision == "mixed_float16" else 1.0)
+    assert all(np.isfinite(w).all() for w in _weights(str(tmp_path)))
+    reported = " ".join(r.getMessage() for r in caplog.records)
+    assert "at step(s) 2 " in reported and "at step(s) 5 " in reported
+
+
+def test_more_bad_batches_than_allowed_stop_the_run_with_one_line(tfds_dir, tmp_path, monkeypatch):
+    _poison(monkeypatch, tfds_dir, bad_steps=[1, 3])
+    config = _config(tfds_dir, data={"max_bad_batches": 1})
+    with pytest.raises(RunStoppedError) as stopped:
+        run_training(config, Runtime(str(tmp_path), verbose=0))
+    message = str(stopped.value)
+    assert message.startswith("2 train batches held NaN or Inf values (the latest at step 3)")
+    assert "data.max_bad_batches=1" in message and "\n" not in message
+    assert not os.path.exists(tmp_path / "model.keras")
+
+
+# --- Divergence -----------------------------------------------------------------
+
+# SGD at learning rate 30 blows the MLP's loss up within a few steps.
+_EXPLODING = {"optimizer": {"name": "sgd", "learning_rate": 30.0}}
+
+
+def _checkpoint_value(model_dir, name):
+    latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+    return tf.train.load_checkpoint(latest).get_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE")
+
+
+def test_divergence_stops_without_saving_the_diverged_state(tfds_dir, tmp_path):
+    config = _config(
+        tfds_dir, **_EXPLODING, divergence={"patience": 2, "max_loss": 5.0, "action": "stop"}
+    )
+    with pytest.raises(RunStoppedError, match=r"^training diverged at step \d+: the loss") as info:
+        run_training(config, Runtime(str(tmp_path), verbose=0))
+    assert "divergence.action=stop" in str(info.value)
+    assert not os.path.exists(tmp_path / "model.keras")
+    assert not os.path.exists(tmp_path / "metrics.json")
+    # Only states saved while the loss was healthy: the one before training at least.
+    diverged_at = int(re.match(r"training diverged at step (\d+)", str(info.value)).group(1))
+    saved = sorted(
+        int(os.path.basename(p)[5:-6])
+        for p in glob.glob(str(tmp_path / "checkpoints" / "step-*.index"))
+    )
+    assert saved[0] == 0 and saved[-1] < diverged_at
+
+
+def test_rollback_lowers_the_learning_rate_until_training_is_healthy(tfds_dir, tmp_path, caplog):
+    config = _config(
+        tfds_dir,
+        **_EXPLODING,
+        divergence={"patience": 2, "max_loss": 5.0, "lr_factor": 0.001, "max_rollbacks": 2},
+    )
+    with caplog.at_level(logging.WARNING, logger="mpt_keras.training"):
+        metrics = run_training(config, Runtime(str(tmp_path), verbose=0))
+    assert metrics["step"] == 6
+    assert metrics["val_loss"] < 5.0  # Healthy (it was 15.7 when it diverged).
+    assert any("rolled back to step" in r.getMessage() for r in caplog.records)
+    # The lowered rate is saved with the run: a resumed run keeps it.
+    assert _checkpoint_value(str(tmp_path), "learning_rate_scale") == pytest.approx(0.001)
+
+
+def test_promotion_that_does_not_help_stops_after_max_rollbacks(tfds_dir, tmp_path):
+    config = _config(
+        tfds_dir,
+        **_EXPLODING,
+        precision="mixed_bfloat16",
+        divergence={"patience": 2, "max_loss": 5.0, "action": "promote", "max_rollbacks": 1},
+    )
+    with pytest.raises(RunStoppedError, match="after 1 rollbacks"):
+        run_training(config, Runtime(str(tmp_path), verbose=0))
+    promoted = json.loads((tmp_path / "promoted_manifest.json").read_text())
+    assert {rule["policy"] for rule in promoted["rules"]} == {"float32"}
+
+
+# --- Determinism ------------------------------------------------------------------
+
+
+class _DeterminismProbe(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.enabled = tf_config.is_op_determinism_enabled()
+
+
+def test_deterministic_runs_are_identical_and_scoped_to_the_run(tfds_dir, tmp_path):
+    config = _config(
+        tfds_dir, deterministic=True, model={"options": {"hidden_units": [16], "dropout": 0.3}}
+    )
+    probe = _DeterminismProbe()
+    run_training(config, Runtime(str(tmp_path / "a"), verbose=0, callbacks=(probe,)))
+    assert probe.enabled
+    assert not tf_config.is_op_determinism_enabled()
+    keras.backend.clear_session()
+    run_training(config, Runtime(str(tmp_path / "b"), verbose=0))
+    for a, b in zip(_weights(str(tmp_path / "a")), _weights(str(tmp_path / "b")), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+# --- kill -9 and resume -----------------------------------------------------------
+
+
+def _launch(model_dir, tfds_dir):
+    override = {
+        "checkpoint_every": 3,
+        "eval_every": 3,
+        "data": {"data_dir": tfds_dir, "batch_size": BATCH, "eval_examples": 64},
+        "model": {"options": {"hidden_units": [32], "dropout": 0.2}},
+    }
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trainers.train",
+            f"--config={os.path.join(REPO, 'configs', 'digits_mlp.json')}",
+            f"--model_dir={model_dir}",
+            "--precision=mixed_float16",
+            "--steps=30",
+            "--deterministic",
+            f"--config_override={json.dumps(override)}",
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _finish(process):
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr
+    return stderr
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_points_then_resume_matches_an_uninterrupted_run(tfds_dir, tmp_path):
+    straight = tmp_path / "straight"
+    _finish(_launch(straight, tfds_dir))
+
+    killed = tmp_path / "killed"
+    rng = random.Random(20261122)
+    kills = 0
+    checkpoints = killed / "checkpoints"
+    for _ in range(3):
+        process = _launch(killed, tfds_dir)
+        # Wait for a new checkpoint, then kill at a random moment after it:
+        # mid-interval, mid-save or mid-evaluation.
+        before = len(glob.glob(str(checkpoints / "*.index")))
+        deadline = time.monotonic() + 120
+        while (
+            len(glob.glob(str(checkpoints / "*.index"))) <= before
+            and process.poll() is None
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 0.6))
+        if process.poll() is not None:
+            break
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+        kills += 1
+    assert kills >= 1
+    _finish(_launch(killed, tfds_dir))
+
+    metrics = json.loads((killed / "metrics.json").read_text())
+    assert metrics == json.loads((straight / "metrics.json").read_text())
+    assert metrics["step"] == 30
+    for a, b in zip(_weights(straight), _weights(killed), strict=True):
+        np.testing.assert_array_equal(a, b)
