@@ -73,6 +73,12 @@ def build_cnn() -> keras.Model:
     return models.build_cnn(IMAGE_SHAPE, NUM_CLASSES)
 
 
+def build_mlp() -> keras.Model:
+    """The reference MLP over 8x8 images (as in configs/digits_mlp.json), from seed 0."""
+    keras.utils.set_random_seed(0)
+    return models.build_mlp(IMAGE_SHAPE, NUM_CLASSES)
+
+
 def compiled_transformer_lm(
     optimizer: keras.Optimizer, sequence_length: int, num_layers: int, d_model: int
 ) -> keras.Model:

@@ -1,6 +1,6 @@
 """The benchmark suite behind `mpt-bench`: every variant side by side, against the machine's limit.
 
-A variant is a reference model (the Transformer LM, the 8x8 CNN), a precision
+A variant is a reference model (the Transformer LM, the 8x8 CNN and MLP), a precision
 (`float32`, `mixed_bfloat16`, `mixed_float16`), XLA (`off`, `on`) and a stack:
 
     ours    the global policy, `PrecisionManifest(default=precision)` (the safe
@@ -67,7 +67,7 @@ from mpt_keras.monitor import MixedPrecisionMonitor
 from mpt_keras.policies import global_policy
 from mpt_keras.training import TRAINING_LOSS
 
-MODELS = ("transformer_lm", "cnn")
+MODELS = ("transformer_lm", "cnn", "mlp")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 XLA_SETTINGS = ("off", "on")
 STACKS = ("ours", "stock")
@@ -283,13 +283,10 @@ def _prepare(
     gc.collect()
     memory_before = _memory_current(memory_device)
     with global_policy(variant.precision):
+        model = _build(variant.model, settings)
         if variant.model == "transformer_lm":
-            model = harness.build_transformer_lm(
-                settings.sequence_length, settings.num_layers, settings.d_model
-            )
             dataset = harness.token_batches(settings.batch_size, settings.sequence_length)
         else:
-            model = harness.build_cnn()
             dataset = harness.image_batches(settings.image_batch_size)
         inner = keras.optimizers.AdamW(1e-3)
         jit_compile = variant.xla == "on"
@@ -410,8 +407,9 @@ def _auto_choices(settings: Settings, step_seconds: dict[str, list[float]]) -> d
     strategy = tf.distribute.get_strategy()
     choices = {}
     for model in settings.models:
+        built = _build(model, settings)
         for precision in settings.precisions:
-            jit_compile, reason = xla.resolve_jit_compile("auto", strategy, precision)
+            jit_compile, reason = xla.resolve_jit_compile("auto", strategy, precision, built)
             times = {
                 setting: step_seconds[Variant(model, precision, setting, stack).name]
                 for setting in settings.xla
@@ -435,6 +433,15 @@ def _auto_choices(settings: Settings, step_seconds: dict[str, list[float]]) -> d
     return choices
 
 
+def _build(model: str, settings: Settings) -> keras.Model:
+    """The reference model `model`, from seed 0, in the global policy."""
+    if model == "transformer_lm":
+        return harness.build_transformer_lm(
+            settings.sequence_length, settings.num_layers, settings.d_model
+        )
+    return harness.build_cnn() if model == "cnn" else harness.build_mlp()
+
+
 def _batch_size(model: str, settings: Settings) -> int:
     return settings.batch_size if model == "transformer_lm" else settings.image_batch_size
 
@@ -451,7 +458,7 @@ def _dimensions(model: str, settings: Settings) -> dict[str, Any]:
             settings.num_layers, settings.d_model, settings.sequence_length, settings.batch_size
         )
     return {
-        "name": "cnn",
+        "name": model,
         "input_shape": list(harness.IMAGE_SHAPE),
         "batch_size": settings.image_batch_size,
     }

@@ -145,7 +145,7 @@ def _run(config: TrainConfig, runtime: Runtime, strategy: tf.distribute.Strategy
         model, manifest, report = _build_model(config, task_data)
         optimizer = _make_optimizer(config, report)
         jit_compile, jit_reason = xla.resolve_jit_compile(
-            config.jit_compile, strategy, report["precision"]
+            config.jit_compile, strategy, report["precision"], model
         )
         _LOGGER.info("%s", jit_reason)
         report = {**report, "jit_compile": jit_compile, "jit_compile_reason": jit_reason}

@@ -17,28 +17,36 @@ a NaN or Inf (`LossScaleOptimizer.check_batch`); such a batch adds nothing to
 the reported loss.
 
 `resolve_jit_compile` turns the `--jit_compile` setting (`auto`, `true`,
-`false`) into that choice. `auto` decides by the replicas' device type and the
-precision, as measured on CPUs (`mpt-bench` reports the ratios
-and the `auto` choice side by side; no GPU or TPU was at hand):
+`false`) into that choice. `auto` decides by the replicas' device type and,
+on CPUs, by what the model computes, as measured by `mpt-bench` (which
+reports the ratios and the `auto` choice side by side; no GPU or TPU was at
+hand):
 
     TPU replicas   XLA on   TPUStrategy compiles everything with XLA anyway
     GPU replicas   XLA on   XLA fuses the elementwise work between kernels
-    CPU replicas   XLA off  for float32 and mixed_bfloat16: TensorFlow's
-                            oneDNN kernels are faster than XLA's CPU code
-                   XLA on   for mixed_float16: TensorFlow falls back from
-                            oneDNN to its Eigen float16 kernels (it logs so),
-                            which are slower than XLA's
+    CPU replicas   XLA on   for models with attention layers, in every
+                            precision: XLA fuses the softmax, masking and
+                            reshapes around the attention matmuls
+                   XLA off  for other models (dense, convolutional), in every
+                            precision: TensorFlow's oneDNN kernels are as fast
+                            or faster, and an XLA call costs ~6 ms a step
+                            here, which small steps cannot repay
 
-XLA step time / step time without XLA (ratio of the medians of interleaved
-rounds in one process; 2 shared cores of an AMD EPYC with AVX512_BF16 and no
-AVX512_FP16; the small transformer_lm and the 8x8 cnn; range of six runs):
+Examples per second with XLA over without (ratio of the medians of
+interleaved rounds in one `mpt-bench` run on a quiet machine; 2 cores of an
+AMD EPYC with AVX512_BF16 and no AVX512_FP16; the reference models: the
+Transformer LM with 2 blocks of width 64 on 32x64 tokens, the 8x8 CNN and MLP
+on batches of 64; above 1: XLA faster):
 
-                      float32     mixed_bfloat16   mixed_float16
-    transformer_lm    0.72-1.58   0.90-1.76        0.64-1.06
-    cnn               1.74-2.28   1.74-2.52        0.88-0.99
+                      float32   mixed_bfloat16   mixed_float16
+    transformer_lm    1.43      1.25             1.96
+    cnn               0.68      0.51             1.01
+    mlp               0.20      0.30             0.27
 
-For transformer_lm in float32 and mixed_bfloat16 it is a toss-up here (its
-step time without XLA varied most from run to run); the cnn decides those.
+A second run of the Transformer alone (20 rounds) gave 1.46, 1.19 and 1.88.
+The precision does not change the choice on this CPU: float16, which oneDNN
+lacks here (TensorFlow falls back to Eigen), is slow with or without XLA for
+the CNN, and XLA's per-call cost still dominates the MLP.
 """
 
 from __future__ import annotations
@@ -53,7 +61,7 @@ from keras.src.losses.loss import unscale_loss_for_distribution
 from mpt_keras import distribute
 from mpt_keras.errors import UserInputError
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
-from mpt_keras.policies import check_policy_name
+from mpt_keras.policies import check_policy_name, iter_layers
 
 JIT_COMPILE_SETTINGS = ("auto", "true", "false")
 # What compile_model sets on a model; removed again when it re-compiles.
@@ -135,16 +143,21 @@ def compile_model(
 
 
 def resolve_jit_compile(
-    setting: str, strategy: tf.distribute.Strategy, precision: str
+    setting: str,
+    strategy: tf.distribute.Strategy,
+    precision: str,
+    model: keras.Model | None = None,
 ) -> tuple[bool, str]:
     """Chooses whether to XLA-compile the replicas' train step.
 
     Args:
         setting: `"true"`, `"false"` or `"auto"` (the rule in the module
-            docstring, decided by the device type of the strategy's replicas).
+            docstring: by the device type of the strategy's replicas and, on
+            CPUs, whether `model` has attention layers).
         strategy: The strategy the model trains under.
         precision: The run's dtype policy name (`float32`, `mixed_float16`,
             `mixed_bfloat16`).
+        model: The model to train; `None` counts as a model without attention.
 
     Returns:
         `(jit_compile, reason)`, the reason a one-line explanation for logs.
@@ -154,9 +167,9 @@ def resolve_jit_compile(
 
     Example:
 
-        jit_compile, reason = resolve_jit_compile("auto", strategy, "mixed_bfloat16")
-        jit_compile  # False on a CPU-only machine
-        reason  # 'jit_compile=auto: CPU replicas, mixed_bfloat16: XLA off, ...'
+        jit_compile, reason = resolve_jit_compile("auto", strategy, "mixed_bfloat16", model)
+        jit_compile  # on a CPU-only machine: True for a Transformer, False for a CNN
+        reason  # 'jit_compile=auto: CPU replicas, mixed_bfloat16: XLA on, ...'
     """
     if setting not in JIT_COMPILE_SETTINGS:
         raise UserInputError(
@@ -169,9 +182,18 @@ def resolve_jit_compile(
     prefix = f"jit_compile=auto: {device_type} replicas, {precision}: XLA"
     if device_type != "CPU":
         return True, f"{prefix} on, the fast path on accelerators"
-    if precision == "mixed_float16":
-        return True, f"{prefix} on, TensorFlow's float16 CPU kernels are slower than XLA's"
-    return False, f"{prefix} off, TensorFlow's oneDNN CPU kernels are faster than XLA's"
+    if model is not None and _has_attention(model):
+        return True, f"{prefix} on, the model has attention layers (XLA fuses around them)"
+    return False, (
+        f"{prefix} off, no attention layers: TensorFlow's oneDNN CPU kernels are as fast or faster"
+    )
+
+
+def _has_attention(model: keras.Model) -> bool:
+    return any(
+        isinstance(layer, keras.layers.MultiHeadAttention) or "Attention" in type(layer).__name__
+        for _, layer in iter_layers(model)
+    )
 
 
 def _replica_device_type(strategy: tf.distribute.Strategy) -> str:

@@ -148,7 +148,7 @@ def test_a_bad_flag_is_one_line_on_stderr_and_status_2():
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == (
         "mpt-bench: error: models: unknown 'resnet'. "
-        "Allowed: one or more of transformer_lm, cnn, each once"
+        "Allowed: one or more of transformer_lm, cnn, mlp, each once"
     )
     assert result.stdout == ""
 

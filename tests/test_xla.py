@@ -305,47 +305,41 @@ def test_auto_rule(monkeypatch, strategy, visible_gpus, device_type, precision):
         "list_logical_devices",
         lambda kind=None: gpus if kind == "GPU" else pytest.fail("unexpected device query"),
     )
-    # XLA on accelerators; on CPUs only where TensorFlow lacks fast kernels.
-    expected = device_type != "CPU" or precision == "mixed_float16"
-    jit_compile, reason = xla.resolve_jit_compile("auto", strategy, precision)
-    assert jit_compile is expected
-    state = "on" if expected else "off"
-    assert reason.startswith(
-        f"jit_compile=auto: {device_type} replicas, {precision}: XLA {state}, "
+    # XLA on accelerators; on CPUs only for models with attention.
+    for model, attention in ((_mlp(), False), (_transformer(), True), (None, False)):
+        expected = device_type != "CPU" or attention
+        jit_compile, reason = xla.resolve_jit_compile("auto", strategy, precision, model)
+        assert jit_compile is expected
+        state = "on" if expected else "off"
+        assert reason.startswith(
+            f"jit_compile=auto: {device_type} replicas, {precision}: XLA {state}, "
+        )
+
+
+def _transformer() -> keras.Model:
+    return models.build_transformer_lm(256, 16, num_layers=1, d_model=16, num_heads=2)
+
+
+class _CustomAttention(keras.layers.Layer):
+    def call(self, inputs):
+        return inputs
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_auto_on_this_cpu_only_machine(precision):
+    strategy = tf.distribute.get_strategy()
+    assert xla.resolve_jit_compile("auto", strategy, precision, _transformer()) == (
+        True,
+        f"jit_compile=auto: CPU replicas, {precision}: XLA on, the model has attention "
+        "layers (XLA fuses around them)",
     )
-
-
-@pytest.mark.parametrize(
-    ("precision", "expected"),
-    [
-        (
-            "float32",
-            (
-                False,
-                "jit_compile=auto: CPU replicas, float32: XLA off, TensorFlow's oneDNN CPU "
-                "kernels are faster than XLA's",
-            ),
-        ),
-        (
-            "mixed_bfloat16",
-            (
-                False,
-                "jit_compile=auto: CPU replicas, mixed_bfloat16: XLA off, TensorFlow's "
-                "oneDNN CPU kernels are faster than XLA's",
-            ),
-        ),
-        (
-            "mixed_float16",
-            (
-                True,
-                "jit_compile=auto: CPU replicas, mixed_float16: XLA on, TensorFlow's float16 "
-                "CPU kernels are slower than XLA's",
-            ),
-        ),
-    ],
-)
-def test_auto_on_this_cpu_only_machine(precision, expected):
-    assert xla.resolve_jit_compile("auto", tf.distribute.get_strategy(), precision) == expected
+    assert xla.resolve_jit_compile("auto", strategy, precision, _mlp()) == (
+        False,
+        f"jit_compile=auto: CPU replicas, {precision}: XLA off, no attention layers: "
+        "TensorFlow's oneDNN CPU kernels are as fast or faster",
+    )
+    custom = keras.Sequential([keras.Input((4,)), _CustomAttention()])
+    assert xla.resolve_jit_compile("auto", strategy, precision, custom)[0] is True
 
 
 @pytest.mark.parametrize(("setting", "expected"), [("true", True), ("false", False)])
