@@ -24,12 +24,17 @@ hand):
 
     TPU replicas   XLA on   TPUStrategy compiles everything with XLA anyway
     GPU replicas   XLA on   XLA fuses the elementwise work between kernels
-    CPU replicas   XLA on   for models with attention layers, in every
-                            precision: XLA fuses the softmax, masking and
-                            reshapes around the attention matmuls
+    CPU replicas   XLA on   for models with attention layers in float32 and
+                            mixed_float16, and in mixed_bfloat16 up to
+                            `XLA_BFLOAT16_MAX_PARAMETERS` (1M) parameters: XLA
+                            fuses the softmax, masking and reshapes around the
+                            attention matmuls
+                   XLA off  for larger attention models in mixed_bfloat16:
+                            oneDNN's bfloat16 matmuls (AVX512_BF16) beat XLA's
+                            once the matmuls dominate
                    XLA off  for other models (dense, convolutional), in every
                             precision: TensorFlow's oneDNN kernels are as fast
-                            or faster, and an XLA call costs ~6 ms a step
+                            or faster, and an XLA call costs ~5 ms a step
                             here, which small steps cannot repay
 
 Examples per second with XLA over without (ratio of the medians of
@@ -44,9 +49,18 @@ on batches of 64; above 1: XLA faster):
     mlp               0.20      0.30             0.27
 
 A second run of the Transformer alone (20 rounds) gave 1.46, 1.19 and 1.88.
-The precision does not change the choice on this CPU: float16, which oneDNN
-lacks here (TensorFlow falls back to Eigen), is slow with or without XLA for
-the CNN, and XLA's per-call cost still dominates the MLP.
+Wider Transformers (2 blocks, 6 rounds each):
+
+    width (parameters)   float32   mixed_bfloat16   mixed_float16
+    64 (0.14M)           1.34      1.18             2.08
+    128 (0.47M)          -         1.04             1.80
+    256 (1.73M)          -         0.73             1.66
+    512 (6.60M)          1.11      0.60             -
+
+so in bfloat16 the crossover lies between 0.47M and 1.73M parameters.
+float16, which oneDNN lacks here (TensorFlow falls back to Eigen), is slow
+with or without XLA for the CNN, and XLA's per-call cost still dominates the
+MLP.
 """
 
 from __future__ import annotations
@@ -64,6 +78,9 @@ from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 from mpt_keras.policies import check_policy_name, iter_layers
 
 JIT_COMPILE_SETTINGS = ("auto", "true", "false")
+# Above this many parameters, a bfloat16 attention model trains faster without
+# XLA on CPUs (measured crossover: between 0.47M and 1.73M; module docstring).
+XLA_BFLOAT16_MAX_PARAMETERS = 1_000_000
 # What compile_model sets on a model; removed again when it re-compiles.
 _INSTALLED_ATTRIBUTES = ("train_step", "test_step", "_maybe_symbolic_build")
 
@@ -183,6 +200,12 @@ def resolve_jit_compile(
     if device_type != "CPU":
         return True, f"{prefix} on, the fast path on accelerators"
     if model is not None and _has_attention(model):
+        parameters = model.count_params()
+        if precision == "mixed_bfloat16" and parameters > XLA_BFLOAT16_MAX_PARAMETERS:
+            return False, (
+                f"{prefix} off, an attention model of {parameters:,} parameters (over "
+                f"{XLA_BFLOAT16_MAX_PARAMETERS:,}): oneDNN's bfloat16 matmuls are faster"
+            )
         return True, f"{prefix} on, the model has attention layers (XLA fuses around them)"
     return False, (
         f"{prefix} off, no attention layers: TensorFlow's oneDNN CPU kernels are as fast or faster"

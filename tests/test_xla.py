@@ -342,6 +342,28 @@ def test_auto_on_this_cpu_only_machine(precision):
     assert xla.resolve_jit_compile("auto", strategy, precision, custom)[0] is True
 
 
+@pytest.mark.parametrize(
+    ("precision", "expected"),
+    [("float32", True), ("mixed_float16", True), ("mixed_bfloat16", False)],
+)
+def test_auto_keeps_large_bfloat16_attention_models_off_xla_on_cpu(
+    monkeypatch, precision, expected
+):
+    model = _transformer()
+    assert model.count_params() <= xla.XLA_BFLOAT16_MAX_PARAMETERS
+    strategy = tf.distribute.get_strategy()
+    assert xla.resolve_jit_compile("auto", strategy, precision, model)[0] is True
+    monkeypatch.setattr(xla, "XLA_BFLOAT16_MAX_PARAMETERS", model.count_params() - 1)
+    jit_compile, reason = xla.resolve_jit_compile("auto", strategy, precision, model)
+    assert jit_compile is expected
+    if not expected:
+        assert reason == (
+            "jit_compile=auto: CPU replicas, mixed_bfloat16: XLA off, an attention model of "
+            f"{model.count_params():,} parameters (over {model.count_params() - 1:,}): "
+            "oneDNN's bfloat16 matmuls are faster"
+        )
+
+
 @pytest.mark.parametrize(("setting", "expected"), [("true", True), ("false", False)])
 def test_explicit_settings_are_kept(setting, expected):
     strategy = _fake_strategy("/device:TPU:0")
