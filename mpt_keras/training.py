@@ -173,7 +173,8 @@ def _run(config: TrainConfig, runtime: Runtime, strategy: tf.distribute.Strategy
             data.eval_batches(*task_data.validation, config.data.eval_batch_size)
         )
         if step < config.steps:
-            _fit(model, manifest, config, runtime, checkpointer, task_data, validation, step)
+            fit = _Fit(model, manifest, config, runtime, checkpointer, task_data, validation)
+            _fit(fit, step)
         else:
             _LOGGER.info("Step %d of %d already done: evaluating only.", step, config.steps)
         metrics = _final_metrics(model, validation, task, report)
@@ -406,35 +407,29 @@ def _learning_rate(
     )
 
 
-def _fit(
-    model: keras.Model,
-    manifest: PrecisionManifest,
-    config: TrainConfig,
-    runtime: Runtime,
-    checkpointer: Checkpointer,
-    task_data: _TaskData,
-    validation,
-    step: int,
-) -> None:
+@dataclasses.dataclass
+class _Fit:
+    """What the fit loop works with; a promotion replaces the manifest."""
+
+    model: keras.Model
+    manifest: PrecisionManifest
+    config: TrainConfig
+    runtime: Runtime
+    checkpointer: Checkpointer
+    task_data: _TaskData
+    validation: tf.data.Dataset
+
+
+def _fit(fit: _Fit, step: int) -> None:
     """Trains from `step` to `config.steps`, rolling back on divergence."""
-    divergence = config.divergence
+    divergence = fit.config.divergence
     if divergence.patience and step == 0:
-        checkpointer.save(0)  # Something to roll back to.
+        fit.checkpointer.save(0)  # Something to roll back to.
     rollbacks = 0
     while True:
         guard = DivergenceGuard(divergence.patience, divergence.max_loss)
         try:
-            _fit_from(
-                model,
-                manifest,
-                config,
-                runtime,
-                checkpointer,
-                task_data,
-                validation,
-                step,
-                guard if divergence.patience else None,
-            )
+            _fit_from(fit, step, guard if divergence.patience else None)
             return
         except Diverged as diverged:
             rollbacks += 1
@@ -442,11 +437,11 @@ def _fit(
                 done = "" if divergence.action == "stop" else f" after {rollbacks - 1} rollbacks"
                 raise RunStoppedError(
                     f"training diverged at {diverged}{done}; divergence.action="
-                    f"{divergence.action}: stopped, the checkpoints in {runtime.model_dir} are "
-                    "kept (all saved while the loss was healthy)"
+                    f"{divergence.action}: stopped, the checkpoints in {fit.runtime.model_dir} "
+                    "are kept (all saved while the loss was healthy)"
                 ) from None
-            step = checkpointer.restore()
-            manifest = _mend(model, manifest, config, diverged, runtime.model_dir)
+            step = fit.checkpointer.restore()
+            _mend(fit, diverged)
             _LOGGER.warning(
                 "Training diverged at %s: rolled back to step %d (rollback %d of %d).",
                 diverged,
@@ -456,49 +451,35 @@ def _fit(
             )
 
 
-def _mend(
-    model: keras.Model,
-    manifest: PrecisionManifest,
-    config: TrainConfig,
-    diverged: Diverged,
-    model_dir: str,
-) -> PrecisionManifest:
-    """Applies the divergence action after a rollback; returns the manifest in force."""
-    if config.divergence.action == "rollback":
-        scale = _learning_rate_scale(model.optimizer)
-        scale.assign(scale * config.divergence.lr_factor)
+def _mend(fit: _Fit, diverged: Diverged) -> None:
+    """Applies the divergence action after a rollback."""
+    if fit.config.divergence.action == "rollback":
+        scale = _learning_rate_scale(fit.model.optimizer)
+        scale.assign(scale * fit.config.divergence.lr_factor)
         _LOGGER.warning("Learning rate scaled by %g.", float(scale.numpy()))
-        return manifest
-    manifest, promoted = promote_low_precision_layers(
-        model, manifest, reason=f"divergence at {diverged}"
+        return
+    fit.manifest, promoted = promote_low_precision_layers(
+        fit.model, fit.manifest, reason=f"divergence at {diverged}"
     )
     if not promoted:
         raise RunStoppedError(
             f"training diverged at {diverged} with every layer in float32 already: "
             "divergence.action=promote has nothing to promote; lower the learning rate"
         )
-    model.make_train_function(force=True)
-    write_text_atomic(os.path.join(model_dir, PROMOTED_MANIFEST_FILE), manifest.to_json())
+    fit.model.make_train_function(force=True)
+    write_text_atomic(
+        os.path.join(fit.runtime.model_dir, PROMOTED_MANIFEST_FILE), fit.manifest.to_json()
+    )
     for path, old, new in promoted:
         _LOGGER.warning("Layer %s promoted from %s to %s.", path, old, new)
-    return manifest
 
 
-def _fit_from(
-    model: keras.Model,
-    manifest: PrecisionManifest,
-    config: TrainConfig,
-    runtime: Runtime,
-    checkpointer: Checkpointer,
-    task_data: _TaskData,
-    validation,
-    step: int,
-    guard: DivergenceGuard | None,
-) -> None:
+def _fit_from(fit: _Fit, step: int, guard: DivergenceGuard | None) -> None:
+    config, runtime = fit.config, fit.runtime
     interval = config.checkpoint_every
     train = _sharded_by_data(
         data.train_batches(
-            *task_data.train, config.data.batch_size, seed=config.seed, start_step=step
+            *fit.task_data.train, config.data.batch_size, seed=config.seed, start_step=step
         )
     )
     first_epoch = step // interval
@@ -510,12 +491,12 @@ def _fit_from(
         interval,
         config.precision,
     )
-    model.fit(
+    fit.model.fit(
         train,
         initial_epoch=first_epoch,
         epochs=first_epoch + math.ceil((config.steps - step) / interval),
         steps_per_epoch=interval,
-        validation_data=validation,
+        validation_data=fit.validation,
         validation_freq=config.eval_every // interval,
         callbacks=[
             StopAtStep(config.steps),
@@ -526,8 +507,8 @@ def _fit_from(
                 update_freq=config.log_every,
                 examples_per_step=config.data.batch_size,
             ),
-            SaveCheckpoints(checkpointer, healthy=None if guard is None else guard.healthy),
-            *_auto_promote(manifest, config, runtime),
+            SaveCheckpoints(fit.checkpointer, healthy=None if guard is None else guard.healthy),
+            *_auto_promote(fit.manifest, config, runtime),
             *runtime.callbacks,
         ],
         shuffle=False,  # The stream is shuffled by the data pipeline, by step.

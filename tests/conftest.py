@@ -1,5 +1,7 @@
 """Fixtures shared by the test files."""
 
+import socket
+
 import keras
 import pytest
 
@@ -8,6 +10,22 @@ import pytest
 def tfds_dir(tmp_path_factory):
     """A TFDS data_dir shared by a test session; embedded datasets prepare on first use."""
     return str(tmp_path_factory.mktemp("tensorflow_datasets"))
+
+
+@pytest.fixture
+def loopback_workers():
+    """A function giving two `127.0.0.1:port` addresses with free ports (a 2-worker TF_CONFIG)."""
+
+    def addresses():
+        sockets = [socket.socket() for _ in range(2)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        ports = [sock.getsockname()[1] for sock in sockets]
+        for sock in sockets:
+            sock.close()
+        return [f"127.0.0.1:{port}" for port in ports]
+
+    return addresses
 
 
 @pytest.fixture(autouse=True)

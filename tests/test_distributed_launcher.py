@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -55,18 +54,10 @@ def test_mirrored_on_two_virtual_cpus_with_xla(tfds_dir, tmp_path, precision):
     assert report["jit_compile"] is True
 
 
-def _free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
-
-
-def test_two_workers_on_loopback_finish_with_identical_weights_and_loss_scale(tfds_dir, tmp_path):
-    workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
+def test_two_workers_on_loopback_finish_with_identical_weights_and_loss_scale(
+    tfds_dir, tmp_path, loopback_workers
+):
+    workers = loopback_workers()
     processes = []
     for index in range(2):
         environment = dict(

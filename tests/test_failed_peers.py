@@ -8,7 +8,6 @@ checkpoint.
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -28,17 +27,7 @@ RUN_SECONDS = 300
 PEER_FAILED_STATUS = 75
 
 
-def _free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
-
-
-def _start_workers(tfds_dir, tmp_path, steps):
+def _start_workers(tfds_dir, tmp_path, steps, loopback_workers):
     """Starts both workers of a run on tmp_path/run; returns their processes."""
     override = json.dumps(
         {
@@ -47,7 +36,7 @@ def _start_workers(tfds_dir, tmp_path, steps):
             "data": {"data_dir": tfds_dir, "batch_size": 16, "eval_examples": 32},
         }
     )
-    workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
+    workers = loopback_workers()
     # A killed worker leaves its temporary write_dir behind: keep it in tmp_path.
     (tmp_path / "tmp").mkdir(exist_ok=True)
     processes = []
@@ -95,10 +84,12 @@ def _last_checkpoint_step(model_dir):
 
 
 @pytest.mark.slow
-def test_killed_worker_stops_its_peer_in_bounded_time_and_a_rerun_resumes(tfds_dir, tmp_path):
+def test_killed_worker_stops_its_peer_in_bounded_time_and_a_rerun_resumes(
+    tfds_dir, tmp_path, loopback_workers
+):
     model_dir = tmp_path / "run"
     # Far more steps than run before the kill.
-    processes = _start_workers(tfds_dir, tmp_path, steps=100_000)
+    processes = _start_workers(tfds_dir, tmp_path, steps=100_000, loopback_workers=loopback_workers)
     survivor, victim = processes
     try:
         deadline = time.monotonic() + FIRST_CHECKPOINT_SECONDS
@@ -131,7 +122,7 @@ def test_killed_worker_stops_its_peer_in_bounded_time_and_a_rerun_resumes(tfds_d
 
     resumed_step = _last_checkpoint_step(model_dir)
     steps = resumed_step + INTERVAL
-    processes = _start_workers(tfds_dir, tmp_path, steps=steps)
+    processes = _start_workers(tfds_dir, tmp_path, steps=steps, loopback_workers=loopback_workers)
     try:
         outputs = [process.communicate(timeout=RUN_SECONDS)[1] for process in processes]
     finally:
