@@ -35,7 +35,7 @@ import keras
 
 from mpt_keras.auto_promote import PROMOTIONS
 from mpt_keras.callbacks import GlobalStepCallback
-from mpt_keras.errors import RunStoppedError
+from mpt_keras.errors import RunStoppedError, UserInputError
 from mpt_keras.manifest import PrecisionManifest, Rule
 from mpt_keras.policies import precision_report
 
@@ -72,7 +72,7 @@ class BadBatchLimit(GlobalStepCallback):
         super().on_train_begin(logs)
         optimizer = self.model.optimizer
         if not hasattr(optimizer, "bad_batch_steps"):
-            raise RunStoppedError(
+            raise UserInputError(
                 f"BadBatchLimit: the model's optimizer is {type(optimizer).__name__}. "
                 "Allowed: mpt_keras.LossScaleOptimizer"
             )

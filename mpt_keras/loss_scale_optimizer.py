@@ -341,8 +341,9 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         inner = self.inner_optimizer
         caller_unscaled = getattr(self._caller_unscaled, "pending", False)
         self._caller_unscaled.pending = False
-        bad_batch = getattr(self._pending_batch, "bad", None)
-        loss = getattr(self._pending_batch, "loss", None)
+        checked = getattr(self._pending_batch, "bad", None) is not None
+        bad_batch = self._pending_batch.bad if checked else ops.convert_to_tensor(False)
+        loss = self._pending_batch.loss if checked else None
         self._pending_batch.bad = self._pending_batch.loss = None
         # Reduce first: from here on every replica holds the same values, so
         # verdict, clipping and state updates agree on all replicas.
@@ -352,22 +353,18 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             scale = ops.convert_to_tensor(self.dynamic_scale)
             grads = [_unscale(g, scale) for g in grads]
         nonfinite = [~ops.all(ops.isfinite(_values(g))) for g in grads]
-        finite = ~ops.any(ops.stack(nonfinite))
-        if bad_batch is not None:
-            # Not an overflow: no attribution, no change of the scale.
-            nonfinite = [flag & ~bad_batch for flag in nonfinite]
-        assignments = self._counter_updates(finite, nonfinite, trainable_variables, bad_batch, loss)
+        finite = ~ops.any(ops.stack(nonfinite)) & ~bad_batch
+        # A bad batch is not an overflow: no attribution, no change of the scale.
+        nonfinite = [flag & ~bad_batch for flag in nonfinite]
+        assignments = self._counter_updates(finite, nonfinite, trainable_variables)
+        if checked:
+            assignments += self._bad_batch_updates(bad_batch, loss)
         assignments.append((self.gradient_norm, _global_norm(grads)))
-        if bad_batch is not None:
-            finite = finite & ~bad_batch
         if self.dynamic:
-            scale_updates = self._scale_updates(finite)
-            if bad_batch is not None:
-                scale_updates = [
-                    (variable, ops.where(bad_batch, variable, value))
-                    for variable, value in scale_updates
-                ]
-            assignments += scale_updates
+            assignments += [
+                (variable, ops.where(bad_batch, variable, value))
+                for variable, value in self._scale_updates(finite)
+            ]
         should_update = finite
         if inner.gradient_accumulation_steps:
             grads, should_update, accumulator_updates = self._accumulate(
@@ -404,34 +401,34 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         finite: tf.Tensor,
         nonfinite: list[tf.Tensor],
         trainable_variables: list[keras.Variable],
-        bad_batch: tf.Tensor | None,
-        loss: tf.Tensor | None,
     ) -> list[tuple[keras.Variable, tf.Tensor]]:
-        """Counts the step: iterations, skipped steps, overflows per variable, bad batches."""
+        """Counts the step: iterations, skipped steps, overflows per variable."""
         indices = map(self._get_variable_index, trainable_variables)
         flags = dict(zip(indices, nonfinite))
         per_variable = [
             ops.cast(flags.get(i, False), "int64") for i in range(len(self._trainable_variables))
         ]
         iterations = self.inner_optimizer._iterations
-        skipped = ~finite if bad_batch is None else ~finite | bad_batch
-        updates = [
-            (self._skipped_counter, self._skipped_counter + ops.cast(skipped, "int64")),
+        return [
+            (self._skipped_counter, self._skipped_counter + ops.cast(~finite, "int64")),
             (
                 self._nonfinite_counter,
                 self._nonfinite_counter + ops.stack(per_variable),
             ),
             (iterations, iterations + 1),
         ]
-        if bad_batch is None:
-            return updates
-        updates.append((self._last_loss, ops.where(bad_batch, self._last_loss, loss)))
+
+    def _bad_batch_updates(
+        self, bad_batch: tf.Tensor, loss: tf.Tensor
+    ) -> list[tuple[keras.Variable, tf.Tensor]]:
+        """Records a checked batch: its loss if good, its step if bad."""
         count = self._bad_batch_counter
+        step = ops.cast(self.inner_optimizer._iterations, "int64") + 1
         slot = ops.arange(BAD_BATCH_MEMORY, dtype="int64") == count % BAD_BATCH_MEMORY
-        ring = ops.where(bad_batch & slot, ops.cast(iterations, "int64") + 1, self._bad_batch_ring)
-        return updates + [
+        return [
+            (self._last_loss, ops.where(bad_batch, self._last_loss, loss)),
             (count, count + ops.cast(bad_batch, "int64")),
-            (self._bad_batch_ring, ring),
+            (self._bad_batch_ring, ops.where(bad_batch & slot, step, self._bad_batch_ring)),
         ]
 
     def _scale_updates(self, finite: tf.Tensor) -> list[tuple[keras.Variable, tf.Tensor]]:
