@@ -41,7 +41,10 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
        optimizer would compute anyway), then unscales them;
     2. decides finiteness on those all-reduced, unscaled gradients, so a
        non-finite gradient on any replica skips the step on every replica and
-       backs the scale off everywhere;
+       backs the scale off everywhere. A variable's gradient counts as
+       non-finite when its float32 sum of squares is: a NaN or Inf element,
+       or a norm above 1.8e19 (whose square would turn Adam's second moment
+       into inf). The same sums give `gradient_norm`;
     3. clips (`clipnorm`, `global_clipnorm`, `clipvalue` of the inner
        optimizer) the unscaled, all-reduced gradient, so two replicas give the
        single-device update;
@@ -352,14 +355,20 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         if not caller_unscaled:
             scale = ops.convert_to_tensor(self.dynamic_scale)
             grads = [_unscale(g, scale) for g in grads]
-        nonfinite = [~ops.all(ops.isfinite(_values(g))) for g in grads]
-        finite = ~ops.any(ops.stack(nonfinite)) & ~bad_batch
+        # One pass over each gradient serves the verdict and the norm: its
+        # float32 sum of squares is finite iff every element is finite and the
+        # gradient's norm is below 1.8e19 (where Adam's second moment would
+        # overflow). Vectorised over variables: a few ops per step, not per
+        # variable.
+        squares = ops.stack([_sum_of_squares(g) for g in grads])
+        nonfinite = ~ops.isfinite(squares)
+        finite = ~ops.any(nonfinite) & ~bad_batch
         # A bad batch is not an overflow: no attribution, no change of the scale.
-        nonfinite = [flag & ~bad_batch for flag in nonfinite]
+        nonfinite = nonfinite & ~bad_batch
         assignments = self._counter_updates(finite, nonfinite, trainable_variables)
         if checked:
             assignments += self._bad_batch_updates(bad_batch, loss)
-        assignments.append((self.gradient_norm, _global_norm(grads)))
+        assignments.append((self.gradient_norm, ops.sqrt(ops.sum(squares))))
         if self.dynamic:
             assignments += [
                 (variable, ops.where(bad_batch, variable, value))
@@ -399,22 +408,27 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
     def _counter_updates(
         self,
         finite: tf.Tensor,
-        nonfinite: list[tf.Tensor],
+        nonfinite: tf.Tensor,
         trainable_variables: list[keras.Variable],
     ) -> list[tuple[keras.Variable, tf.Tensor]]:
-        """Counts the step: iterations, skipped steps, overflows per variable."""
-        indices = map(self._get_variable_index, trainable_variables)
-        flags = dict(zip(indices, nonfinite))
-        per_variable = [
-            ops.cast(flags.get(i, False), "int64") for i in range(len(self._trainable_variables))
-        ]
+        """Counts the step: iterations, skipped steps, overflows per variable.
+
+        `nonfinite` holds one flag per entry of `trainable_variables`; the
+        optimizer's variables without a gradient this step count no overflow.
+        """
+        indices = [self._get_variable_index(v) for v in trainable_variables]
+        if indices != list(range(len(self._trainable_variables))):
+            # Index `len(indices)` is an appended False, for the variables
+            # without a gradient.
+            positions = dict(zip(indices, range(len(indices))))
+            nonfinite = tf.gather(
+                tf.concat([nonfinite, [False]], axis=0),
+                [positions.get(i, len(indices)) for i in range(len(self._trainable_variables))],
+            )
         iterations = self.inner_optimizer._iterations
         return [
             (self._skipped_counter, self._skipped_counter + ops.cast(~finite, "int64")),
-            (
-                self._nonfinite_counter,
-                self._nonfinite_counter + ops.stack(per_variable),
-            ),
+            (self._nonfinite_counter, self._nonfinite_counter + ops.cast(nonfinite, "int64")),
             (iterations, iterations + 1),
         ]
 
@@ -643,10 +657,9 @@ def _unscale(gradient: tf.Tensor, scale: tf.Tensor | keras.Variable) -> tf.Tenso
     return ops.divide(gradient, scale)
 
 
-def _global_norm(gradients: list[tf.Tensor]) -> tf.Tensor:
+def _sum_of_squares(gradient: tf.Tensor | tf.IndexedSlices) -> tf.Tensor:
     # In float32: the square of a float16 gradient above 256 would overflow.
-    squares = [ops.sum(ops.square(ops.cast(_values(g), "float32"))) for g in gradients]
-    return ops.sqrt(ops.sum(ops.stack(squares)))
+    return ops.sum(ops.square(ops.cast(_values(gradient), "float32")))
 
 
 def _values(gradient: tf.Tensor | tf.IndexedSlices) -> tf.Tensor:

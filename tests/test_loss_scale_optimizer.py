@@ -284,6 +284,37 @@ def test_nonfinite_counts_attribute_steps_to_variables():
     assert any(v is counter for v in opt.variables)
 
 
+def test_nonfinite_counts_follow_variables_given_in_any_order_or_subset():
+    a = keras.Variable(np.ones(2, np.float32), name="a")
+    b = keras.Variable(np.ones(3, np.float32), name="b")
+    c = keras.Variable(np.ones(1, np.float32), name="c")
+    opt = LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=1.0)
+    opt.build([a, b, c])
+    tf.function(lambda g: opt.apply([g], [b]))(tf.constant([np.nan, 1, 1]))
+    tf.function(lambda gc, ga: opt.apply([gc, ga], [c, a]))(
+        tf.constant([np.inf]), tf.constant([1.0, 1.0])
+    )
+    assert opt.nonfinite_counts() == {"a": 0, "b": 1, "c": 1}
+    assert opt.skipped_steps == 2
+
+
+@pytest.mark.parametrize(
+    ("element", "skipped"),
+    # 1e19**2 = 1e38 is a float32; 2e19**2 = 4e38 is not, and would make
+    # Adam's second moment inf for good.
+    [(1e19, 0), (2e19, 1)],
+    ids=["norm_1e19_applied", "norm_2e19_skipped"],
+)
+def test_gradient_whose_squared_norm_overflows_float32_is_skipped(element, skipped):
+    var, opt, step = _stepper("function", inner=keras.optimizers.Adam(0.1), initial_scale=1.0)
+    step([element, 0.0])
+    assert opt.skipped_steps == skipped
+    assert opt.nonfinite_counts() == {"w": skipped}
+    assert all(np.isfinite(v.numpy()).all() for v in opt.inner_optimizer.variables)
+    assert (var.numpy()[0] == 1.0) == bool(skipped)
+    assert float(opt.gradient_norm) == (np.inf if skipped else np.float32(element))
+
+
 def test_sparse_gradients_are_checked_without_densifying():
     var, opt, _ = _stepper("eager", shape=(4, 2), initial_scale=2.0)
     apply = tf.function(
