@@ -43,6 +43,14 @@ more (smaller ones come from a pool its statistics leave out), and nothing
 allocated outside its allocator (oneDNN's and XLA's own buffers): the figures
 are lower bounds, comparable between variants of one model at one size.
 `variable_bytes` is exact: the bytes of the model's and optimizer's variables.
+
+With `profile_steps`, each variant with XLA off is then run that many more
+steps under the TensorFlow profiler (`op_profile`): its op time per step by
+category (matmuls and convolutions, casts, the rest) and the top op types;
+for a lower precision also the matmuls' speed-up over float32's and the bound
+on the step's speed-up that float32's matmul fraction and the measured
+matmul peaks set (Amdahl's law). With an output directory the traces stay
+under `<output>/profile`, for TensorBoard's Profile tab.
 """
 
 from __future__ import annotations
@@ -58,7 +66,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from benchmarks import flops, harness, matmul_peak, suite_report
+from benchmarks import flops, harness, matmul_peak, op_profile, suite_report
 from mpt_keras import xla
 from mpt_keras.errors import UserInputError
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
@@ -74,6 +82,7 @@ STACKS = ("ours", "stock")
 COMPUTE_DTYPES = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
 JSON_FILE = "bench.json"
 PLOT_FILE = "bench.png"
+PROFILE_SUBDIR = "profile"
 AUTO_TOLERANCE = 1.05  # The goal: auto at most 5% slower than the better of on and off.
 _MEMORY_METHOD = (
     "tf.config.experimental.get_memory_info('{device}'), one variant at a time after its "
@@ -108,6 +117,8 @@ class Settings:
         image_batch_size: CNN images per batch.
         matmul_size: Rows of the square matrices of the matmul peak.
         matmul_rounds: Interleaved rounds of the matmul peak.
+        profile_steps: Steps per XLA-off variant under the TensorFlow
+            profiler, after the rounds; 0 profiles nothing.
 
     Example:
 
@@ -130,6 +141,7 @@ class Settings:
     image_batch_size: int = 64
     matmul_size: int = 2048
     matmul_rounds: int = 5
+    profile_steps: int = 0
 
     def __post_init__(self):
         for name, allowed in (
@@ -148,10 +160,10 @@ class Settings:
                 )
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if field.type == "int" and (type(value) is not int or value < 1):
-                raise UserInputError(
-                    f"{field.name}: must be a positive integer. Received: {value!r}"
-                )
+            minimum = 0 if field.name == "profile_steps" else 1
+            if field.type == "int" and (type(value) is not int or value < minimum):
+                kind = "a non-negative" if minimum == 0 else "a positive"
+                raise UserInputError(f"{field.name}: must be {kind} integer. Received: {value!r}")
         if self.d_model % 4:
             raise UserInputError(
                 f"d_model: must be divisible by the 4 attention heads. Received: {self.d_model}"
@@ -183,8 +195,11 @@ def variants(settings: Settings) -> list[Variant]:
     ]
 
 
-def measure(settings: Settings) -> dict[str, Any]:
+def measure(settings: Settings, profile_dir: str | None = None) -> dict[str, Any]:
     """Measures the matmul peak and every variant in one process; returns the JSON-ready result.
+
+    `profile_dir` keeps the profiler traces (with `settings.profile_steps`);
+    None discards them after reading.
 
     The keys: `benchmark`, `settings`, `models` (their sizes), `machine`,
     `methods` (how time, FLOPs and memory were measured), `matmul_peak` (see
@@ -192,7 +207,7 @@ def measure(settings: Settings) -> dict[str, Any]:
     `auto_jit_compile` (by `<model>/<precision>`).
     """
     peak = matmul_peak.measure_matmul_peak(settings.matmul_size, settings.matmul_rounds)
-    measured = measure_variants(settings)
+    measured = measure_variants(settings, profile_dir)
     memory_device = _memory_device()
     records = {
         variant.name: _record(variant, settings, measured, peak) for variant in variants(settings)
@@ -210,6 +225,7 @@ def measure(settings: Settings) -> dict[str, Any]:
             else "not measured: TensorFlow tracks no device's memory here",
             "speed_ratio": "examples/s of the variant over the other's (its step time over "
             "the variant's): ratio of the medians, and median of the per-round ratios",
+            "op_profile": op_profile.METHOD,
         },
         "matmul_peak": peak,
         "variants": records,
@@ -226,15 +242,24 @@ class Measurements:
         memory: Per variant name, `peak_bytes`, `step_bytes` (None where the
             device tracks no memory) and `variable_bytes`.
         train_step_flops: Per model name, FLOPs of a train step (`flops`).
+        op_seconds: Per profiled variant name, seconds per step per op type
+            (`op_profile.op_seconds`).
+        traces: Per profiled variant name, its trace file (None once deleted).
     """
 
     step_seconds: dict[str, list[float]]
     memory: dict[str, dict[str, int | None]]
     train_step_flops: dict[str, int]
+    op_seconds: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    traces: dict[str, str | None] = dataclasses.field(default_factory=dict)
 
 
-def measure_variants(settings: Settings) -> Measurements:
-    """Builds every variant `settings` selects and times them interleaved, in this process."""
+def measure_variants(settings: Settings, profile_dir: str | None = None) -> Measurements:
+    """Builds every variant `settings` selects and times them interleaved, in this process.
+
+    Then profiles the XLA-off variants (`settings.profile_steps`), keeping
+    the traces under `profile_dir` if given.
+    """
     memory_device = _memory_device()
     selected = variants(settings)
     with tempfile.TemporaryDirectory() as log_root:
@@ -250,6 +275,17 @@ def measure_variants(settings: Settings) -> Measurements:
             settings.rounds,
             settings.steps_per_round,
         )
+        op_seconds, traces = {}, {}
+        if settings.profile_steps:
+            for variant, ready in prepared.items():
+                if variant.xla == "off":
+                    trace = op_profile.capture(
+                        ready.loop,
+                        settings.profile_steps,
+                        os.path.join(profile_dir or log_root, variant.name.replace("/", "-")),
+                    )
+                    op_seconds[variant.name] = op_profile.op_seconds(trace, settings.profile_steps)
+                    traces[variant.name] = trace if profile_dir else None
         for ready in prepared.values():
             ready.loop.end()
     train_flops = {}
@@ -262,6 +298,8 @@ def measure_variants(settings: Settings) -> Measurements:
         step_seconds=step_seconds,
         memory={variant.name: ready.memory for variant, ready in prepared.items()},
         train_step_flops=train_flops,
+        op_seconds=op_seconds,
+        traces=traces,
     )
 
 
@@ -398,7 +436,38 @@ def _record(
             "vs_stock": speed_over(stack="stock") if variant.stack == "ours" else None,
             "vs_no_xla": speed_over(xla="off") if variant.xla == "on" else None,
         },
+        "op_profile": _op_profile(variant, measured, peak),
     }
+
+
+def _op_profile(
+    variant: Variant, measured: Measurements, peak: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The variant's profiled op time by category, and what bounds its precision's speed-up."""
+    seconds = measured.op_seconds.get(variant.name)
+    if seconds is None:
+        return None
+    categories = op_profile.breakdown(seconds)
+    profile: dict[str, Any] = {
+        "seconds_per_step": categories,
+        "fractions": {
+            name: categories[name] / categories["total"] for name in op_profile.CATEGORIES
+        },
+        "top_ops": dict(list(seconds.items())[:8]),
+        "trace": measured.traces[variant.name],
+        "matmul_speedup_vs_float32": None,
+        "bound_vs_float32": None,
+    }
+    float32 = measured.op_seconds.get(dataclasses.replace(variant, precision="float32").name)
+    if variant.precision != "float32" and float32 is not None:
+        reference = op_profile.breakdown(float32)
+        peaks = peak["flops_per_second"]
+        profile["matmul_speedup_vs_float32"] = reference["matmul"] / categories["matmul"]
+        profile["bound_vs_float32"] = op_profile.amdahl_bound(
+            reference["matmul"] / reference["total"],
+            peaks[COMPUTE_DTYPES[variant.precision]] / peaks["float32"],
+        )
+    return profile
 
 
 def _auto_choices(settings: Settings, step_seconds: dict[str, list[float]]) -> dict[str, Any]:
@@ -467,6 +536,9 @@ def _dimensions(model: str, settings: Settings) -> dict[str, Any]:
 def run(settings: Settings, output_dir: str | None = None) -> dict[str, Any]:
     """Measures, prints the table, and writes `bench.json` and `bench.png` to `output_dir`.
 
+    Profiler traces (with `settings.profile_steps`) go to
+    `output_dir/profile`.
+
     Raises:
         UserInputError: If `output_dir` cannot be created.
     """
@@ -477,7 +549,8 @@ def run(settings: Settings, output_dir: str | None = None) -> dict[str, Any]:
             raise UserInputError(
                 f"output: {output_dir} cannot be created ({error.strerror})"
             ) from None
-    result = measure(settings)
+    profile_dir = os.path.join(output_dir, PROFILE_SUBDIR) if output_dir else None
+    result = measure(settings, profile_dir)
     print(suite_report.table(result), end="", flush=True)
     if output_dir:
         with open(os.path.join(output_dir, JSON_FILE), "w") as file:

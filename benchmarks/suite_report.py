@@ -44,6 +44,7 @@ def table(result: dict[str, Any]) -> str:
             for dtype, value in peaks.items()
         )
     )
+    lines += _profile_lines(result)
     for key, auto in result["auto_jit_compile"].items():
         choice = "XLA on" if auto["jit_compile"] else "XLA off"
         if auto["step_time_over_best"] is None:
@@ -62,6 +63,38 @@ def table(result: dict[str, Any]) -> str:
         f"Keras {machine['keras']}"
     )
     return "\n".join(lines) + "\n"
+
+
+def _profile_lines(result: dict[str, Any]) -> list[str]:
+    """The op-time breakdown of the profiled variants, if any."""
+    profiled = {
+        name: row["op_profile"] for name, row in result["variants"].items() if row["op_profile"]
+    }
+    if not profiled:
+        return []
+    width = max(len("profiled variant"), *map(len, profiled))
+    lines = [
+        f"{'profiled variant':<{width}} {'op ms':>8} {'matmul':>7} {'cast':>6} {'other':>6} "
+        f"{'mm/f32':>6} {'bound':>6}  top op types (ms)"
+    ]
+    for name, profile in profiled.items():
+        fractions = profile["fractions"]
+        top = ", ".join(
+            f"{op} {seconds * 1e3:.2f}" for op, seconds in list(profile["top_ops"].items())[:4]
+        )
+        lines.append(
+            f"{name:<{width}} {profile['seconds_per_step']['total'] * 1e3:>8.2f} "
+            f"{fractions['matmul'] * 100:>6.1f}% {fractions['cast'] * 100:>5.1f}% "
+            f"{fractions['other'] * 100:>5.1f}% "
+            f"{_number(profile['matmul_speedup_vs_float32'], 6, 2)} "
+            f"{_number(profile['bound_vs_float32'], 6, 2)}  {top}"
+        )
+    lines.append(
+        "op time per step from the TensorFlow profiler (XLA off; summed over threads); "
+        "mm/f32: matmul time over float32's; bound: most the step can speed up over float32 "
+        "with float32's matmul fraction and the matmul peaks (Amdahl)"
+    )
+    return lines
 
 
 def plot(result: dict[str, Any]) -> bytes:

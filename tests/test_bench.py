@@ -13,8 +13,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-from benchmarks import chart, flops, suite
+from benchmarks import chart, flops, op_profile, suite
 from mpt_keras.errors import UserInputError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,6 +38,15 @@ VARIANT_FIELDS = {
     "step_memory_bytes": int,
     "variable_bytes": int,
     "speed": dict,
+    "op_profile": (dict, type(None)),  # Profiled with XLA off only.
+}
+PROFILE_FIELDS = {
+    "seconds_per_step": dict,
+    "fractions": dict,
+    "top_ops": dict,
+    "trace": str,
+    "matmul_speedup_vs_float32": type(None),  # Float32 itself.
+    "bound_vs_float32": type(None),
 }
 AUTO_FIELDS = {
     "stack": str,
@@ -68,6 +78,7 @@ def test_the_launcher_prints_the_table_and_writes_every_field(tmp_path):
         "--image_batch_size=4",
         "--matmul_size=32",
         "--matmul_rounds=2",
+        "--profile_steps=2",
         f"--output={tmp_path / 'out'}",
     )
     assert result.returncode == 0, result.stderr
@@ -80,7 +91,12 @@ def test_the_launcher_prints_the_table_and_writes_every_field(tmp_path):
     table_rows = [line.split()[0] for line in result.stdout.splitlines()[1:5]]
     assert table_rows == names
     assert "jit_compile=auto cnn/float32: XLA off; step time" in result.stdout
-    assert sorted(os.listdir(tmp_path / "out")) == ["bench.json", "bench.png"]
+    assert "op time per step from the TensorFlow profiler" in result.stdout
+    assert sorted(os.listdir(tmp_path / "out")) == ["bench.json", "bench.png", "profile"]
+    assert sorted(os.listdir(tmp_path / "out" / "profile")) == [
+        "cnn-float32-xla_off-ours",
+        "cnn-float32-xla_off-stock",
+    ]
 
     report = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert set(report) == {
@@ -95,7 +111,13 @@ def test_the_launcher_prints_the_table_and_writes_every_field(tmp_path):
     }
     assert report["settings"]["xla"] == ["off", "on"]
     assert report["models"] == {"cnn": {"name": "cnn", "input_shape": [8, 8, 1], "batch_size": 4}}
-    assert set(report["methods"]) == {"step_time", "flops", "memory", "speed_ratio"}
+    assert set(report["methods"]) == {
+        "step_time",
+        "flops",
+        "memory",
+        "speed_ratio",
+        "op_profile",
+    }
     assert {"cpu", "cpu_count", "tensorflow", "keras", "devices"} <= set(report["machine"])
 
     peak = report["matmul_peak"]
@@ -108,7 +130,19 @@ def test_the_launcher_prints_the_table_and_writes_every_field(tmp_path):
 
     assert list(report["variants"]) == names
     for name, row in report["variants"].items():
-        assert {key: type(value) for key, value in row.items()} == VARIANT_FIELDS, name
+        assert set(row) == set(VARIANT_FIELDS), name
+        for key, value in row.items():
+            allowed = VARIANT_FIELDS[key]
+            assert type(value) in (allowed if isinstance(allowed, tuple) else (allowed,)), key
+        profile = row["op_profile"]
+        assert (profile is None) is row["xla"], name
+        if profile is not None:
+            assert {key: type(value) for key, value in profile.items()} == PROFILE_FIELDS, name
+            assert os.path.isfile(profile["trace"]), name
+            seconds = profile["seconds_per_step"]
+            assert seconds["total"] == sum(seconds[c] for c in op_profile.CATEGORIES) > 0
+            assert seconds["matmul"] > 0, name  # The convolutions and the dense layer.
+            assert sum(profile["fractions"].values()) == pytest.approx(1.0)
         assert len(row["step_seconds"]) == rounds
         assert row["examples_per_second"] == 4 / row["median_step_seconds"]
         assert row["flops_per_second"] == row["train_step_flops"] / row["median_step_seconds"]
@@ -160,6 +194,7 @@ def test_a_bad_flag_is_one_line_on_stderr_and_status_2():
         ({"xla": ("on", "on")}, "xla: received ['on', 'on']. Allowed: one or more of off, on"),
         ({"stacks": ("theirs",)}, "stacks: unknown 'theirs'. Allowed: one or more of ours, stock"),
         ({"rounds": 0}, "rounds: must be a positive integer. Received: 0"),
+        ({"profile_steps": -1}, "profile_steps: must be a non-negative integer. Received: -1"),
         ({"d_model": 10}, "d_model: must be divisible by the 4 attention heads. Received: 10"),
     ],
 )
@@ -199,3 +234,83 @@ def test_the_plot_has_a_row_per_variant():
     two = tf.io.decode_png(chart.plot_throughput(bars, {"float32": 10.0}))
     assert two.shape[0] - one.shape[0] == 18  # One row of 9 font pixels, scaled 2x.
     assert np.any(np.all(two.numpy() == (255, 127, 14), axis=-1))  # The bfloat16 bar.
+
+
+def _xspace(events):
+    """An XSpace with one plane: `events` maps line name to [(event name, picoseconds)]."""
+    space = xplane_pb2.XSpace()
+    plane = space.planes.add(name="/host:CPU")
+    ids = {}
+    for line_name, line_events in events.items():
+        line = plane.lines.add(name=line_name)
+        for name, picoseconds in line_events:
+            if name not in ids:
+                ids[name] = len(ids) + 1
+                plane.event_metadata[ids[name]].name = name
+            line.events.add(metadata_id=ids[name], duration_ps=picoseconds)
+    return space
+
+
+def test_op_seconds_sum_the_executor_ops_per_type_and_step(tmp_path):
+    space = _xspace(
+        {
+            "tf_Compute/1": [
+                ("dense/MatMul:_MklMatMul", 3_000_000),
+                ("ExecutorState::Process", 50_000_000),  # Bookkeeping, not an op.
+                ("dense/Cast:Cast", 1_000_000),
+            ],
+            "tf_Compute/2": [("grad/MatMul_1:_MklMatMul", 1_000_000), ("add:AddV2", 2_000_000)],
+            "python": [("other/MatMul:_MklMatMul", 9_000_000)],  # Not the executor's.
+        }
+    )
+    path = tmp_path / "trace.xplane.pb"
+    path.write_bytes(space.SerializeToString())
+    seconds = op_profile.op_seconds(str(path), steps=2)
+    assert seconds == pytest.approx({"_MklMatMul": 2e-6, "AddV2": 1e-6, "Cast": 0.5e-6})
+    assert list(seconds) == ["_MklMatMul", "AddV2", "Cast"]  # Most first.
+    assert op_profile.breakdown(seconds) == pytest.approx(
+        {"matmul": 2e-6, "cast": 0.5e-6, "other": 1e-6, "total": 3.5e-6}
+    )
+
+
+@pytest.mark.parametrize(
+    "op_type, expected",
+    [
+        ("_MklMatMul", "matmul"),
+        ("_MklBatchMatMulV2", "matmul"),
+        ("_MklEinsum", "matmul"),
+        ("_MklNativeFusedConv2D", "matmul"),
+        ("_MklNativeConv2DBackpropFilterWithBias", "matmul"),
+        ("_FusedMatMul", "matmul"),
+        ("Conv2DBackpropInput", "matmul"),
+        ("_MklNativeMaxPool", "other"),
+        ("MatrixDiag", "other"),
+        ("Cast", "cast"),
+        ("Mul", "other"),
+    ],
+)
+def test_op_categories(op_type, expected):
+    assert op_profile.category(op_type) == expected
+
+
+def test_profiled_low_precision_is_bounded_by_float32s_matmul_fraction():
+    float32 = suite.Variant("cnn", "float32", "off", "ours")
+    bfloat16 = suite.Variant("cnn", "mixed_bfloat16", "off", "ours")
+    measured = suite.Measurements(
+        step_seconds={},
+        memory={},
+        train_step_flops={},
+        op_seconds={
+            float32.name: {"_MklMatMul": 0.6, "Mul": 0.4},
+            bfloat16.name: {"_MklMatMul": 0.4, "Cast": 0.1, "Mul": 0.3},
+        },
+        traces={float32.name: None, bfloat16.name: None},
+    )
+    peak = {"flops_per_second": {"float32": 1e11, "bfloat16": 2e11, "float16": 1e11}}
+    profile = suite._op_profile(bfloat16, measured, peak)
+    assert profile["fractions"] == pytest.approx({"matmul": 0.5, "cast": 0.125, "other": 0.375})
+    assert profile["matmul_speedup_vs_float32"] == pytest.approx(1.5)
+    # 1 / (0.4 + 0.6 / 2): float32's matmul fraction 0.6 at twice the peak.
+    assert profile["bound_vs_float32"] == pytest.approx(1 / 0.7)
+    assert suite._op_profile(float32, measured, peak)["bound_vs_float32"] is None
+    assert suite._op_profile(suite.Variant("cnn", "float32", "on", "ours"), measured, peak) is None

@@ -67,6 +67,13 @@ _MATMUL_SIZE = flags.DEFINE_integer(
 _MATMUL_ROUNDS = flags.DEFINE_integer(
     "matmul_rounds", _DEFAULTS.matmul_rounds, "Rounds of the matmul peak.", lower_bound=1
 )
+_PROFILE_STEPS = flags.DEFINE_integer(
+    "profile_steps",
+    _DEFAULTS.profile_steps,
+    "Steps per XLA-off variant under the TensorFlow profiler, after the timed rounds; "
+    "0 profiles nothing. Traces go to <output>/profile.",
+    lower_bound=0,
+)
 _OUTPUT = flags.DEFINE_string(
     "output", None, "Directory for bench.json and bench.png; default: the table only."
 )
@@ -90,6 +97,7 @@ def main(argv: Sequence[str]) -> None:
         image_batch_size=_IMAGE_BATCH_SIZE.value,
         matmul_size=_MATMUL_SIZE.value,
         matmul_rounds=_MATMUL_ROUNDS.value,
+        profile_steps=_PROFILE_STEPS.value,
     )
     suite.run(settings, _OUTPUT.value)
 

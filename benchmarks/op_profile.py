@@ -1,0 +1,105 @@
+"""Where a train step's time goes: the TensorFlow profiler's op times, by category.
+
+`capture` records a profiler trace of some train steps (TensorBoard's Profile
+tab reads it: `tensorboard --logdir <dir>` with `tensorboard-plugin-profile`
+installed); `op_seconds` reads the trace back (the `.xplane.pb` protocol
+buffer TensorFlow writes) and sums, per op type, the time of the ops the
+TensorFlow executor ran, divided by the number of steps. `breakdown` groups
+those into `CATEGORIES`.
+
+Op time is summed over the executor's threads, so on a multi-core machine it
+can exceed the wall time of a step; its fractions say where the work is.
+Only ops the TensorFlow executor runs are seen: an XLA-compiled step is one
+opaque cluster, so profile steps with XLA off.
+
+The bound that follows (Amdahl's law): if a fraction `f` of a float32 step's
+op time is matmuls and convolutions and a lower-precision matmul is `r`
+times faster, the step cannot get faster than `1 / ((1 - f) + f / r)` from the
+precision alone.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import os
+import re
+from collections.abc import Callable, Mapping
+
+import tensorflow as tf
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+CATEGORIES = ("matmul", "cast", "other")
+# Op types (oneDNN's `_Mkl*` rewrites included) whose work is matrix products:
+# matmuls, einsums, convolutions and their gradients.
+_MATMUL = re.compile(r"^_?(Mkl)?(Native)?(Fused)?(Batch)?(MatMul|Einsum|Conv|DepthwiseConv)")
+_EXECUTOR_THREADS = "tf_Compute"
+METHOD = (
+    "TensorFlow profiler trace of profile_steps train steps per XLA-off variant, after the "
+    "timed rounds: per op type, the summed duration of the executor's op events (all its "
+    "threads) / steps; matmul = MatMul, BatchMatMul, Einsum, Conv and their oneDNN forms and "
+    "gradients; bound_vs_float32 = 1 / ((1 - f) + f / r), f the float32 variant's matmul "
+    "fraction, r the dtype's matmul peak over float32's"
+)
+
+
+def capture(run_steps: Callable[[int], object], steps: int, log_dir: str) -> str:
+    """Runs `run_steps(steps)` under the TensorFlow profiler; returns the trace file's path.
+
+    Args:
+        run_steps: Runs that many train steps, the last one finished when it
+            returns.
+        steps: Steps to profile.
+        log_dir: Directory of the trace (TensorBoard's `plugins/profile` layout).
+    """
+    tf.profiler.experimental.start(log_dir)
+    try:
+        run_steps(steps)
+    finally:
+        tf.profiler.experimental.stop()
+    traces = glob.glob(os.path.join(log_dir, "plugins", "profile", "*", "*.xplane.pb"))
+    if not traces:
+        raise RuntimeError(f"the TensorFlow profiler wrote no trace under {log_dir}")
+    return max(traces, key=os.path.getmtime)
+
+
+def op_seconds(trace_path: str, steps: int) -> dict[str, float]:
+    """Seconds per step of each op type the TensorFlow executor ran, most first."""
+    space = xplane_pb2.XSpace()
+    with open(trace_path, "rb") as file:
+        space.ParseFromString(file.read())
+    totals: collections.Counter[str] = collections.Counter()
+    for plane in space.planes:
+        names = {key: metadata.name for key, metadata in plane.event_metadata.items()}
+        for line in plane.lines:
+            if not line.name.startswith(_EXECUTOR_THREADS):
+                continue
+            for event in line.events:
+                name = names.get(event.metadata_id, "")
+                # Op events are named "<node name>:<op type>"; the executor's
+                # own ("ExecutorState::Process", ...) are not ops.
+                node, _, op_type = name.rpartition(":")
+                if node and not node.endswith(":"):
+                    totals[op_type] += event.duration_ps * 1e-12 / steps
+    return dict(totals.most_common())
+
+
+def category(op_type: str) -> str:
+    """The `CATEGORIES` entry of an op type."""
+    if _MATMUL.match(op_type):
+        return "matmul"
+    return "cast" if op_type == "Cast" else "other"
+
+
+def breakdown(seconds: Mapping[str, float]) -> dict[str, float]:
+    """Seconds per step per category, and their `total`."""
+    result = dict.fromkeys(CATEGORIES, 0.0)
+    for op_type, value in seconds.items():
+        result[category(op_type)] += value
+    result["total"] = sum(result[name] for name in CATEGORIES)
+    return result
+
+
+def amdahl_bound(matmul_fraction: float, matmul_speedup: float) -> float:
+    """The most a step can speed up when only its matmul fraction gets `matmul_speedup` faster."""
+    return 1.0 / ((1.0 - matmul_fraction) + matmul_fraction / matmul_speedup)
