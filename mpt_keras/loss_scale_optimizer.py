@@ -272,14 +272,17 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         ]
         bad = ops.any(ops.stack(flags)) if flags else ops.convert_to_tensor(False)
         loss = ops.zeros((), "float32") if loss is None else ops.cast(loss, "float32")
-        # Every replica must agree, as on the gradients: one all-reduce of
-        # the bad-batch votes and the (distribution-scaled) losses.
-        votes, loss = ops.unstack(
-            tf.distribute.get_replica_context().all_reduce(
-                tf.distribute.ReduceOp.SUM, ops.stack([ops.cast(bad, "float32"), loss])
+        replica_context = tf.distribute.get_replica_context()
+        if replica_context.num_replicas_in_sync > 1:
+            # Every replica must agree, as on the gradients: one all-reduce of
+            # the bad-batch votes and the (distribution-scaled) losses.
+            votes, loss = ops.unstack(
+                replica_context.all_reduce(
+                    tf.distribute.ReduceOp.SUM, ops.stack([ops.cast(bad, "float32"), loss])
+                )
             )
-        )
-        self._pending_batch.bad = votes > 0
+            bad = votes > 0
+        self._pending_batch.bad = bad
         self._pending_batch.loss = loss
         return self._pending_batch.bad
 
