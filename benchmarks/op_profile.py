@@ -12,10 +12,11 @@ can exceed the wall time of a step; its fractions say where the work is.
 Only ops the TensorFlow executor runs are seen: an XLA-compiled step is one
 opaque cluster, so profile steps with XLA off.
 
-The bound that follows (Amdahl's law): if a fraction `f` of a float32 step's
-op time is matmuls and convolutions and a lower-precision matmul is `r`
-times faster, the step cannot get faster than `1 / ((1 - f) + f / r)` from the
-precision alone.
+What the profile says about a lower precision: with float32's op time `T`
+and matmul time `M`, the precision's casts `C` and other ops `O`, and its
+matmul peak `r` times float32's, matmuls running at that peak would make the
+step `T / (M / r + C + O)` faster than float32 (its other ops as measured).
+When that is below a goal, faster matmuls alone cannot reach it.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ METHOD = (
     "TensorFlow profiler trace of profile_steps train steps per XLA-off variant, after the "
     "timed rounds: per op type, the summed duration of the executor's op events (all its "
     "threads) / steps; matmul = MatMul, BatchMatMul, Einsum, Conv and their oneDNN forms and "
-    "gradients; bound_vs_float32 = 1 / ((1 - f) + f / r), f the float32 variant's matmul "
-    "fraction, r the dtype's matmul peak over float32's"
+    "gradients; speedup_with_peak_matmuls = T / (M / r + C + O): T, M the float32 variant's "
+    "op and matmul time, C, O this variant's cast and other op time, r the dtype's matmul "
+    "peak over float32's"
 )
 
 
@@ -100,6 +102,14 @@ def breakdown(seconds: Mapping[str, float]) -> dict[str, float]:
     return result
 
 
-def amdahl_bound(matmul_fraction: float, matmul_speedup: float) -> float:
-    """The most a step can speed up when only its matmul fraction gets `matmul_speedup` faster."""
-    return 1.0 / ((1.0 - matmul_fraction) + matmul_fraction / matmul_speedup)
+def speedup_with_peak_matmuls(
+    float32: Mapping[str, float], low: Mapping[str, float], peak_ratio: float
+) -> float:
+    """Float32's op time over `low`'s, were `low`'s matmuls float32's / `peak_ratio`.
+
+    Args:
+        float32: `breakdown` of the float32 variant.
+        low: `breakdown` of the lower-precision variant.
+        peak_ratio: The lower precision's matmul peak over float32's.
+    """
+    return float32["total"] / (float32["matmul"] / peak_ratio + low["cast"] + low["other"])

@@ -75,7 +75,7 @@ def _profile_lines(result: dict[str, Any]) -> list[str]:
     width = max(len("profiled variant"), *map(len, profiled))
     lines = [
         f"{'profiled variant':<{width}} {'op ms':>8} {'matmul':>7} {'cast':>6} {'other':>6} "
-        f"{'mm/f32':>6} {'bound':>6}  top op types (ms)"
+        f"{'mm/f32':>6} {'op/f32':>6} {'@peak':>6}  top op types (ms)"
     ]
     for name, profile in profiled.items():
         fractions = profile["fractions"]
@@ -87,12 +87,13 @@ def _profile_lines(result: dict[str, Any]) -> list[str]:
             f"{fractions['matmul'] * 100:>6.1f}% {fractions['cast'] * 100:>5.1f}% "
             f"{fractions['other'] * 100:>5.1f}% "
             f"{_number(profile['matmul_speedup_vs_float32'], 6, 2)} "
-            f"{_number(profile['bound_vs_float32'], 6, 2)}  {top}"
+            f"{_number(profile['op_time_speedup_vs_float32'], 6, 2)} "
+            f"{_number(profile['speedup_with_peak_matmuls'], 6, 2)}  {top}"
         )
     lines.append(
         "op time per step from the TensorFlow profiler (XLA off; summed over threads); "
-        "mm/f32: matmul time over float32's; bound: most the step can speed up over float32 "
-        "with float32's matmul fraction and the matmul peaks (Amdahl)"
+        "mm/f32, op/f32: float32's matmul and op time over this variant's; @peak: op/f32 were "
+        "the matmuls float32's at the matmul peak ratio, the other ops as measured"
     )
     return lines
 

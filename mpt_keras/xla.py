@@ -32,6 +32,9 @@ hand):
                    XLA off  for larger attention models in mixed_bfloat16:
                             oneDNN's bfloat16 matmuls (AVX512_BF16) beat XLA's
                             once the matmuls dominate
+                   XLA on   for convolutional models in mixed_float16: oneDNN
+                            has no float16 here, and XLA's fused float16
+                            convolutions beat TensorFlow's Eigen fallback
                    XLA off  for other models (dense, convolutional), in every
                             precision: TensorFlow's oneDNN kernels are as fast
                             or faster, and an XLA call costs ~5 ms a step
@@ -60,7 +63,9 @@ Wider Transformers (2 blocks, 6 rounds each):
 so in bfloat16 the crossover lies between 0.47M and 1.73M parameters.
 float16, which oneDNN lacks here (TensorFlow falls back to Eigen), is slow
 with or without XLA for the CNN, and XLA's per-call cost still dominates the
-MLP.
+MLP. The float16 CNN's ratio varied between runs: 1.01 above, then 1.20 (and
+1.14 for stock Keras) in a later 15-round `mpt-bench` run, after 1.13 for
+stock Keras in an earlier one: XLA on for float16 convolutions.
 """
 
 from __future__ import annotations
@@ -81,6 +86,18 @@ JIT_COMPILE_SETTINGS = ("auto", "true", "false")
 # Above this many parameters, a bfloat16 attention model trains faster without
 # XLA on CPUs (measured crossover: between 0.47M and 1.73M; module docstring).
 XLA_BFLOAT16_MAX_PARAMETERS = 1_000_000
+_CONVOLUTIONS = (
+    keras.layers.Conv1D,
+    keras.layers.Conv2D,
+    keras.layers.Conv3D,
+    keras.layers.Conv1DTranspose,
+    keras.layers.Conv2DTranspose,
+    keras.layers.Conv3DTranspose,
+    keras.layers.DepthwiseConv1D,
+    keras.layers.DepthwiseConv2D,
+    keras.layers.SeparableConv1D,
+    keras.layers.SeparableConv2D,
+)
 # What compile_model sets on a model; removed again when it re-compiles.
 _INSTALLED_ATTRIBUTES = ("train_step", "test_step", "_maybe_symbolic_build")
 
@@ -207,6 +224,11 @@ def resolve_jit_compile(
                 f"{XLA_BFLOAT16_MAX_PARAMETERS:,}): oneDNN's bfloat16 matmuls are faster"
             )
         return True, f"{prefix} on, the model has attention layers (XLA fuses around them)"
+    if precision == "mixed_float16" and model is not None and _has_convolution(model):
+        return True, (
+            f"{prefix} on, float16 convolutions: XLA's beat TensorFlow's Eigen fallback "
+            "(no oneDNN float16 here)"
+        )
     return False, (
         f"{prefix} off, no attention layers: TensorFlow's oneDNN CPU kernels are as fast or faster"
     )
@@ -217,6 +239,10 @@ def _has_attention(model: keras.Model) -> bool:
         isinstance(layer, keras.layers.MultiHeadAttention) or "Attention" in type(layer).__name__
         for _, layer in iter_layers(model)
     )
+
+
+def _has_convolution(model: keras.Model) -> bool:
+    return any(isinstance(layer, _CONVOLUTIONS) for _, layer in iter_layers(model))
 
 
 def _replica_device_type(strategy: tf.distribute.Strategy) -> str:

@@ -305,15 +305,25 @@ def test_auto_rule(monkeypatch, strategy, visible_gpus, device_type, precision):
         "list_logical_devices",
         lambda kind=None: gpus if kind == "GPU" else pytest.fail("unexpected device query"),
     )
-    # XLA on accelerators; on CPUs only for models with attention.
-    for model, attention in ((_mlp(), False), (_transformer(), True), (None, False)):
-        expected = device_type != "CPU" or attention
+    # XLA on accelerators; on CPUs for models with attention, and for
+    # convolutions in float16.
+    for model, on_cpu in (
+        (_mlp(), False),
+        (_transformer(), True),
+        (_cnn(), precision == "mixed_float16"),
+        (None, False),
+    ):
+        expected = device_type != "CPU" or on_cpu
         jit_compile, reason = xla.resolve_jit_compile("auto", strategy, precision, model)
         assert jit_compile is expected
         state = "on" if expected else "off"
         assert reason.startswith(
             f"jit_compile=auto: {device_type} replicas, {precision}: XLA {state}, "
         )
+
+
+def _cnn() -> keras.Model:
+    return models.build_cnn((8, 8, 1), 10)
 
 
 def _transformer() -> keras.Model:
@@ -340,6 +350,12 @@ def test_auto_on_this_cpu_only_machine(precision):
     )
     custom = keras.Sequential([keras.Input((4,)), _CustomAttention()])
     assert xla.resolve_jit_compile("auto", strategy, precision, custom)[0] is True
+    if precision == "mixed_float16":
+        assert xla.resolve_jit_compile("auto", strategy, precision, _cnn()) == (
+            True,
+            "jit_compile=auto: CPU replicas, mixed_float16: XLA on, float16 convolutions: "
+            "XLA's beat TensorFlow's Eigen fallback (no oneDNN float16 here)",
+        )
 
 
 @pytest.mark.parametrize(
