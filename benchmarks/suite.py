@@ -38,19 +38,23 @@ statistics at its writes): `peak_memory_bytes` is the peak minus what was
 allocated before the variant was built (what it keeps, weights, optimizer
 state and input buffers, plus a step's working memory), `step_memory_bytes` the
 peak minus what was allocated when the steps began (activations, gradients,
-temporaries). On CPU, TensorFlow 2.21 counts only allocations of 256 KiB and
-more (smaller ones come from a pool its statistics leave out), and nothing
-allocated outside its allocator (oneDNN's and XLA's own buffers): the figures
-are lower bounds, comparable between variants of one model at one size.
+temporaries). On CPU, TensorFlow 2.21 keeps these statistics with its BFC
+allocator (`TF_CPU_ALLOCATOR_USE_BFC=true`, which `mpt-bench` sets), counting
+every allocation, or else with oneDNN's allocator (CPUs with AVX512 and newer),
+counting only allocations of 256 KiB and more; its default CPU allocator keeps
+none, and the figures are then None. Nothing allocated outside TensorFlow's
+allocator (oneDNN's and XLA's own buffers) is counted: the figures are lower
+bounds, comparable between variants of one model at one size.
 `variable_bytes` is exact: the bytes of the model's and optimizer's variables.
 
 With `profile_steps`, each variant with XLA off is then run that many more
 steps under the TensorFlow profiler (`op_profile`): its op time per step by
 category (matmuls and convolutions, casts, the rest) and the top op types;
-for a lower precision also the matmuls' speed-up over float32's and the bound
-on the step's speed-up that float32's matmul fraction and the measured
-matmul peaks set (Amdahl's law). With an output directory the traces stay
-under `<output>/profile`, for TensorBoard's Profile tab.
+for a lower precision also its matmuls' and its whole op time's speed-up over
+float32's, and the speed-up its step would have if its matmuls ran at the
+measured matmul peak (`op_profile.speedup_with_peak_matmuls`). With an
+output directory the traces stay under `<output>/profile`, for TensorBoard's
+Profile tab.
 """
 
 from __future__ import annotations
@@ -88,7 +92,8 @@ _MEMORY_METHOD = (
     "tf.config.experimental.get_memory_info('{device}'), one variant at a time after its "
     "first step, over {steps} train steps: peak_memory_bytes = peak - allocated before the "
     "variant was built, step_memory_bytes = peak - allocated when the steps began; counts "
-    "TensorFlow's allocator only (on CPU, allocations of 256 KiB and more): lower bounds. "
+    "TensorFlow's allocator only (on CPU, every allocation with TF_CPU_ALLOCATOR_USE_BFC={bfc}, "
+    "else oneDNN's allocator's of 256 KiB and more): lower bounds. "
     "variable_bytes: exact bytes of the model's and optimizer's variables"
 )
 _STEP_TIME_METHOD = (
@@ -220,7 +225,11 @@ def measure(settings: Settings, profile_dir: str | None = None) -> dict[str, Any
         "methods": {
             "step_time": _STEP_TIME_METHOD,
             "flops": flops.METHOD,
-            "memory": _MEMORY_METHOD.format(device=memory_device, steps=settings.memory_steps)
+            "memory": _MEMORY_METHOD.format(
+                device=memory_device,
+                steps=settings.memory_steps,
+                bfc=os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "unset"),
+            )
             if memory_device
             else "not measured: TensorFlow tracks no device's memory here",
             "speed_ratio": "examples/s of the variant over the other's (its step time over "
@@ -443,7 +452,7 @@ def _record(
 def _op_profile(
     variant: Variant, measured: Measurements, peak: dict[str, Any]
 ) -> dict[str, Any] | None:
-    """The variant's profiled op time by category, and what bounds its precision's speed-up."""
+    """The variant's profiled op time by category, and what limits its precision's speed-up."""
     seconds = measured.op_seconds.get(variant.name)
     if seconds is None:
         return None
@@ -456,16 +465,17 @@ def _op_profile(
         "top_ops": dict(list(seconds.items())[:8]),
         "trace": measured.traces[variant.name],
         "matmul_speedup_vs_float32": None,
-        "bound_vs_float32": None,
+        "op_time_speedup_vs_float32": None,
+        "speedup_with_peak_matmuls": None,
     }
     float32 = measured.op_seconds.get(dataclasses.replace(variant, precision="float32").name)
     if variant.precision != "float32" and float32 is not None:
         reference = op_profile.breakdown(float32)
         peaks = peak["flops_per_second"]
         profile["matmul_speedup_vs_float32"] = reference["matmul"] / categories["matmul"]
-        profile["bound_vs_float32"] = op_profile.amdahl_bound(
-            reference["matmul"] / reference["total"],
-            peaks[COMPUTE_DTYPES[variant.precision]] / peaks["float32"],
+        profile["op_time_speedup_vs_float32"] = reference["total"] / categories["total"]
+        profile["speedup_with_peak_matmuls"] = op_profile.speedup_with_peak_matmuls(
+            reference, categories, peaks[COMPUTE_DTYPES[variant.precision]] / peaks["float32"]
         )
     return profile
 

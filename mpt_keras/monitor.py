@@ -70,7 +70,10 @@ class MixedPrecisionMonitor(GlobalStepCallback):
 
     Peak memory is `tf.config.experimental.get_memory_info(device)["peak"]`
     for each local device, reset at each write. TensorFlow 2.21 reports it for
-    CPU as well as GPU and TPU; a device that does not track memory is left out.
+    GPUs and TPUs, and for the CPU with its BFC allocator
+    (`TF_CPU_ALLOCATOR_USE_BFC=true`, set by the `mpt-*` launchers) or
+    oneDNN's (allocations of 256 KiB and more only); a device that does not
+    track memory is left out.
 
     Under a `tf.distribute` strategy only the chief writes (the `chief` task,
     or `worker` 0 when the cluster has no chief); other workers write and log

@@ -135,6 +135,8 @@ def _run(config: TrainConfig, runtime: Runtime, strategy: tf.distribute.Strategy
     model_dir = runtime.model_dir
     _prepare_model_dir(model_dir, config, write_config=chief)
     task = models.model_task(config.model.name)
+    # Before the data, which a first run prepares: a bad manifest fails at once.
+    manifest_file = PrecisionManifest.from_json(config.manifest) if config.manifest else None
     task_data = _load_data(config, task)
 
     with (
@@ -142,7 +144,7 @@ def _run(config: TrainConfig, runtime: Runtime, strategy: tf.distribute.Strategy
         distribute.worker_write_dir(model_dir, strategy) as write_dir,
         strategy.scope(),
     ):
-        model, manifest, report = _build_model(config, task_data)
+        model, manifest, report = _build_model(config, task_data, manifest_file)
         optimizer = _make_optimizer(config, report)
         jit_compile, jit_reason = xla.resolve_jit_compile(
             config.jit_compile, strategy, report["precision"], model
@@ -267,9 +269,11 @@ def run_calibration(
 
 
 def _build_model(
-    config: TrainConfig, task_data: _TaskData
+    config: TrainConfig, task_data: _TaskData, manifest_file: PrecisionManifest | None = None
 ) -> tuple[keras.Model, PrecisionManifest, dict[str, Any]]:
     """Builds the model and gives each layer its policy.
+
+    `manifest_file` is `config.manifest` if the caller has read it already.
 
     Returns:
         The model, the manifest applied to it, and the precision report.
@@ -282,7 +286,7 @@ def _build_model(
     if config.manifest is None:
         manifest = PrecisionManifest(default=precision)
     else:
-        manifest = PrecisionManifest.from_json(config.manifest)
+        manifest = manifest_file or PrecisionManifest.from_json(config.manifest)
         if manifest.default != precision:
             _LOGGER.info(
                 "Manifest %s decides each layer's policy (default %s): precision %s is not used.",

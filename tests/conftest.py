@@ -1,6 +1,11 @@
 """Fixtures shared by the test files."""
 
+import os
 import socket
+
+# As the launchers do (trainers/__init__.py): CPU memory statistics on every
+# CPU, so the monitor's and the benchmarks' memory figures are tested here too.
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 import keras
 import pytest

@@ -2,7 +2,11 @@
 
 Importing this package (which every launcher does first, being in it) silences
 TensorFlow's native start-up lines, so that a user error is the only line a
-failing launcher prints. `MPT_SHOW_TF_STARTUP=1` shows them.
+failing launcher prints. `MPT_SHOW_TF_STARTUP=1` shows them. It also makes
+TensorFlow allocate CPU memory with its BFC allocator, the one CPU allocator
+that keeps statistics of every allocation (`tf.config.experimental.get_memory_info`),
+which the monitor's `peak_memory_mib` and `mpt-bench`'s memory figures read;
+`TF_CPU_ALLOCATOR_USE_BFC=false` turns that off.
 """
 
 import contextlib
@@ -32,6 +36,10 @@ def _native_stderr_silenced() -> Iterator[None]:
 
 # Later C++ info lines are filtered by the level; TF_CPP_MIN_LOG_LEVEL=0 shows them.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+# Read when TensorFlow first allocates on the CPU. Without it, CPU memory
+# statistics exist only with oneDNN's allocator (CPUs with AVX512 and newer),
+# which counts allocations of 256 KiB and more.
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 if os.environ.get("MPT_SHOW_TF_STARTUP") != "1":
     with _native_stderr_silenced():
         import tensorflow as tf
