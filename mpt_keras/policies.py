@@ -184,6 +184,11 @@ def _read_cpu_flags(cpuinfo_path: str) -> frozenset[str]:
     return frozenset()
 
 
+def cpu_bfloat16_flags(probe: HardwareProbe) -> list[str]:
+    """The probed CPU's flags of bfloat16 arithmetic (of `BFLOAT16_CPU_FLAGS`); empty if none."""
+    return [flag for flag in BFLOAT16_CPU_FLAGS if flag in probe.cpu_flags]
+
+
 def resolve_auto_policy(probe: HardwareProbe | None = None) -> tuple[str, str]:
     """Chooses the policy for precision `auto`; see the module docstring.
 
@@ -205,7 +210,7 @@ def resolve_auto_policy(probe: HardwareProbe | None = None) -> tuple[str, str]:
         if major == 7:
             return "mixed_float16", f"{gpu}: float16 tensor cores, no bfloat16 ones (needs 8.0)"
         return "float32", f"{gpu}: no tensor cores (needs 7.0)"
-    flags = [flag for flag in BFLOAT16_CPU_FLAGS if flag in probe.cpu_flags]
+    flags = cpu_bfloat16_flags(probe)
     if flags:
         return "mixed_bfloat16", f"no GPU or TPU; CPU computes bfloat16 ({', '.join(flags)})"
     return "float32", (

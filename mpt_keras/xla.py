@@ -35,6 +35,10 @@ hand):
                    XLA on   for convolutional models in mixed_float16: oneDNN
                             has no float16 here, and XLA's fused float16
                             convolutions beat TensorFlow's Eigen fallback
+                   XLA on   for convolutional models in mixed_bfloat16, and
+                            attention models of any size, where the CPU has
+                            no bfloat16 instructions (`avx512_bf16`,
+                            `amx_bf16`): TensorFlow emulates bfloat16 there
                    XLA off  for other models (dense, convolutional), in every
                             precision: TensorFlow's oneDNN kernels are as fast
                             or faster, and an XLA call costs ~5 ms a step
@@ -66,6 +70,17 @@ with or without XLA for the CNN, and XLA's per-call cost still dominates the
 MLP. The float16 CNN's ratio varied between runs: 1.01 above, then 1.20 (and
 1.14 for stock Keras) in a later 15-round `mpt-bench` run, after 1.13 for
 stock Keras in an earlier one: XLA on for float16 convolutions.
+
+On 2 cores of an AMD EPYC with AVX2 only (no AVX512, no bfloat16
+instructions, oneDNN off by default), one 10-round `mpt-bench` run measured:
+
+                      float32   mixed_bfloat16   mixed_float16
+    transformer_lm    1.91      3.46             1.83
+    cnn               0.66      2.04             0.95
+    mlp               0.25      0.33             0.29
+
+bfloat16 matmuls ran at 0.91x float32's peak there, and TensorFlow's
+bfloat16 convolutions (without XLA) at a quarter of float32's speed.
 """
 
 from __future__ import annotations
@@ -80,7 +95,7 @@ from keras.src.losses.loss import unscale_loss_for_distribution
 from mpt_keras import distribute
 from mpt_keras.errors import UserInputError
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
-from mpt_keras.policies import check_policy_name, iter_layers
+from mpt_keras.policies import check_policy_name, cpu_bfloat16_flags, iter_layers, probe_hardware
 
 JIT_COMPILE_SETTINGS = ("auto", "true", "false")
 # Above this many parameters, a bfloat16 attention model trains faster without
@@ -216,21 +231,34 @@ def resolve_jit_compile(
     prefix = f"jit_compile=auto: {device_type} replicas, {precision}: XLA"
     if device_type != "CPU":
         return True, f"{prefix} on, the fast path on accelerators"
+    # Where the CPU has no bfloat16 arithmetic, TensorFlow's bfloat16 kernels
+    # emulate it (and oneDNN is off by default on such CPUs).
+    emulated_bfloat16 = precision == "mixed_bfloat16" and not cpu_bfloat16_flags(probe_hardware())
     if model is not None and _has_attention(model):
         parameters = model.count_params()
-        if precision == "mixed_bfloat16" and parameters > XLA_BFLOAT16_MAX_PARAMETERS:
+        if (
+            precision == "mixed_bfloat16"
+            and not emulated_bfloat16
+            and parameters > XLA_BFLOAT16_MAX_PARAMETERS
+        ):
             return False, (
                 f"{prefix} off, an attention model of {parameters:,} parameters (over "
                 f"{XLA_BFLOAT16_MAX_PARAMETERS:,}): oneDNN's bfloat16 matmuls are faster"
             )
         return True, f"{prefix} on, the model has attention layers (XLA fuses around them)"
-    if precision == "mixed_float16" and model is not None and _has_convolution(model):
-        return True, (
-            f"{prefix} on, float16 convolutions: XLA's beat TensorFlow's Eigen fallback "
-            "(no oneDNN float16 here)"
-        )
+    if model is not None and _has_convolution(model):
+        if precision == "mixed_float16":
+            return True, (
+                f"{prefix} on, float16 convolutions: XLA's beat TensorFlow's Eigen fallback "
+                "(no oneDNN float16 here)"
+            )
+        if emulated_bfloat16:
+            return True, (
+                f"{prefix} on, bfloat16 convolutions on a CPU without bfloat16 instructions: "
+                "XLA's beat TensorFlow's emulated ones"
+            )
     return False, (
-        f"{prefix} off, no attention layers: TensorFlow's oneDNN CPU kernels are as fast or faster"
+        f"{prefix} off, no attention layers: TensorFlow's CPU kernels are as fast or faster"
     )
 
 

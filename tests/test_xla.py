@@ -39,7 +39,7 @@ import tensorflow as tf
 from mpt_keras import models, xla
 from mpt_keras.errors import UserInputError
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
-from mpt_keras.policies import global_policy
+from mpt_keras.policies import HardwareProbe, cpu_bfloat16_flags, global_policy, probe_hardware
 
 _TESTS_DIR = Path(__file__).resolve().parent
 _CHILD = """
@@ -298,19 +298,22 @@ def _default_strategy() -> Any:
     ],
     ids=["tpu", "two_gpus", "cpu_worker", "virtual_cpus", "default_on_gpu", "default_on_cpu"],
 )
-def test_auto_rule(monkeypatch, strategy, visible_gpus, device_type, precision):
+@pytest.mark.parametrize("cpu_flags", [("avx2",), ("avx2", "avx512_bf16")], ids=["avx2", "bf16"])
+def test_auto_rule(monkeypatch, strategy, visible_gpus, device_type, precision, cpu_flags):
     gpus = [f"/device:GPU:{i}" for i in range(visible_gpus)]
     monkeypatch.setattr(
         tf.config,
         "list_logical_devices",
         lambda kind=None: gpus if kind == "GPU" else pytest.fail("unexpected device query"),
     )
+    _fake_cpu(monkeypatch, cpu_flags)
     # XLA on accelerators; on CPUs for models with attention, and for
-    # convolutions in float16.
+    # convolutions in float16, or in bfloat16 on a CPU without bfloat16.
+    emulated_bfloat16 = precision == "mixed_bfloat16" and "avx512_bf16" not in cpu_flags
     for model, on_cpu in (
         (_mlp(), False),
         (_transformer(), True),
-        (_cnn(), precision == "mixed_float16"),
+        (_cnn(), precision == "mixed_float16" or emulated_bfloat16),
         (None, False),
     ):
         expected = device_type != "CPU" or on_cpu
@@ -320,6 +323,11 @@ def test_auto_rule(monkeypatch, strategy, visible_gpus, device_type, precision):
         assert reason.startswith(
             f"jit_compile=auto: {device_type} replicas, {precision}: XLA {state}, "
         )
+
+
+def _fake_cpu(monkeypatch, cpu_flags: tuple[str, ...]) -> None:
+    """Makes `resolve_jit_compile` see a CPU with `cpu_flags`."""
+    monkeypatch.setattr(xla, "probe_hardware", lambda: HardwareProbe(frozenset(cpu_flags)))
 
 
 def _cnn() -> keras.Model:
@@ -346,7 +354,7 @@ def test_auto_on_this_cpu_only_machine(precision):
     assert xla.resolve_jit_compile("auto", strategy, precision, _mlp()) == (
         False,
         f"jit_compile=auto: CPU replicas, {precision}: XLA off, no attention layers: "
-        "TensorFlow's oneDNN CPU kernels are as fast or faster",
+        "TensorFlow's CPU kernels are as fast or faster",
     )
     custom = keras.Sequential([keras.Input((4,)), _CustomAttention()])
     assert xla.resolve_jit_compile("auto", strategy, precision, custom)[0] is True
@@ -355,6 +363,12 @@ def test_auto_on_this_cpu_only_machine(precision):
             True,
             "jit_compile=auto: CPU replicas, mixed_float16: XLA on, float16 convolutions: "
             "XLA's beat TensorFlow's Eigen fallback (no oneDNN float16 here)",
+        )
+    if precision == "mixed_bfloat16" and not cpu_bfloat16_flags(probe_hardware()):
+        assert xla.resolve_jit_compile("auto", strategy, precision, _cnn()) == (
+            True,
+            "jit_compile=auto: CPU replicas, mixed_bfloat16: XLA on, bfloat16 convolutions on "
+            "a CPU without bfloat16 instructions: XLA's beat TensorFlow's emulated ones",
         )
 
 
@@ -365,6 +379,7 @@ def test_auto_on_this_cpu_only_machine(precision):
 def test_auto_keeps_large_bfloat16_attention_models_off_xla_on_cpu(
     monkeypatch, precision, expected
 ):
+    _fake_cpu(monkeypatch, ("avx512_bf16",))
     model = _transformer()
     assert model.count_params() <= xla.XLA_BFLOAT16_MAX_PARAMETERS
     strategy = tf.distribute.get_strategy()
@@ -378,6 +393,14 @@ def test_auto_keeps_large_bfloat16_attention_models_off_xla_on_cpu(
             f"{model.count_params():,} parameters (over {model.count_params() - 1:,}): "
             "oneDNN's bfloat16 matmuls are faster"
         )
+
+
+def test_auto_keeps_large_attention_models_on_xla_where_bfloat16_is_emulated(monkeypatch):
+    _fake_cpu(monkeypatch, ("avx2",))
+    model = _transformer()
+    monkeypatch.setattr(xla, "XLA_BFLOAT16_MAX_PARAMETERS", model.count_params() - 1)
+    strategy = tf.distribute.get_strategy()
+    assert xla.resolve_jit_compile("auto", strategy, "mixed_bfloat16", model)[0] is True
 
 
 @pytest.mark.parametrize(("setting", "expected"), [("true", True), ("false", False)])
