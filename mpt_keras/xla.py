@@ -40,8 +40,9 @@ hand):
                             no bfloat16 instructions (`avx512_bf16`,
                             `amx_bf16`): TensorFlow emulates bfloat16 there
                    XLA off  for other models (dense, convolutional), in every
-                            precision: TensorFlow's oneDNN kernels are as fast
-                            or faster, and an XLA call costs ~5 ms a step
+                            precision: TensorFlow's CPU kernels (oneDNN's or
+                            Eigen's) are as fast or faster, and an XLA call
+                            costs ~5 ms a step
                             here, which small steps cannot repay
 
 Examples per second with XLA over without (ratio of the medians of
@@ -79,8 +80,10 @@ instructions, oneDNN off by default), one 10-round `mpt-bench` run measured:
     cnn               0.66      2.04             0.95
     mlp               0.25      0.33             0.29
 
-bfloat16 matmuls ran at 0.91x float32's peak there, and TensorFlow's
-bfloat16 convolutions (without XLA) at a quarter of float32's speed.
+and a second one, with the rule above: 1.72, 3.63, 1.85 / 0.71, 2.10, 0.97 /
+0.26, 0.31, 0.32. bfloat16 matmuls ran at 0.86-0.91x float32's peak there,
+and TensorFlow's bfloat16 convolutions (without XLA) at about a quarter of
+float32's speed.
 """
 
 from __future__ import annotations
@@ -202,7 +205,8 @@ def resolve_jit_compile(
     Args:
         setting: `"true"`, `"false"` or `"auto"` (the rule in the module
             docstring: by the device type of the strategy's replicas and, on
-            CPUs, whether `model` has attention layers).
+            CPUs, whether `model` has attention layers or convolutions, and
+            whether the CPU has bfloat16 instructions).
         strategy: The strategy the model trains under.
         precision: The run's dtype policy name (`float32`, `mixed_float16`,
             `mixed_bfloat16`).
