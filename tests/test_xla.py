@@ -401,6 +401,11 @@ def test_auto_keeps_large_attention_models_on_xla_where_bfloat16_is_emulated(mon
     monkeypatch.setattr(xla, "XLA_BFLOAT16_MAX_PARAMETERS", model.count_params() - 1)
     strategy = tf.distribute.get_strategy()
     assert xla.resolve_jit_compile("auto", strategy, "mixed_bfloat16", model)[0] is True
+    assert xla.resolve_jit_compile("auto", strategy, "mixed_bfloat16", _cnn()) == (
+        True,
+        "jit_compile=auto: CPU replicas, mixed_bfloat16: XLA on, bfloat16 convolutions on "
+        "a CPU without bfloat16 instructions: XLA's beat TensorFlow's emulated ones",
+    )
 
 
 @pytest.mark.parametrize(("setting", "expected"), [("true", True), ("false", False)])
