@@ -9,12 +9,26 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 import keras
 import pytest
+import tensorflow as tf
 
 
 @pytest.fixture(scope="session")
 def tfds_dir(tmp_path_factory):
     """A TFDS data_dir shared by a test session; embedded datasets prepare on first use."""
     return str(tmp_path_factory.mktemp("tensorflow_datasets"))
+
+
+@pytest.fixture
+def no_memory_statistics(monkeypatch):
+    """Makes every device answer as one whose allocator keeps no statistics.
+
+    As TensorFlow's default CPU allocator does on a CPU without oneDNN.
+    """
+
+    def untracked(device):
+        raise ValueError(f"Allocator stats not available for device '{device}'")
+
+    monkeypatch.setattr(tf.config.experimental, "get_memory_info", untracked)
 
 
 @pytest.fixture

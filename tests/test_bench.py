@@ -176,11 +176,8 @@ def test_the_launcher_prints_the_table_and_writes_every_field(tmp_path):
     assert image.shape[2] == 3 and image.shape[1] == 900
 
 
-def test_memory_is_none_where_the_device_keeps_no_statistics(monkeypatch):
-    def untracked(device):
-        raise ValueError(f"Allocator stats not available for device '{device}'")
-
-    monkeypatch.setattr(tf.config.experimental, "get_memory_info", untracked)
+@pytest.mark.usefixtures("no_memory_statistics")
+def test_memory_is_none_where_the_device_keeps_no_statistics():
     settings = suite.Settings(
         models=("mlp",),
         precisions=("float32",),

@@ -156,12 +156,8 @@ def test_loss_scale_skips_and_nonfinite_counts_at_the_exact_steps(tmp_path, capl
     assert not np.isfinite(train["gradient_norm"][1][1])
 
 
-def test_a_device_without_memory_statistics_gets_no_memory_tag(tmp_path, monkeypatch):
-    # TensorFlow's default CPU allocator on a CPU without oneDNN keeps none.
-    def untracked(device):
-        raise ValueError(f"Allocator stats not available for device '{device}'")
-
-    monkeypatch.setattr(tf.config.experimental, "get_memory_info", untracked)
+@pytest.mark.usefixtures("no_memory_statistics")
+def test_a_device_without_memory_statistics_gets_no_memory_tag(tmp_path):
     _fit(_tripwire_model(), MixedPrecisionMonitor(str(tmp_path), update_freq=2), steps=4)
     train = _events(str(tmp_path / "train"))
     assert [step for step, _ in train["loss_scale"]] == [2, 4]
