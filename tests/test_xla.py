@@ -265,6 +265,54 @@ def test_compile_model_rejects_bad_arguments(kwargs, message):
     assert str(info.value) == message
 
 
+_VARIABLE_WRITES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
+
+
+def _variable_writes_in_and_out_of_xla(graph_def: Any) -> tuple[int, int]:
+    """Variable writes in a traced step: inside XLA-compiled functions, and outside them."""
+    library = {function.signature.name: function for function in graph_def.library.function}
+    compiled, pending = set(), [n for n, f in library.items() if f.attr["_XlaMustCompile"].b]
+    while pending:  # Functions called by compiled ones (cond branches) are compiled too.
+        name = pending.pop()
+        if name in library and name not in compiled:
+            compiled.add(name)
+            for node in library[name].node_def:
+                for value in node.attr.values():
+                    pending += [value.func.name] + [f.name for f in value.list.func]
+    nodes = {name: function.node_def for name, function in library.items()}
+    inside = sum(node.op in _VARIABLE_WRITES for n in compiled for node in nodes[n])
+    outside = sum(
+        node.op in _VARIABLE_WRITES
+        for node in [*graph_def.node, *(x for n in nodes if n not in compiled for x in nodes[n])]
+    )
+    return inside, outside
+
+
+@pytest.mark.parametrize(
+    ("make_strategy", "whole_step"),
+    [
+        pytest.param(tf.distribute.get_strategy, True, id="no_strategy"),
+        pytest.param(lambda: tf.distribute.OneDeviceStrategy("/cpu:0"), True, id="one_device"),
+        # Its update goes through merge_call, which a nested function cannot hold.
+        pytest.param(lambda: tf.distribute.MirroredStrategy(["/cpu:0"]), False, id="mirrored"),
+    ],
+)
+def test_xla_compiles_the_whole_step_on_one_device(make_strategy, whole_step):
+    strategy = make_strategy()
+    x, y = _data(steps=1)
+    with strategy.scope():
+        model = _mlp()
+        _compile(model, jit_compile=True)
+    model.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0)  # Builds the optimizer.
+    step = tf.function(lambda data: strategy.run(model.train_step, args=(data,)))
+    graph_def = step.get_concrete_function((tf.constant(x), tf.constant(y))).graph.as_graph_def()
+    inside, outside = _variable_writes_in_and_out_of_xla(graph_def)
+    # The 33 writes of the step (weights, Adam's slots, the loss scale's
+    # counters, the metrics): all in XLA on one device, all outside it under
+    # a strategy.
+    assert (inside, outside) == ((33, 0) if whole_step else (0, 33))
+
+
 # --- jit_compile=auto ------------------------------------------------------
 
 
