@@ -130,7 +130,7 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         self.histogram_data = histogram_data
         self.examples_per_step = examples_per_step
         self._writers: dict[str, tf.summary.SummaryWriter] = {}
-        self._scalar_writers: dict[tuple[str, tuple[str, ...]], Callable] = {}
+        self._scalar_writers: dict[tuple[str, tuple[str, ...], int | None], Callable] = {}
         self._is_writer = True
         self._layout_written = False
         self._probe: keras.Model | None = None
@@ -207,21 +207,7 @@ class MixedPrecisionMonitor(GlobalStepCallback):
             tf.config.experimental.reset_memory_stats(device)
 
     def _write_interval(self) -> None:
-        optimizer = self.model.optimizer
         scalars = dict(self._last_logs)
-        scalars["learning_rate"] = optimizer.learning_rate
-        if isinstance(optimizer, LossScaleOptimizer):
-            skipped = optimizer.skipped_steps
-            steps = self.global_step - self._interval_start_step
-            scalars[tags.LOSS_SCALE] = optimizer.loss_scale
-            scalars[tags.SKIPPED_STEPS] = skipped
-            scalars[tags.OVERFLOW_RATE] = (skipped - self._skipped_steps) / steps
-            if skipped > self._skipped_steps:
-                self._report_overflow(optimizer, skipped - self._skipped_steps)
-            self._skipped_steps = skipped
-        gradient_norm = getattr(optimizer, "gradient_norm", None)
-        if gradient_norm is not None:
-            scalars[tags.GRADIENT_NORM] = gradient_norm
         if self._timed_steps:
             step_time = self._timed_seconds / self._timed_steps
             scalars[tags.STEP_TIME] = step_time
@@ -230,8 +216,35 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         for device in self._memory_devices:
             peak = tf.config.experimental.get_memory_info(device)["peak"]
             scalars[tags.PEAK_MEMORY + device] = peak / 2**20
-        self._write("train", scalars)
+        interval = (self._skipped_steps, self.global_step - self._interval_start_step)
+        skipped = self._write("train", scalars, interval)
+        optimizer = self.model.optimizer
+        if isinstance(optimizer, LossScaleOptimizer):
+            skipped = int(skipped)
+            if skipped > self._skipped_steps:
+                self._report_overflow(optimizer, skipped - self._skipped_steps)
+            self._skipped_steps = skipped
         self._start_interval()
+
+    def _optimizer_scalars(self, interval: tf.Tensor) -> dict[str, tf.Tensor]:
+        """The optimizer's scalars, read in the graph of a writing function.
+
+        Args:
+            interval: `[skipped steps before the interval, steps in it]`.
+        """
+        optimizer = self.model.optimizer
+        scalars = {"learning_rate": optimizer.learning_rate}
+        if isinstance(optimizer, LossScaleOptimizer):
+            skipped = optimizer.skipped_steps  # Tensors here, in a graph.
+            scalars[tags.LOSS_SCALE] = optimizer.loss_scale
+            scalars[tags.SKIPPED_STEPS] = skipped
+            scalars[tags.OVERFLOW_RATE] = tf.cast(skipped - interval[0], tf.float32) / tf.cast(
+                interval[1], tf.float32
+            )
+        gradient_norm = getattr(optimizer, "gradient_norm", None)
+        if gradient_norm is not None:
+            scalars[tags.GRADIENT_NORM] = gradient_norm
+        return scalars
 
     def _report_overflow(self, optimizer: LossScaleOptimizer, skipped: int) -> None:
         """Logs and writes which variables had non-finite gradients in the interval."""
@@ -299,18 +312,34 @@ class MixedPrecisionMonitor(GlobalStepCallback):
             self._writers[name] = tf.summary.create_file_writer(os.path.join(self.log_dir, name))
         return self._writers[name]
 
-    def _write(self, writer_name: str, scalars: dict[str, Any]) -> None:
+    def _write(
+        self,
+        writer_name: str,
+        scalars: dict[str, Any],
+        interval: tuple[int, int] | None = None,
+    ) -> tf.Tensor | None:
         """Writes `scalars` in one call of a function traced once per set of tags.
 
-        Eager summaries cost four times as much, and were most of an interval's
-        cost.
+        With `interval` (`(skipped steps before it, its steps)`) the function
+        also reads and writes the optimizer's scalars (`_optimizer_scalars`),
+        and returns its skipped steps (None for an optimizer without loss
+        scaling). Eager summaries and reads of variables cost ten times as
+        much, and were most of an interval's cost.
         """
-        key = (writer_name, tuple(scalars))
+        # The optimizer too: the function reads the variables it was traced with.
+        optimizer_id = None if interval is None else id(self.model.optimizer)
+        key = (writer_name, tuple(scalars), optimizer_id)
         if key not in self._scalar_writers:
-            self._scalar_writers[key] = _scalar_writer(self._writer(writer_name), key[1])
+            self._scalar_writers[key] = _scalar_writer(
+                self._writer(writer_name),
+                key[1],
+                None if interval is None else self._optimizer_scalars,
+            )
         values = [float(keras.ops.convert_to_numpy(value)) for value in scalars.values()]
-        self._scalar_writers[key](
-            tf.constant(values, tf.float32), tf.constant(self.global_step, tf.int64)
+        return self._scalar_writers[key](
+            tf.constant(values, tf.float32),
+            tf.constant(self.global_step, tf.int64),
+            tf.constant(interval or (0, 0), tf.int64),
         )
 
 
@@ -320,19 +349,35 @@ def _check_count(name: str, value: Any, minimum: int) -> None:
 
 
 def _scalar_writer(
-    writer: tf.summary.SummaryWriter, names: tuple[str, ...]
-) -> Callable[[tf.Tensor, tf.Tensor], None]:
-    """A function writing `values[i]` as scalar `names[i]` at `step`."""
+    writer: tf.summary.SummaryWriter,
+    names: tuple[str, ...],
+    read_scalars: Callable[[tf.Tensor], dict[str, tf.Tensor]] | None,
+) -> Callable[[tf.Tensor, tf.Tensor, tf.Tensor], tf.Tensor | None]:
+    """A function writing `values[i]` as scalar `names[i]` at `step`, and what it reads.
+
+    It calls `read_scalars(interval)` in its graph, writes those scalars too,
+    and returns the skipped steps among them, if any.
+    """
 
     @tf.function(
-        input_signature=[tf.TensorSpec([len(names)], tf.float32), tf.TensorSpec([], tf.int64)]
+        input_signature=[
+            tf.TensorSpec([len(names)], tf.float32),
+            tf.TensorSpec([], tf.int64),
+            tf.TensorSpec([2], tf.int64),
+        ]
     )
-    def write(values: tf.Tensor, step: tf.Tensor) -> None:
+    def write(values: tf.Tensor, step: tf.Tensor, interval: tf.Tensor) -> tf.Tensor | None:
+        read = read_scalars(interval) if read_scalars else {}
         with writer.as_default(step=step):
             for index, name in enumerate(names):
                 tf.summary.scalar(name, values[index])
+            for name, value in read.items():
+                tf.summary.scalar(name, value)
+        return read.get(tags.SKIPPED_STEPS)
 
-    return write
+    # Its concrete function: calling the `tf.function` itself costs twice as
+    # much, in the Python that matches arguments to traces.
+    return write.get_concrete_function()
 
 
 def _crossed(previous_step: int, step: int, every: int) -> bool:
