@@ -17,7 +17,7 @@ unfused update of every variable cost the float32 Transformer of `mpt-bench`
 5-9% of its step. Without XLA the step is the same, run as TensorFlow ops.
 With a `mpt_keras.LossScaleOptimizer`, the step also asks it to skip a batch
 holding a NaN or Inf (`LossScaleOptimizer.check_batch`); such a batch adds
-nothing to the reported loss.
+nothing to the reported loss and metrics.
 
 `resolve_jit_compile` turns the `--jit_compile` setting (`auto`, `true`,
 `false`) into that choice. `auto` decides by the replicas' device type and,
@@ -143,7 +143,7 @@ def compile_model(
     and backward pass only, the all-reduce and the update staying outside
     XLA (see the module docstring). With a
     `mpt_keras.LossScaleOptimizer` a batch with a NaN or Inf is skipped and
-    counted (`optimizer.bad_batches`) and left out of the loss metric.
+    counted (`optimizer.bad_batches`) and left out of the loss and every metric.
     `evaluate` and `predict` run without XLA.
 
     Under a multi-worker MultiWorkerMirroredStrategy it also makes Keras'
@@ -336,17 +336,24 @@ def _step(
     def replica_train_step(x: Any, y: Any, sample_weight: Any) -> dict[str, Any]:
         loss, y_pred, gradients = forward_backward(x, y, sample_weight)
         batch_size = tf.shape(next(i for i in keras.tree.flatten(x) if i is not None))[0]
+
+        def count_batch() -> dict[str, Any]:
+            model._loss_tracker.update_state(
+                unscale_loss_for_distribution(loss), sample_weight=batch_size
+            )
+            return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
         optimizer = model.optimizer
-        if isinstance(optimizer, LossScaleOptimizer):
-            bad = optimizer.check_batch((x, y, sample_weight), loss)
-            # A skipped bad batch would make the epoch's mean loss NaN.
-            loss = tf.where(bad, tf.zeros_like(loss), loss)
-            batch_size = batch_size * tf.cast(~bad, batch_size.dtype)
-        model._loss_tracker.update_state(
-            unscale_loss_for_distribution(loss), sample_weight=batch_size
-        )
+        if not isinstance(optimizer, LossScaleOptimizer):
+            optimizer.apply(gradients, model.trainable_weights)
+            return count_batch()
+        bad = optimizer.check_batch((x, y, sample_weight), loss)
         optimizer.apply(gradients, model.trainable_weights)
-        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        # A skipped bad batch counts in no metric: it would make the epoch's
+        # mean loss NaN, and what it predicted is undefined (XLA's and
+        # TensorFlow's argmax of a NaN row differ). `count_batch` first: cond
+        # traces its branches in order, and it builds the compiled metrics.
+        return tf.cond(~bad, count_batch, model.get_metrics_result)
 
     return replica_train_step
 

@@ -183,6 +183,19 @@ def _count_forward_backward_traces(monkeypatch) -> list[int]:
     return traces
 
 
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_a_bad_batch_counts_in_no_metric(jit_compile):
+    x, y = _data(steps=2, nan_at=(1, 3))
+    model, twin = _mlp(), _mlp()
+    _compile(model, jit_compile)
+    _compile(twin, jit_compile)
+    logs = model.fit(x, y, batch_size=GLOBAL_BATCH, shuffle=False, verbose=0).history
+    # The second batch is skipped: the epoch reports the first one alone.
+    first_batch = x[:GLOBAL_BATCH], y[:GLOBAL_BATCH]
+    assert logs == twin.fit(*first_batch, batch_size=GLOBAL_BATCH, verbose=0).history
+    assert model.optimizer.bad_batches == 1
+
+
 def test_recompiling_switches_the_step(monkeypatch):
     traces = _count_forward_backward_traces(monkeypatch)
     x, y = _data(steps=2)
