@@ -26,7 +26,6 @@ import tensorflow as tf
 
 from mpt_keras import models
 from mpt_keras.policies import probe_hardware
-from mpt_keras.training import TRAINING_LOSS
 
 VOCAB_SIZE = 256
 _LOW_PRECISION_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")
@@ -79,13 +78,21 @@ def build_mlp() -> keras.Model:
     return models.build_mlp(IMAGE_SHAPE, NUM_CLASSES)
 
 
-def compiled_transformer_lm(
-    optimizer: keras.Optimizer, sequence_length: int, num_layers: int, d_model: int
-) -> keras.Model:
-    """The reference Transformer LM from seed 0, compiled without XLA."""
-    model = build_transformer_lm(sequence_length, num_layers, d_model)
-    model.compile(optimizer=optimizer, loss=TRAINING_LOSS, jit_compile=False)
-    return model
+def reference_model(name: str, sequence_length: int, num_layers: int, d_model: int) -> keras.Model:
+    """The reference model `name` (`transformer_lm`, `cnn`, `mlp`), from seed 0.
+
+    The sizes are the Transformer LM's; the CNN and MLP take 8x8 images.
+    """
+    if name == "transformer_lm":
+        return build_transformer_lm(sequence_length, num_layers, d_model)
+    return build_cnn() if name == "cnn" else build_mlp()
+
+
+def reference_batches(name: str, batch_size: int, sequence_length: int) -> tf.data.Dataset:
+    """Endless batches for the reference model `name`: token sequences or 8x8 images."""
+    if name == "transformer_lm":
+        return token_batches(batch_size, sequence_length)
+    return image_batches(batch_size)
 
 
 def transformer_lm_description(
@@ -99,20 +106,6 @@ def transformer_lm_description(
         "sequence_length": sequence_length,
         "batch_size": batch_size,
     }
-
-
-def train_function_runner(model: keras.Model, iterator: Any) -> Callable[[int], float]:
-    """Calls the compiled train function; returns the seconds `steps` calls took."""
-    model.make_train_function()
-
-    def run(steps: int) -> float:
-        start = time.perf_counter()
-        for _ in range(steps):
-            logs = model.train_function(iterator)
-        float(logs["loss"])  # Waits for the last step.
-        return time.perf_counter() - start
-
-    return run
 
 
 class FitLoop:

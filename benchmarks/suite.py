@@ -1,15 +1,16 @@
 """The benchmark suite behind `mpt-bench`: every variant side by side, against the machine's limit.
 
 A variant is a reference model (the Transformer LM, the 8x8 CNN and MLP), a precision
-(`float32`, `mixed_bfloat16`, `mixed_float16`), XLA (`off`, `on`) and a stack:
+(`float32`, `mixed_bfloat16`, `mixed_float16`), XLA (`off`, `on`) and a stack
+(`benchmarks.stacks`):
 
     ours    the global policy, `PrecisionManifest(default=precision)` (the safe
             defaults: normalization and the output layer in float32) applied,
-            `mpt_keras.LossScaleOptimizer` (dynamic loss scaling where a layer
-            computes in float16, else a fixed scale of 1 that still skips
-            non-finite steps, as `mpt-train` makes it), `xla.compile_model` (XLA
-            per replica) and a `MixedPrecisionMonitor` at its default
-            `update_freq`
+            `mpt_keras.LossScaleOptimizer` (dynamic loss scaling in
+            `mixed_float16`, else a fixed scale of 1 that still skips
+            non-finite steps, as `mpt-train` makes it), `xla.compile_model` (with
+            XLA: the whole step on one device) and a `MixedPrecisionMonitor` at
+            its default `update_freq`
     stock   the global policy only, `keras.optimizers.LossScaleOptimizer` for
             `mixed_float16` and the plain optimizer otherwise,
             `model.compile(jit_compile=...)`, no callback
@@ -70,14 +71,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from benchmarks import flops, harness, matmul_peak, op_profile, suite_report
+from benchmarks import flops, harness, matmul_peak, op_profile, stacks, suite_report
 from mpt_keras import xla
 from mpt_keras.errors import UserInputError
-from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
-from mpt_keras.manifest import PrecisionManifest
-from mpt_keras.monitor import MixedPrecisionMonitor
 from mpt_keras.policies import global_policy
-from mpt_keras.training import TRAINING_LOSS
 
 MODELS = ("transformer_lm", "cnn", "mlp")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
@@ -331,43 +328,24 @@ def _prepare(
     memory_before = _memory_current(memory_device)
     with global_policy(variant.precision):
         model = _build(variant.model, settings)
-        if variant.model == "transformer_lm":
-            dataset = harness.token_batches(settings.batch_size, settings.sequence_length)
-        else:
-            dataset = harness.image_batches(settings.image_batch_size)
-        inner = keras.optimizers.AdamW(1e-3)
-        jit_compile = variant.xla == "on"
-        if variant.stack == "ours":
-            report = PrecisionManifest(default=variant.precision).apply(model)
-            if any(layer.compute_dtype == "float16" for layer in report.layers):
-                optimizer = LossScaleOptimizer(inner)
-            else:
-                optimizer = LossScaleOptimizer(
-                    inner, initial_scale=1.0, min_scale=1.0, max_scale=1.0, dynamic=False
-                )
-            xla.compile_model(
-                model, optimizer=optimizer, loss=TRAINING_LOSS, jit_compile=jit_compile
-            )
-            callbacks = [
-                MixedPrecisionMonitor(
-                    os.path.join(log_root, variant.name.replace("/", "-")),
-                    examples_per_step=_batch_size(variant.model, settings),
-                )
-            ]
-        else:
-            if variant.precision == "mixed_float16":
-                optimizer = keras.optimizers.LossScaleOptimizer(inner)
-            else:
-                optimizer = inner
-            model.compile(optimizer=optimizer, loss=TRAINING_LOSS, jit_compile=jit_compile)
-            callbacks = []
+        dataset = harness.reference_batches(
+            variant.model, _batch_size(variant.model, settings), settings.sequence_length
+        )
+        callbacks = stacks.compile_stack(
+            model,
+            variant.precision,
+            variant.xla == "on",
+            stacks.PIECES if variant.stack == "ours" else (),
+            os.path.join(log_root, variant.name.replace("/", "-")),
+            _batch_size(variant.model, settings),
+        )
         iterator = iter(dataset)
         loop = harness.FitLoop(model, iterator, callbacks)
         loop(1)
     memory = _step_memory(model, iterator, settings.memory_steps, memory_device, memory_before)
     memory["variable_bytes"] = sum(
         variable.numpy().nbytes
-        for variable in {id(v): v for v in (*model.weights, *optimizer.variables)}.values()
+        for variable in {id(v): v for v in (*model.weights, *model.optimizer.variables)}.values()
     )
     return _Prepared(loop, model, memory)
 
@@ -514,11 +492,9 @@ def _auto_choices(settings: Settings, step_seconds: dict[str, list[float]]) -> d
 
 def _build(model: str, settings: Settings) -> keras.Model:
     """The reference model `model`, from seed 0, in the global policy."""
-    if model == "transformer_lm":
-        return harness.build_transformer_lm(
-            settings.sequence_length, settings.num_layers, settings.d_model
-        )
-    return harness.build_cnn() if model == "cnn" else harness.build_mlp()
+    return harness.reference_model(
+        model, settings.sequence_length, settings.num_layers, settings.d_model
+    )
 
 
 def _batch_size(model: str, settings: Settings) -> int:

@@ -1,0 +1,133 @@
+"""Where our stack's step time goes: stock Keras, then each piece of ours added in turn.
+
+    python -m benchmarks.stack_ablation [--model=mlp --precision=float32 --xla=off
+                                         --rounds=20 --steps_per_round=10]
+
+For one reference model, precision and XLA setting, five variants train from
+the same initial weights on the same batches (`benchmarks.stacks`): `stock`,
+then `+train_step`, `+loss_scale_optimizer`, `+manifest` and `+monitor`, each
+adding one piece to the one before; the last is `mpt-bench`'s `ours`. They run
+the train-step loop of `model.fit` with its callbacks (`harness.FitLoop`), in
+one process, interleaved round by round. The result is each variant's median
+step time, its step time over stock, and each piece's cost: the variant's step
+time over the one before it (ratio of the medians, and median of the
+per-round ratios: the figure least disturbed by other load).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from collections.abc import Sequence
+
+from absl import app, flags
+
+from benchmarks import common_flags, harness, stacks
+from mpt_keras.policies import global_policy
+
+MODELS = ("transformer_lm", "cnn", "mlp")
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+VARIANTS = ("stock", *(f"+{piece}" for piece in stacks.PIECES))
+
+_MODEL = flags.DEFINE_enum("model", "transformer_lm", MODELS, "The reference model.")
+_PRECISION = flags.DEFINE_enum("precision", "mixed_float16", PRECISIONS, "Global dtype policy.")
+_XLA = flags.DEFINE_enum("xla", "off", ["off", "on"], "Compile the train step with XLA.")
+_IMAGE_BATCH_SIZE = flags.DEFINE_integer(
+    "image_batch_size", 64, "CNN and MLP images per batch.", lower_bound=1
+)
+
+
+def measure(
+    model_name: str,
+    precision: str,
+    jit_compile: bool,
+    rounds: int,
+    steps_per_round: int,
+    warmup_steps: int,
+    batch_size: int,
+    sequence_length: int = 64,
+    num_layers: int = 2,
+    d_model: int = 64,
+) -> dict:
+    """Measures the variants, interleaved; returns the JSON-ready result.
+
+    `batch_size` is in sequences for the Transformer LM, in images otherwise.
+    """
+    loops = {}
+    with tempfile.TemporaryDirectory() as log_dir, global_policy(precision):
+        for count, name in enumerate(VARIANTS):
+            model = harness.reference_model(model_name, sequence_length, num_layers, d_model)
+            callbacks = stacks.compile_stack(
+                model, precision, jit_compile, stacks.PIECES[:count], log_dir, batch_size
+            )
+            batches = harness.reference_batches(model_name, batch_size, sequence_length)
+            loops[name] = harness.FitLoop(model, iter(batches), callbacks)
+        # After every variant is built, as in mpt-bench.
+        for loop in loops.values():
+            loop(warmup_steps)
+        step_seconds = harness.interleave(loops, rounds, steps_per_round)
+        for loop in loops.values():
+            loop.end()
+    return {
+        "benchmark": "stack_ablation",
+        "model": model_name,
+        "precision": precision,
+        "xla": jit_compile,
+        "batch_size": batch_size,
+        "rounds": rounds,
+        "steps_per_round": steps_per_round,
+        "median_step_seconds": {
+            name: statistics.median(seconds) for name, seconds in step_seconds.items()
+        },
+        "step_seconds": step_seconds,
+        "vs_stock": {
+            name: harness.ratio(step_seconds[name], step_seconds["stock"]) for name in VARIANTS[1:]
+        },
+        "vs_previous": {
+            name: harness.ratio(step_seconds[name], step_seconds[previous])
+            for previous, name in zip(VARIANTS, VARIANTS[1:])
+        },
+        "machine": harness.machine(),
+    }
+
+
+def lines(result: dict) -> list[str]:
+    """The table: per variant, its median step, and its step time over stock and the one before."""
+    medians = result["median_step_seconds"]
+    width = max(map(len, VARIANTS))
+    table = [
+        f"{result['model']}, {result['precision']}, XLA {'on' if result['xla'] else 'off'}, "
+        f"batch {result['batch_size']}: step time over stock / over the row above "
+        "(median of the per-round ratios)",
+        f"{'variant':<{width}} {'median step (ms)':>17} {'/stock':>7} {'/above':>7}",
+        f"{'stock':<{width}} {medians['stock'] * 1e3:>17.3f} {'-':>7} {'-':>7}",
+    ]
+    for name in VARIANTS[1:]:
+        over_stock = result["vs_stock"][name]["paired_ratio_median"]
+        over_previous = result["vs_previous"][name]["paired_ratio_median"]
+        table.append(
+            f"{name:<{width}} {medians[name] * 1e3:>17.3f} {over_stock:>7.3f} {over_previous:>7.3f}"
+        )
+    return table
+
+
+def main(argv: Sequence[str]) -> None:
+    del argv
+    is_lm = _MODEL.value == "transformer_lm"
+    result = measure(
+        _MODEL.value,
+        _PRECISION.value,
+        _XLA.value == "on",
+        common_flags.ROUNDS.value,
+        common_flags.STEPS_PER_ROUND.value,
+        common_flags.WARMUP_STEPS.value,
+        common_flags.BATCH_SIZE.value if is_lm else _IMAGE_BATCH_SIZE.value,
+        common_flags.SEQUENCE_LENGTH.value,
+        common_flags.NUM_LAYERS.value,
+        common_flags.D_MODEL.value,
+    )
+    harness.report(result, lines(result), common_flags.OUTPUT.value)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,84 @@
+"""The stacks the benchmarks compare: stock Keras, and ours piece by piece.
+
+    stock                   the global policy only; `keras.optimizers.LossScaleOptimizer`
+                            in `mixed_float16`, the plain optimizer otherwise;
+                            `model.compile(jit_compile=...)`; no callback
+
+and the pieces of ours, in the order `benchmarks.stack_ablation` adds them:
+
+    train_step              `xla.compile_model`: the toolkit's train step (bad-batch
+                            check; with XLA, the whole step on one device)
+    loss_scale_optimizer    `mpt_keras.LossScaleOptimizer`: dynamic loss scaling in
+                            `mixed_float16`, else a fixed scale of 1 that still
+                            skips non-finite steps (as `mpt-train` makes it)
+    manifest                `PrecisionManifest(default=precision)` applied: the safe
+                            defaults (normalization and the output layer in float32)
+    monitor                 a `MixedPrecisionMonitor` at its default `update_freq`
+
+With every piece it is the stack `mpt-bench` calls `ours`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import keras
+
+from mpt_keras import xla
+from mpt_keras.errors import UserInputError
+from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
+from mpt_keras.manifest import PrecisionManifest
+from mpt_keras.monitor import MixedPrecisionMonitor
+from mpt_keras.training import TRAINING_LOSS
+
+PIECES = ("train_step", "loss_scale_optimizer", "manifest", "monitor")
+
+
+def compile_stack(
+    model: keras.Model,
+    precision: str,
+    jit_compile: bool,
+    pieces: Collection[str],
+    log_dir: str,
+    examples_per_step: int,
+) -> list[keras.callbacks.Callback]:
+    """Compiles `model` (built in the global policy `precision`) with stock Keras and `pieces`.
+
+    Args:
+        model: A reference model, not yet compiled.
+        precision: The global dtype policy it was built in.
+        jit_compile: Whether to compile with XLA.
+        pieces: Which of `PIECES` to use: none is stock Keras, all is ours.
+        log_dir: The monitor's TensorBoard directory.
+        examples_per_step: The batch size, for the monitor's throughput.
+
+    Returns:
+        The callbacks to train with.
+
+    Raises:
+        UserInputError: For a piece not in `PIECES`.
+    """
+    unknown = sorted(set(pieces) - set(PIECES))
+    if unknown:
+        raise UserInputError(f"unknown stack piece '{unknown[0]}'. Allowed: {', '.join(PIECES)}")
+    if "manifest" in pieces:
+        PrecisionManifest(default=precision).apply(model)
+    inner = keras.optimizers.AdamW(1e-3)
+    if "loss_scale_optimizer" in pieces:
+        if precision == "mixed_float16":
+            optimizer = LossScaleOptimizer(inner)
+        else:
+            optimizer = LossScaleOptimizer(
+                inner, initial_scale=1.0, min_scale=1.0, max_scale=1.0, dynamic=False
+            )
+    elif precision == "mixed_float16":
+        optimizer = keras.optimizers.LossScaleOptimizer(inner)
+    else:
+        optimizer = inner
+    if "train_step" in pieces:
+        xla.compile_model(model, optimizer=optimizer, loss=TRAINING_LOSS, jit_compile=jit_compile)
+    else:
+        model.compile(optimizer=optimizer, loss=TRAINING_LOSS, jit_compile=jit_compile)
+    if "monitor" not in pieces:
+        return []
+    return [MixedPrecisionMonitor(log_dir, examples_per_step=examples_per_step)]
