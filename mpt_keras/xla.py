@@ -84,8 +84,10 @@ instructions, oneDNN off by default), one 10-round `mpt-bench` run measured:
     mlp               0.25      0.33             0.29
 
 and a second one, with the rule above: 1.72, 3.63, 1.85 / 0.71, 2.10, 0.97 /
-0.26, 0.31, 0.32. bfloat16 matmuls ran at 0.86-0.91x float32's peak there,
-and the bfloat16 CNN without XLA trained at 0.27-0.32x float32's speed.
+0.26, 0.31, 0.32; a third, with the whole step in XLA on one device: 2.29,
+3.33, 1.86 / 0.73, 2.28, 1.00 / 0.26, 0.31, 0.33. bfloat16 matmuls ran at
+0.86-0.96x float32's peak there, and the bfloat16 CNN without XLA trained at
+0.27-0.32x float32's speed.
 """
 
 from __future__ import annotations
