@@ -1,7 +1,8 @@
-"""The flags of the single-comparison benchmarks (`python -m benchmarks.<name>`).
+"""The flags of the benchmarks run as modules (`python -m benchmarks.<name>`).
 
-Defined once here, so that the benchmark modules can be imported together (as
-the tests do); `mpt-bench` defines its own in `trainers/bench.py`.
+Defined here, apart from their module, so that the benchmark modules can be
+imported together (as the tests do); `mpt-bench` defines its own in
+`trainers/bench.py`.
 """
 
 from __future__ import annotations

@@ -29,12 +29,13 @@ MODELS = ("transformer_lm", "cnn", "mlp")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 VARIANTS = ("stock", *(f"+{piece}" for piece in stacks.PIECES))
 
-_MODEL = flags.DEFINE_enum("model", "transformer_lm", MODELS, "The reference model.")
-_PRECISION = flags.DEFINE_enum("precision", "mixed_float16", PRECISIONS, "Global dtype policy.")
-_XLA = flags.DEFINE_enum("xla", "off", ["off", "on"], "Compile the train step with XLA.")
-_IMAGE_BATCH_SIZE = flags.DEFINE_integer(
-    "image_batch_size", 64, "CNN and MLP images per batch.", lower_bound=1
-)
+
+def _define_flags() -> None:
+    """Defines this program's own flags; only when it runs, as their names are common."""
+    flags.DEFINE_enum("model", "transformer_lm", MODELS, "The reference model.")
+    flags.DEFINE_enum("precision", "mixed_float16", PRECISIONS, "Global dtype policy.")
+    flags.DEFINE_enum("xla", "off", ["off", "on"], "Compile the train step with XLA.")
+    flags.DEFINE_integer("image_batch_size", 64, "CNN and MLP images per batch.", lower_bound=1)
 
 
 def measure(
@@ -113,15 +114,16 @@ def lines(result: dict) -> list[str]:
 
 def main(argv: Sequence[str]) -> None:
     del argv
-    is_lm = _MODEL.value == "transformer_lm"
+    options = flags.FLAGS
+    is_lm = options.model == "transformer_lm"
     result = measure(
-        _MODEL.value,
-        _PRECISION.value,
-        _XLA.value == "on",
+        options.model,
+        options.precision,
+        options.xla == "on",
         common_flags.ROUNDS.value,
         common_flags.STEPS_PER_ROUND.value,
         common_flags.WARMUP_STEPS.value,
-        common_flags.BATCH_SIZE.value if is_lm else _IMAGE_BATCH_SIZE.value,
+        common_flags.BATCH_SIZE.value if is_lm else options.image_batch_size,
         common_flags.SEQUENCE_LENGTH.value,
         common_flags.NUM_LAYERS.value,
         common_flags.D_MODEL.value,
@@ -130,4 +132,5 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)

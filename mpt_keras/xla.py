@@ -353,9 +353,15 @@ def _step(
         optimizer.apply(gradients, model.trainable_weights)
         # A skipped bad batch counts in no metric: it would make the epoch's
         # mean loss NaN, and what it predicted is undefined (XLA's and
-        # TensorFlow's argmax of a NaN row differ). `count_batch` first: cond
-        # traces its branches in order, and it builds the compiled metrics.
-        return tf.cond(~bad, count_batch, model.get_metrics_result)
+        # TensorFlow's argmax of a NaN row differ). So the metrics take it,
+        # then get their values from before it back. (`fit` has built them
+        # before this traces.)
+        variables = [variable for metric in model.metrics for variable in metric.variables]
+        before = [tf.convert_to_tensor(variable) for variable in variables]
+        count_batch()
+        for variable, value in zip(variables, before):
+            variable.assign(tf.where(bad, value, variable))
+        return model.get_metrics_result()
 
     return replica_train_step
 
