@@ -181,29 +181,6 @@ def ratio(numerator: Sequence[float], denominator: Sequence[float]) -> dict[str,
     }
 
 
-def compare(step_seconds: Mapping[str, list[float]], numerator: str, denominator: str) -> dict:
-    """Medians per variant, their ratio, and the median of the per-round ratios."""
-    return {
-        "median_step_seconds": {
-            name: statistics.median(times) for name, times in step_seconds.items()
-        },
-        "step_seconds": dict(step_seconds),
-        **ratio(step_seconds[numerator], step_seconds[denominator]),
-    }
-
-
-def comparison_lines(result: Mapping[str, Any], label: str) -> list[str]:
-    """A table of the variants' median steps and the `compare` ratios, as lines."""
-    medians = result["median_step_seconds"]
-    width = max(len("variant"), *map(len, medians))
-    lines = [f"{'variant':<{width}} {'median step (ms)':>17}"]
-    lines += [f"{name:<{width}} {seconds * 1e3:>17.2f}" for name, seconds in medians.items()]
-    return lines + [
-        f"{label}: {result['ratio']:.3f}",
-        f"{label}, median of the per-round ratios: {result['paired_ratio_median']:.3f}",
-    ]
-
-
 def report(result: Mapping[str, Any], lines: list[str], output: str | None) -> None:
     """Prints `lines` and writes `result` as JSON to `output` if given."""
     print("\n".join(lines))

@@ -22,19 +22,17 @@ from collections.abc import Sequence
 
 from absl import app, flags
 
-from benchmarks import common_flags, harness, stacks
+from benchmarks import common_flags, harness, stacks, suite
 from mpt_keras.policies import global_policy
 
-MODELS = ("transformer_lm", "cnn", "mlp")
-PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 VARIANTS = ("stock", *(f"+{piece}" for piece in stacks.PIECES))
 
 
 def _define_flags() -> None:
     """Defines this program's own flags; only when it runs, as their names are common."""
-    flags.DEFINE_enum("model", "transformer_lm", MODELS, "The reference model.")
-    flags.DEFINE_enum("precision", "mixed_float16", PRECISIONS, "Global dtype policy.")
-    flags.DEFINE_enum("xla", "off", ["off", "on"], "Compile the train step with XLA.")
+    flags.DEFINE_enum("model", "transformer_lm", suite.MODELS, "The reference model.")
+    flags.DEFINE_enum("precision", "mixed_float16", suite.PRECISIONS, "Global dtype policy.")
+    flags.DEFINE_enum("xla", "off", suite.XLA_SETTINGS, "Compile the train step with XLA.")
     flags.DEFINE_integer("image_batch_size", 64, "CNN and MLP images per batch.", lower_bound=1)
 
 

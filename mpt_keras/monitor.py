@@ -323,8 +323,8 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         With `interval` (`(skipped steps before it, its steps)`) the function
         also reads and writes the optimizer's scalars (`_optimizer_scalars`),
         and returns its skipped steps (None for an optimizer without loss
-        scaling). Eager summaries and reads of variables cost ten times as
-        much, and were most of an interval's cost.
+        scaling). Reading each variable eagerly and writing through the
+        `tf.function` made a write take 1.22 ms instead of 0.46 (measured).
         """
         # The optimizer too: the function reads the variables it was traced with.
         optimizer_id = None if interval is None else id(self.model.optimizer)

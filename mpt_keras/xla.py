@@ -338,27 +338,24 @@ def _step(
     def replica_train_step(x: Any, y: Any, sample_weight: Any) -> dict[str, Any]:
         loss, y_pred, gradients = forward_backward(x, y, sample_weight)
         batch_size = tf.shape(next(i for i in keras.tree.flatten(x) if i is not None))[0]
-
-        def count_batch() -> dict[str, Any]:
-            model._loss_tracker.update_state(
-                unscale_loss_for_distribution(loss), sample_weight=batch_size
-            )
-            return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-
         optimizer = model.optimizer
-        if not isinstance(optimizer, LossScaleOptimizer):
-            optimizer.apply(gradients, model.trainable_weights)
-            return count_batch()
-        bad = optimizer.check_batch((x, y, sample_weight), loss)
+        checked = isinstance(optimizer, LossScaleOptimizer)
+        if checked:
+            bad = optimizer.check_batch((x, y, sample_weight), loss)
         optimizer.apply(gradients, model.trainable_weights)
         # A skipped bad batch counts in no metric: it would make the epoch's
         # mean loss NaN, and what it predicted is undefined (XLA's and
         # TensorFlow's argmax of a NaN row differ). So the metrics take it,
         # then get their values from before it back. (`fit` has built them
         # before this traces.)
-        variables = [variable for metric in model.metrics for variable in metric.variables]
+        variables = [v for metric in model.metrics for v in metric.variables] if checked else []
         before = [tf.convert_to_tensor(variable) for variable in variables]
-        count_batch()
+        model._loss_tracker.update_state(
+            unscale_loss_for_distribution(loss), sample_weight=batch_size
+        )
+        logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        if not checked:
+            return logs
         for variable, value in zip(variables, before):
             variable.assign(tf.where(bad, value, variable))
         return model.get_metrics_result()
