@@ -24,12 +24,11 @@ from collections.abc import Collection
 
 import keras
 
-from mpt_keras import xla
+from mpt_keras import models, xla
 from mpt_keras.errors import UserInputError
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 from mpt_keras.manifest import PrecisionManifest
 from mpt_keras.monitor import MixedPrecisionMonitor
-from mpt_keras.training import TRAINING_LOSS
 
 PIECES = ("train_step", "loss_scale_optimizer", "manifest", "monitor")
 
@@ -76,9 +75,11 @@ def compile_stack(
     else:
         optimizer = inner
     if "train_step" in pieces:
-        xla.compile_model(model, optimizer=optimizer, loss=TRAINING_LOSS, jit_compile=jit_compile)
+        xla.compile_model(
+            model, optimizer=optimizer, loss=models.REFERENCE_LOSS, jit_compile=jit_compile
+        )
     else:
-        model.compile(optimizer=optimizer, loss=TRAINING_LOSS, jit_compile=jit_compile)
+        model.compile(optimizer=optimizer, loss=models.REFERENCE_LOSS, jit_compile=jit_compile)
     if "monitor" not in pieces:
         return []
     return [MixedPrecisionMonitor(log_dir, examples_per_step=examples_per_step)]

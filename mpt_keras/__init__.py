@@ -3,67 +3,65 @@
 Train with float16 or bfloat16 compute while float32 master weights, optimizer
 state and numerically sensitive layers stay in float32, and see what the
 precision choice does.
+
+Each public name is imported from its module on first use (PEP 562), so that
+`mpt_keras.config` and `mpt_keras.components` load, and a bad config fails,
+without importing TensorFlow.
 """
 
-from mpt_keras.auto_promote import AutoPromote
-from mpt_keras.calibration import CalibrationResult, CalibrationThresholds, calibrate
-from mpt_keras.canary import CanaryResult, CanaryThresholds, run_canary, train_with_canary
-from mpt_keras.config import TrainConfig, resolve_config
-from mpt_keras.errors import PeerFailedError, RunStoppedError, UserInputError
-from mpt_keras.guards import BadBatchLimit, DivergenceGuard, ScaledLearningRate
-from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
-from mpt_keras.manifest import ManifestReport, PrecisionManifest, Rule
-from mpt_keras.monitor import MixedPrecisionMonitor
-from mpt_keras.policies import (
-    HardwareProbe,
-    global_policy,
-    precision_report,
-    probe_hardware,
-    resolve_auto_policy,
-)
-from mpt_keras.training import (
-    Runtime,
-    format_precision_table,
-    plan_precision,
-    run_calibration,
-    run_training,
-)
-from mpt_keras.validation import Thresholds, ValidationReport, run_validation, validate
+import importlib
+from typing import Any
 
-__all__ = [
-    "AutoPromote",
-    "BadBatchLimit",
-    "CalibrationResult",
-    "CalibrationThresholds",
-    "CanaryResult",
-    "CanaryThresholds",
-    "DivergenceGuard",
-    "HardwareProbe",
-    "LossScaleOptimizer",
-    "ManifestReport",
-    "MixedPrecisionMonitor",
-    "PeerFailedError",
-    "PrecisionManifest",
-    "Rule",
-    "RunStoppedError",
-    "Runtime",
-    "ScaledLearningRate",
-    "Thresholds",
-    "TrainConfig",
-    "UserInputError",
-    "ValidationReport",
-    "calibrate",
-    "format_precision_table",
-    "global_policy",
-    "plan_precision",
-    "precision_report",
-    "probe_hardware",
-    "resolve_auto_policy",
-    "resolve_config",
-    "run_calibration",
-    "run_canary",
-    "run_training",
-    "run_validation",
-    "train_with_canary",
-    "validate",
-]
+_HOMES = {
+    "AutoPromote": "auto_promote",
+    "BadBatchLimit": "guards",
+    "CalibrationResult": "calibration",
+    "CalibrationThresholds": "calibration",
+    "CanaryResult": "canary",
+    "CanaryThresholds": "canary",
+    "DivergenceGuard": "guards",
+    "HardwareProbe": "policies",
+    "LossScaleOptimizer": "loss_scale_optimizer",
+    "ManifestReport": "manifest",
+    "MixedPrecisionMonitor": "monitor",
+    "PeerFailedError": "errors",
+    "PrecisionManifest": "manifest",
+    "Rule": "manifest",
+    "RunStoppedError": "errors",
+    "Runtime": "training",
+    "ScaledLearningRate": "guards",
+    "Thresholds": "thresholds",
+    "TrainConfig": "config",
+    "UserInputError": "errors",
+    "ValidationReport": "validation",
+    "calibrate": "calibration",
+    "export_saved_model": "serving",
+    "format_precision_table": "runs",
+    "global_policy": "policies",
+    "plan_precision": "runs",
+    "precision_report": "policies",
+    "probe_hardware": "policies",
+    "resolve_auto_policy": "policies",
+    "resolve_config": "config",
+    "run_calibration": "runs",
+    "run_canary": "canary",
+    "run_training": "training",
+    "run_validation": "validation",
+    "save_for_serving": "serving",
+    "train_with_canary": "canary",
+    "validate": "validation",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'mpt_keras' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"mpt_keras.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -3,7 +3,9 @@
 Before a long run, the canary trains the run's model `steps` steps on the first
 `CanaryThresholds.examples` training examples, in the run's precision (its
 `precision` or `manifest`) and in float32, from the same weights and batch
-order (`validation.train_steps`). The candidate has diverged when:
+order, with exactly the run `mpt-train` assembles (`validation.train_steps`).
+The run is a `TrainConfig` or the user's own model, data and loss (as
+`validate` takes them). The candidate has diverged when:
 
     non-finite     a step's loss is NaN or infinite;
     rising         its loss over the last max(1, steps // 5) steps averages
@@ -25,13 +27,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from mpt_keras import models
+import keras
+
+from mpt_keras import runs
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError
 from mpt_keras.files import write_json_atomic
-from mpt_keras.training import Runtime, _load_data, run_training
+from mpt_keras.training import Runtime, run_training
 from mpt_keras.validation import BASELINE, train_steps
 
 CANARY_FILE = "canary.json"
@@ -110,14 +115,27 @@ class CanaryResult:
 
 
 def run_canary(
-    config: TrainConfig, steps: int, thresholds: CanaryThresholds = CanaryThresholds()
+    model: TrainConfig | keras.Model | Callable[[], keras.Model],
+    steps: int,
+    thresholds: CanaryThresholds = CanaryThresholds(),
+    *,
+    data: tuple[Any, Any] | None = None,
+    loss: Any = None,
+    metrics: Sequence[Any] = (),
+    config: TrainConfig | None = None,
 ) -> CanaryResult:
     """Trains `steps` steps in the run's precision and in float32; judges divergence.
 
     Args:
-        config: The run config; its `steps` is replaced by `steps`.
+        model: The run config, or the user's own model factory (or functional
+            model) with `data`, `loss` and `metrics` as `validate` takes them.
         steps: Canary steps of each model.
         thresholds: When the run counts as diverged.
+        data: With a model: `(train, eval)` data.
+        loss: With a model: its Keras loss.
+        metrics: With a model: its Keras metrics.
+        config: With a model: the settings, the precision (or manifest) among
+            them; default `TrainConfig()`'s.
 
     Returns:
         The verdict; `message` says why when `diverged`.
@@ -127,19 +145,15 @@ def run_canary(
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise UserInputError(f"canary steps: must be an integer >= 1, received {steps!r}")
+    config, components = runs.resolve(model, data=data, loss=loss, metrics=metrics, config=config)
     candidate_config = config.merged({"steps": steps}, source="canary")
     baseline_config = config.merged(
         {"precision": BASELINE, "manifest": None, "steps": steps}, source="canary"
     )
-    task_data = _load_data(config, models.model_task(config.model.name))
     # The final validation of train_steps only needs to be cheap here.
-    task_data = dataclasses.replace(
-        task_data,
-        train=tuple(array[: thresholds.examples] for array in task_data.train),
-        validation=tuple(array[: config.data.eval_batch_size] for array in task_data.validation),
-    )
-    candidate = train_steps(candidate_config, task_data)
-    baseline = train_steps(baseline_config, task_data)
+    run_data = components.data().subset(thresholds.examples, config.data.eval_batch_size)
+    candidate = train_steps(candidate_config, components, run_data)
+    baseline = train_steps(baseline_config, components, run_data)
 
     precision = config.manifest or config.precision
     diverged, verdict = _verdict(candidate.losses, baseline.losses, thresholds)

@@ -22,11 +22,13 @@ import dataclasses
 import json
 import math
 import os
+import re
 import sys
 import typing
 from collections.abc import Mapping
 from typing import Any
 
+from mpt_keras.components import FACTORY_SYNTAX
 from mpt_keras.errors import UserInputError
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
@@ -35,17 +37,37 @@ JIT_COMPILE = ("auto", "true", "false")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 LR_SCHEDULES = ("constant", "cosine")
 DIVERGENCE_ACTIONS = ("rollback", "promote", "stop")
+MODEL_NAMES = ("mlp", "cnn", "transformer_lm")
+SOURCE_KEYS = ("name", "factory", "file")
+DEFAULT_MODEL = "cnn"
+DEFAULT_DATASET = "mpt_digits"
 # NumPy's legacy seeding, which `keras.utils.set_random_seed` calls, takes 32 bits.
 _MAX_SEED = 2**32 - 1
+_MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     """Which dataset feeds the run and how it is batched.
 
+    The data comes from exactly one of `name` (a TFDS dataset) and `factory`
+    (the user's code; see `mpt_keras.components`).
+
     Attributes:
         name: `mpt_digits`, `mpt_python_source` (both embedded, offline) or any
-            TFDS dataset name prepared under `data_dir`.
+            TFDS dataset name prepared under `data_dir`; `mpt_digits` unless
+            `factory` is given.
+        factory: `"package.module:attribute"`, a callable returning `(train,
+            eval)` `tf.data.Dataset`s of unbatched `(x, y)` or `(x, y,
+            sample_weight)` elements.
+        options: Keyword arguments of `factory`.
+        features: For a TFDS dataset of any shape: which features are the
+            model's input and target, `{"x": "image", "y": "label"}`
+            (`"x"` may also map input names to features: `{"x": {"pixels":
+            "image"}, "y": "label"}`). `None`: the embedded datasets' own
+            shapes (an `image` and a `label`, or a `text`).
+        shuffle_buffer: Elements in the shuffle buffer of `factory` and
+            `features` data (the embedded shapes shuffle exactly, by index).
         data_dir: TFDS data directory; `None` uses TFDS' default
             (`~/tensorflow_datasets`).
         train_split: The split to train on.
@@ -59,7 +81,11 @@ class DataConfig:
             skips (and reports); one more stops it.
     """
 
-    name: str = "mpt_digits"
+    name: str | None = None
+    factory: str | None = None
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    features: Mapping[str, Any] | None = None
+    shuffle_buffer: int = 10_000
     data_dir: str | None = None
     train_split: str = "train"
     eval_split: str = "validation"
@@ -70,7 +96,28 @@ class DataConfig:
     max_bad_batches: int = 10
 
     def __post_init__(self):
-        _require(bool(self.name), "data.name", "a non-empty TFDS dataset name", self.name)
+        if self.factory is None and self.name is None:
+            object.__setattr__(self, "name", DEFAULT_DATASET)
+        _require_one_source(self, "data", ("name", "factory"))
+        _require(
+            self.name is None or bool(self.name), "data.name", "a TFDS dataset name", self.name
+        )
+        _require(
+            not (self.options and self.name),
+            "data.options",
+            "empty unless data.factory is given (TFDS datasets take no options)",
+            self.options,
+        )
+        _require(
+            self.features is None or (self.name is not None and _is_feature_map(self.features)),
+            "data.features",
+            'null, or with data.name an object {"x": FEATURE or {INPUT: FEATURE, ...}, '
+            '"y": FEATURE}',
+            self.features,
+        )
+        _require(
+            self.shuffle_buffer >= 1, "data.shuffle_buffer", "an integer >= 1", self.shuffle_buffer
+        )
         _require(self.batch_size >= 1, "data.batch_size", "an integer >= 1", self.batch_size)
         _require(
             self.eval_batch_size >= 1,
@@ -97,16 +144,60 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Which reference model to build.
+    """Where the model comes from: exactly one of `name`, `factory` and `file`.
 
     Attributes:
-        name: A name from `mpt_keras.models.MODEL_NAMES`.
-        options: Keyword arguments of that model's builder (checked against its
-            signature when the model is built).
+        name: A reference model, one of `MODEL_NAMES`; `cnn` unless `factory`
+            or `file` is given.
+        factory: `"package.module:attribute"`, a callable in the user's code
+            that returns a Keras model (see `mpt_keras.components`).
+        file: A `.keras` file: its architecture and weights are the starting
+            point (loaded uncompiled; its compiled loss and metrics are used
+            unless the config names its own).
+        options: Keyword arguments of the reference model's builder or of
+            `factory`, bound to its signature before anything runs.
     """
 
-    name: str = "cnn"
+    name: str | None = None
+    factory: str | None = None
+    file: str | None = None
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.factory is None and self.file is None and self.name is None:
+            object.__setattr__(self, "name", DEFAULT_MODEL)
+        _require_one_source(self, "model", SOURCE_KEYS)
+        if self.name is not None:
+            _require_choice(self.name, "model.name", MODEL_NAMES)
+        if self.file is not None:
+            _require(
+                self.file.endswith(".keras"), "model.file", "the path of a .keras file", self.file
+            )
+            _require(not self.options, "model.options", "empty for model.file", self.options)
+
+
+@dataclasses.dataclass(frozen=True)
+class ComponentConfig:
+    """Where a loss or a metric comes from: exactly one of `name` and `factory`.
+
+    In JSON a bare string is short for `{"name": ...}`: `"accuracy"`.
+
+    Attributes:
+        name: A Keras identifier: a loss or metric function or class name
+            (`"sparse_categorical_crossentropy"`, `"SparseCategoricalCrossentropy"`,
+            `"accuracy"`); with `options`, a class (snake_case names resolve
+            to their class).
+        factory: `"package.module:attribute"`, a callable in the user's code:
+            a loss function itself, or a class or function returning one.
+        options: Keyword arguments of the class or factory.
+    """
+
+    name: str | None = None
+    factory: str | None = None
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        _require_one_source(self, "", ("name", "factory"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,8 +342,17 @@ class TrainConfig:
         deterministic: Seed everything and enable TensorFlow's op determinism
             (`tf.config.experimental.enable_op_determinism`), so two runs of
             the same config give identical weights.
+        imports: Modules imported before any component is resolved (a user's
+            custom layers registering themselves), from the working directory
+            or `PYTHONPATH`.
         data: See `DataConfig`.
         model: See `ModelConfig`.
+        loss: The training loss (see `ComponentConfig`); `None`: the
+            reference models' sparse categorical cross-entropy on logits, or
+            the loss a `model.file` was compiled with.
+        metrics: The metrics (`ComponentConfig`s); `None`: accuracy for the
+            reference models, a `model.file`'s compiled metrics, none for a
+            `model.factory`.
         optimizer: See `OptimizerConfig`.
         loss_scale: See `LossScaleConfig`.
         divergence: See `DivergenceConfig`.
@@ -272,8 +372,11 @@ class TrainConfig:
     jit_compile: str = "auto"
     auto_promote: bool = False
     deterministic: bool = False
+    imports: tuple[str, ...] = ()
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    loss: ComponentConfig | None = None
+    metrics: tuple[ComponentConfig, ...] | None = None
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
     loss_scale: LossScaleConfig = dataclasses.field(default_factory=LossScaleConfig)
     divergence: DivergenceConfig = dataclasses.field(default_factory=DivergenceConfig)
@@ -298,6 +401,19 @@ class TrainConfig:
         )
         _require(self.log_every >= 1, "log_every", "an integer >= 1", self.log_every)
         _require(self.virtual_cpus >= 0, "virtual_cpus", "an integer >= 0", self.virtual_cpus)
+        _require(
+            self.loss is not None or self.model.factory is None,
+            "loss",
+            "a loss (a Keras name or a factory) when the model comes from model.factory",
+            None,
+        )
+        for index, module in enumerate(self.imports):
+            _require(
+                _MODULE_NAME.fullmatch(module) is not None,
+                f"imports[{index}]",
+                "a dotted module name such as 'my_project.layers'",
+                module,
+            )
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], source: str = "config") -> TrainConfig:
@@ -398,7 +514,12 @@ def _deep_merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str,
     merged = dict(base)
     for key, value in overrides.items():
         if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = _deep_merge(dict(merged[key]), value)
+            section = dict(merged[key])
+            if any(value.get(source) is not None for source in SOURCE_KEYS):
+                # Another source: the old one and its options no longer apply.
+                for stale in (*SOURCE_KEYS, "options"):
+                    section.pop(stale, None)
+            merged[key] = _deep_merge(section, value)
         else:
             merged[key] = value
     return merged
@@ -421,19 +542,32 @@ def _build(cls: type, values: Any, prefix: str) -> Any:
     kwargs = {}
     for name, value in values.items():
         kwargs[name] = _convert(hints[name], value, f"{prefix}{name}")
-    return cls(**kwargs)
+    if cls is not ComponentConfig:
+        return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except UserInputError as error:
+        # A loss or metric knows not its own key: say which one it is.
+        raise UserInputError(f"{prefix.rstrip('.')}: {error}") from None
 
 
 def _convert(hint: Any, value: Any, key: str) -> Any:
     """Checks `value` against type `hint`, recursing into nested dataclasses."""
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value, prefix=key + ".")
     allowed = (
         typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, _UnionType) else (hint,)
     )
     if value is None and type(None) in allowed:
         return None
     for kind in allowed:
+        if kind is ComponentConfig and isinstance(value, str):
+            return _build(kind, {"name": value}, prefix=key + ".")
+        if dataclasses.is_dataclass(kind):
+            return _build(kind, value, prefix=key + ".")
+        if typing.get_origin(kind) is tuple and isinstance(value, (list, tuple)):
+            item = typing.get_args(kind)[0]
+            return tuple(
+                _convert(item, part, f"{key}[{index}]") for index, part in enumerate(value)
+            )
         if kind is bool and isinstance(value, bool):
             return value
         if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -461,6 +595,7 @@ _TYPE_NAMES = {
     float: "a number",
     str: "a string",
     Mapping: "a JSON object",
+    tuple: "a JSON array",
     type(None): "null",
 }
 
@@ -468,6 +603,36 @@ _TYPE_NAMES = {
 def _require(ok: bool, key: str, allowed: str, received: Any) -> None:
     if not ok:
         raise UserInputError(f"key '{key}' must be {allowed}, received {json.dumps(received)}")
+
+
+def _require_one_source(config: Any, section: str, keys: tuple[str, ...]) -> None:
+    """Checks that `config` names exactly one of `keys`, and a factory's syntax."""
+    given = [key for key in keys if getattr(config, key) is not None]
+    where = f"{section}: " if section else ""
+    if len(given) != 1:  # None given: only a loss or metric, the others have a default.
+        received = " and ".join(f"'{key}'" for key in given) or "none"
+        raise UserInputError(
+            f"{where}exactly one source is allowed: {', '.join(repr(key) for key in keys)}; "
+            f"received {received}"
+        )
+    if config.factory is not None and not FACTORY_SYNTAX.fullmatch(config.factory):
+        raise UserInputError(
+            f"key '{section + '.' if section else ''}factory' must be "
+            f"'package.module:attribute', received {json.dumps(config.factory)}"
+        )
+
+
+def _is_feature_map(features: Mapping[str, Any]) -> bool:
+    """Whether `features` is `{"x": FEATURE or {INPUT: FEATURE}, "y": FEATURE}`."""
+    x = features.get("x")
+    return (
+        set(features) == {"x", "y"}
+        and isinstance(features["y"], str)
+        and (
+            isinstance(x, str)
+            or (isinstance(x, Mapping) and bool(x) and all(isinstance(v, str) for v in x.values()))
+        )
+    )
 
 
 def _require_choice(value: str, key: str, choices: tuple[str, ...]) -> None:
@@ -498,10 +663,23 @@ def resolve_config(
             was wrong.
     """
     config = TrainConfig.from_json(path)
+    check_files(config, os.fspath(path))
     if config_override:
         overrides = parse_json_object(config_override, "--config_override")
         config = config.merged(overrides, source="--config_override")
     for name, value in flag_values.items():
         if value is not None:
             config = config.merged({name: value}, source=f"--{name}")
+    check_files(config, "--config_override")
     return config
+
+
+def check_files(config: TrainConfig, source: str = "config") -> None:
+    """Checks that the files a config names exist: the manifest and a model file.
+
+    Raises:
+        UserInputError: Naming the key and the path.
+    """
+    for key, path in (("manifest", config.manifest), ("model.file", config.model.file)):
+        if path is not None and not os.path.isfile(path):
+            raise UserInputError(f"{source}: key '{key}': no such file {path!r}")

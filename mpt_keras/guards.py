@@ -191,7 +191,8 @@ class ScaledLearningRate(keras.optimizers.schedules.LearningRateSchedule):
             "learning_rate": keras.saving.serialize_keras_object(base)
             if isinstance(base, keras.optimizers.schedules.LearningRateSchedule)
             else base,
-            "scale": float(keras.ops.convert_to_numpy(self.scale)),
+            # Not ops.convert_to_numpy: see loss_scale_optimizer._read.
+            "scale": float(self.scale.numpy()),
         }
 
     @classmethod

@@ -238,8 +238,8 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
 
         Call eagerly: reading them syncs with the device.
         """
-        count = int(ops.convert_to_numpy(self._bad_batch_counter))
-        ring = ops.convert_to_numpy(self._bad_batch_ring)
+        count = int(self._bad_batch_counter.numpy())
+        ring = self._bad_batch_ring.numpy()
         first = max(0, count - BAD_BATCH_MEMORY)
         return [int(ring[i % BAD_BATCH_MEMORY]) for i in range(first, count)]
 
@@ -293,7 +293,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         """
         if not self.built:
             return {}
-        counts = ops.convert_to_numpy(self._nonfinite_counter)
+        counts = self._nonfinite_counter.numpy()
         return {
             getattr(v, "path", v.name): int(c) for v, c in zip(self._trainable_variables, counts)
         }
@@ -650,7 +650,10 @@ def _is_count(value: Any) -> bool:
 
 def _read(variable: keras.Variable, to_python: type) -> Any:
     if tf.executing_eagerly():
-        return to_python(ops.convert_to_numpy(variable))
+        # Not np.array(variable) (ops.convert_to_numpy): Keras' Variable.__array__
+        # takes no `copy`, which NumPy 2 deprecates with a warning, and Keras'
+        # saving reads these properties on every save and load.
+        return to_python(variable.numpy())
     return ops.convert_to_tensor(variable)
 
 

@@ -19,13 +19,27 @@ Policies are `float32`, `mixed_float16` and `mixed_bfloat16`, so variables are
 always float32. Any other key, a bad policy or a bad regex is an error naming
 the file, the rule (`rules[2].policy`) and what is allowed.
 
-Matching. A layer's path is the layer names from the model down, joined by "/"
-(`block_0/attention/query`; `policies.iter_layers`). A rule's `path` matches
-a path equal to it, or else one it matches as a whole (`re.fullmatch`), as in
+Matching. A layer's path is the layer names from the model down, joined by
+"/" (`block_0/attention/query`); a layer Keras gives no path, made by a layer
+for itself, is named by the attribute holding it (`block_0/attention/_softmax`).
+A rule's `path` is tried against every form of a layer's path
+(`layer_paths.LayerPath.forms`): the path from the model; from each nested
+model holding the layer, which is Keras' own `layer.path` there; each with
+that model's name in front; and with every model name Keras numbered
+(`gpt2_backbone_1`, `functional_2`) read as its first instance's
+(`gpt2_backbone`). So one manifest serves every instance of a model, bare or
+wrapped: `transformer_layer_0/.*` and `gpt2_backbone/transformer_layer_0/.*`
+both match the first block of any GPT2 backbone. A rule's `path` matches a
+form equal to it, or else one it matches as a whole (`re.fullmatch`), as in
 Keras' `DTypePolicyMap`: `block_0` is that layer only, `block_0/.*` is all
-below it. A rule's `class` matches the layer's class name or the name of any
-class it derives from (`"Dense"` matches subclasses of Dense). A rule with both
-matches layers that match both.
+below it. As Keras' path of a nested functional model's layer leaves that
+model out, `dense` matches both `dense` and `backbone/dense`: write
+`backbone/dense` for the nested one, and `<model name>/dense` for the outer
+one alone. A rule's `class` matches the layer's class name or the name of
+any class it derives from (`"Dense"` matches subclasses of Dense). A rule
+with both matches layers that match both. A layer found at several paths
+(GPT2CausalLM's token embedding, in its backbone and in the causal LM) is
+tried in the forms of all of them: it has one policy.
 
 Precedence. Each layer takes the policy of the first rule, in file order, that
 matches it; else its safe default (below); else `default`. So an explicit rule
@@ -49,11 +63,15 @@ unless a rule matches them:
                    of its own layers (in assignment order) that has weights or
                    is not built yet.
 
-Nested layers without a path. Keras gives no path to a layer that has no build
-step (Dropout, Softmax, Activation) and looks such a layer up in no map. When
-one is nested in another layer (MultiHeadAttention's softmax, a block's
-dropout), it computes in the policy of the top-level layer holding it
-(`decided_by: "follows block_0"`); rules are not tried on it.
+Layers a layer makes for itself. Rules reach every layer Keras tracks, those
+Keras gives no path included (a MultiHeadAttention's `_softmax` and
+`_dropout_layer`, also in keras_hub's CachedMultiHeadAttention):
+`{"class": "Softmax"}` or `{"path": ".*/_softmax"}` keeps every attention
+softmax in float32 while its block computes in float16; the scores are cast
+to float32 as they enter it, and to float16 as the next layer takes them. A
+MultiHeadAttention without dropout that returns no scores calls the fused
+`ops.dot_product_attention` instead of its `_softmax`; Keras' TensorFlow
+backend computes that softmax in float32 whatever the policies.
 
 How policies stick. `apply` sets each layer's own policy, so a container's
 policy never overrides its children's. A layer built under another policy
@@ -64,9 +82,13 @@ re-creates its sublayers with its own policy; so when the sublayers of a
 top-level layer differ from it, that layer gets a Keras `DTypePolicyMap`
 holding each sublayer's policy by path. Saved with `model.save`, the map is
 in the layer's config, and on loading each sublayer created with
-`dtype=self.dtype_policy` (as Keras' layers and DecoderBlock do) computes in
-its own policy again. A subclassed model re-creates its layers in its own
-`__init__`: apply the manifest again after loading it.
+`dtype=self.dtype_policy` (as Keras' and keras_hub's layers and DecoderBlock
+do) computes in its own policy again. Not a layer without a Keras path:
+Keras looks only paths up in a map, so after `keras.saving.load_model` an
+attention's `_softmax` computes in the policy of the top-level layer holding
+it (its block's) until the manifest is applied again. A subclassed model
+re-creates its layers in its own `__init__`: apply the manifest again after
+loading it, too.
 
 Models not built yet. Layers that exist are decided at once. Layers a layer
 creates when it is built (MultiHeadAttention's projections) are decided by the
@@ -89,14 +111,15 @@ import functools
 import json
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import keras
 
 from mpt_keras.config import read_json_object
 from mpt_keras.errors import UserInputError
-from mpt_keras.policies import check_policy_name, iter_layers, precision_report
+from mpt_keras.layer_paths import LayerPath, iter_layer_paths, iter_layers
+from mpt_keras.policies import check_policy_name, precision_report
 
 SAFE_DEFAULTS = {
     "normalization": "mean and variance round badly in float16/bfloat16",
@@ -160,10 +183,17 @@ class Rule:
             parts.append(f"class '{self.layer_class}'")
         return ", ".join(parts)
 
-    def matches(self, path: str, layer: keras.layers.Layer) -> bool:
-        """Whether the layer at `path` matches; see the module docstring."""
-        if self.path is not None and path != self.path and not re.fullmatch(self.path, path):
-            return False
+    def matches(self, path: str | Iterable[str], layer: keras.layers.Layer) -> bool:
+        """Whether `layer` matches; see the module docstring.
+
+        Args:
+            path: The layer's path, or every form of it (`LayerPath.forms`).
+            layer: The layer.
+        """
+        forms = (path,) if isinstance(path, str) else tuple(path)
+        if self.path is not None and self.path not in forms:
+            if not any(re.fullmatch(self.path, form) for form in forms):
+                return False
         return self.layer_class is None or any(
             cls.__name__ == self.layer_class for cls in type(layer).__mro__
         )
@@ -190,8 +220,7 @@ class LayerPrecision:
         policy: The policy it computes with.
         compute_dtype: The dtype it computes in.
         variable_dtype: The dtype of its variables (float32).
-        decided_by: `rules[<i>] (<match>)`, `safe default: <kind>`, `default`
-            or `follows <path>` (a nested layer without a path).
+        decided_by: `rules[<i>] (<match>)`, `safe default: <kind>` or `default`.
         reason: The rule's or safe default's reason, if any.
 
     Example:
@@ -369,9 +398,10 @@ class PrecisionManifest:
                     "a manifest keeps variables float32. Allowed: a model built under "
                     "float32, mixed_float16 or mixed_bfloat16"
                 )
-        application = _Application(self, _output_layers(model))
+        entries = list(iter_layer_paths(model))
+        application = _Application(self, _output_layers(model), entries)
         decisions = {}
-        for unit in _units(model):
+        for unit in _units(entries):
             decisions.update(application.apply_to_unit(unit))
         matched = {index for decision in decisions.values() for index in decision.matched}
         deciding = {decision.matched[0] for decision in decisions.values() if decision.matched}
@@ -454,78 +484,82 @@ class _Decision:
 
 @dataclasses.dataclass(frozen=True)
 class _Unit:
-    """A layer whose config its model stores, with the layers under it.
+    """A layer whose config its model stores, with the layers under it."""
 
-    Attributes:
-        path: Its path from the model applied to.
-        layer: The layer.
-        model_prefix: The path (with "/") of the model holding its config,
-            which Keras leaves out of the paths of a loaded model's layers.
-    """
+    entry: LayerPath
 
-    path: str
-    layer: keras.layers.Layer
-    model_prefix: str
+    @property
+    def model_prefix(self) -> str:
+        """The path (with "/") of the model holding its config, which Keras
+        leaves out of the paths of a loaded model's layers."""
+        model_path = self.entry.models[-1][0]
+        return model_path + "/" if model_path else ""
 
-    def members(self) -> Iterator[tuple[str, keras.layers.Layer]]:
+    def members(self) -> Iterator[LayerPath]:
         """The unit and, unless it is a model (whose layers are units), the
         layers under it."""
-        yield self.path, self.layer
-        if not isinstance(self.layer, keras.Model):
-            yield from iter_layers(self.layer, prefix=self.path + "/")
+        yield self.entry
+        if not isinstance(self.entry.layer, keras.Model):
+            for path, layer in iter_layers(self.entry.layer, prefix=self.entry.path + "/"):
+                yield LayerPath(path, layer, self.entry.models)
 
 
-def _units(model: keras.Model) -> Iterator[_Unit]:
-    """The layers of `model`, and of the models among them, recursively."""
+def _units(entries: list[LayerPath]) -> Iterator[_Unit]:
+    """The layers of a model, and of the models among them, recursively."""
     model_paths = {""}
-    for path, layer in iter_layers(model):
-        parent = path.rpartition("/")[0]
-        if parent in model_paths:
-            yield _Unit(path, layer, model_prefix=parent + "/" if parent else "")
-            if isinstance(layer, keras.Model):
-                model_paths.add(path)
+    for entry in entries:
+        if entry.path.rpartition("/")[0] in model_paths:
+            yield _Unit(entry)
+            if isinstance(entry.layer, keras.Model):
+                model_paths.add(entry.path)
 
 
 class _Application:
     """Decides and sets policies for one `apply`; build hooks keep it alive."""
 
-    def __init__(self, manifest: PrecisionManifest, output_layers: list[keras.layers.Layer]):
+    def __init__(
+        self,
+        manifest: PrecisionManifest,
+        output_layers: list[keras.layers.Layer],
+        entries: list[LayerPath],
+    ):
         self._manifest = manifest
         self._output_layers = output_layers
+        # A layer found at several paths is tried in the forms of all of them.
+        self._forms: dict[int, tuple[str, ...]] = {}
+        for entry in entries:
+            self._forms[id(entry.layer)] = (*self._forms.get(id(entry.layer), ()), *entry.forms)
 
     def apply_to_unit(self, unit: _Unit) -> dict[str, _Decision]:
         """Sets the policies of `unit`'s members; returns `{path: decision}`."""
-        unit_decision = self._decide(unit.path, unit.layer)
+        unit_decision = self._decide(unit.entry)
         decisions = {}
         policy_map = {}
-        for path, layer in unit.members():
-            pathless = layer.built and layer.path is None
-            if layer is unit.layer:
-                decision = unit_decision
-            elif pathless:
-                decision = _Decision(unit_decision.policy, f"follows {unit.path}")
-            else:
-                decision = self._decide(path, layer)
+        for entry in unit.members():
+            layer = entry.layer
+            decision = unit_decision if entry is unit.entry else self._decide(entry)
             policy = keras.DTypePolicy(decision.policy)
             _set_policy(layer, policy)
-            if not pathless:
+            if not (layer.built and layer.path is None):
                 # Keyed by the path Keras gives the layer when its model is loaded.
-                policy_map[path.removeprefix(unit.model_prefix)] = policy
+                policy_map[entry.path.removeprefix(unit.model_prefix)] = policy
             if not layer.built:
                 _call_after_build(layer, functools.partial(self.apply_to_unit, unit))
-            decisions[path] = decision
-        if any(decision.policy != unit_decision.policy for decision in decisions.values()):
+            decisions[entry.path] = decision
+        if any(policy.name != unit_decision.policy for policy in policy_map.values()):
             _set_policy(
-                unit.layer,
+                unit.entry.layer,
                 keras.dtype_policies.DTypePolicyMap(
                     default_policy=keras.DTypePolicy(unit_decision.policy), policy_map=policy_map
                 ),
             )
         return decisions
 
-    def _decide(self, path: str, layer: keras.layers.Layer) -> _Decision:
+    def _decide(self, entry: LayerPath) -> _Decision:
+        layer = entry.layer
+        forms = self._forms.get(id(layer), entry.forms)
         rules = self._manifest.rules
-        matched = tuple(index for index, rule in enumerate(rules) if rule.matches(path, layer))
+        matched = tuple(index for index, rule in enumerate(rules) if rule.matches(forms, layer))
         if matched:
             rule = rules[matched[0]]
             return _Decision(rule.policy, _rule_label(matched[0], rule), rule.reason, matched)

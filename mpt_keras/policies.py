@@ -30,6 +30,7 @@ import keras
 import tensorflow as tf
 
 from mpt_keras.errors import UserInputError
+from mpt_keras.layer_paths import iter_layers  # Re-exported: callers import it from here.
 
 POLICY_NAMES = ("float32", "mixed_float16", "mixed_bfloat16")
 
@@ -79,7 +80,9 @@ def precision_report(model: keras.Model) -> dict[str, Any]:
 
     Returns:
         `{"model": name, "layers": [...]}` where each layer entry holds `path`
-        (the layer names from the model down, joined by "/"), `class`,
+        (`layer_paths.iter_layers`: the layer names from the model down,
+        joined by "/"; a softmax or dropout a layer made for itself is named
+        by its attribute, `.../self_attention/_softmax`), `class`,
         `policy` (for a layer holding a `DTypePolicyMap`, as after
         `PrecisionManifest.apply` or loading, the policy the map gives it),
         `compute_dtype` and `variable_dtype`, in depth-first order;
@@ -100,22 +103,6 @@ def precision_report(model: keras.Model) -> dict[str, Any]:
     for variable in model.trainable_variables:
         variable_dtypes[variable.dtype] = variable_dtypes.get(variable.dtype, 0) + 1
     return {"model": model.name, "layers": layers, "trainable_variables": variable_dtypes}
-
-
-def iter_layers(layer: keras.layers.Layer, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """Yields `(path, layer)` for every sublayer of `layer`, depth first.
-
-    Paths are built from layer names, so layers without weights (dropout,
-    softmax) have one too; for layers with weights they equal Keras' own
-    `layer.path` in a functional or loaded model (a Sequential or subclassed
-    model built by calling it puts its own name in front of Keras' paths).
-    """
-    for child in layer._flatten_layers(include_self=False, recursive=False):
-        if isinstance(child, keras.layers.InputLayer):
-            continue
-        path = f"{prefix}{child.name}"
-        yield path, child
-        yield from iter_layers(child, prefix=path + "/")
 
 
 def _effective_policy(layer: keras.layers.Layer) -> keras.DTypePolicy:

@@ -21,18 +21,31 @@ and for the outputs, taken as logits over the last axis:
     top1_agreement     fraction of predictions whose argmax agrees
     kl_divergence      mean KL(softmax(baseline) || softmax(candidate)), in nats
 
-Training parity. Each model trains `steps` steps (same optimizer, loss-scale
-settings and batch order as `run_training`, from `train_batches` with the
-config's seed) and is evaluated on the validation split:
+Training parity. Each model trains `steps` steps with exactly the run that
+`mpt-train` assembles (`runs.assemble`: the same model factory, manifest,
+optimizer, loss-scale settings, loss, metrics and compiled step, bad-batch
+skip and XLA choice included) and the same batch order, and is evaluated on
+the validation split:
 
     loss curves        the loss of each step, side by side
     final_loss_gap     |mean candidate - mean baseline| / mean baseline loss,
                        over the last max(1, steps // 5) steps
     metric_delta       baseline val_accuracy - candidate val_accuracy
-                       (positive: the candidate is worse)
+                       (positive: the candidate is worse); only when the
+                       run has an accuracy metric
     skipped_fraction   candidate steps skipped for non-finite gradients / steps
 
 Each check compares one value with a `Thresholds` field; a NaN value fails.
+A subclassed model has no graph of layer outputs: its forward parity compares
+the model's outputs only.
+
+The subject is a `TrainConfig`, or the user's own model factory (or a
+functional model, cloned per precision) with `data` and `loss`:
+
+    report = validate(
+        lambda: keras.applications.MobileNetV2((32, 32, 3), alpha=0.35, weights=None, classes=10),
+        "mixed_float16", data=(train, eval), loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"])
 Dropout masks are drawn in each model's compute dtype, so with dropout the two
 runs see different masks and their first losses differ by about 1%.
 
@@ -48,102 +61,21 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from mpt_keras import data, models
+from mpt_keras import runs
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError
 from mpt_keras.files import write_json_atomic, write_text_atomic
 from mpt_keras.policies import POLICY_NAMES
+from mpt_keras.thresholds import BASELINE, DEFAULT_STEPS, Check, Thresholds
 
-# Private until training.py makes them public: one way to build and optimise a run.
-from mpt_keras.training import _build_model, _load_data, _make_optimizer
-
-BASELINE = "float32"
-DEFAULT_STEPS = 50
 _CURVE_COLORS = {"baseline": (31, 119, 180), "candidate": (255, 127, 14)}
-
-
-@dataclasses.dataclass(frozen=True)
-class Thresholds:
-    """What the candidate must meet against the float32 baseline.
-
-    The defaults pass `mixed_bfloat16` and `mixed_float16` (with the safe
-    defaults) on the reference models with a wide margin: their output
-    relative errors measure 0.0003 to 0.008.
-
-    Attributes:
-        output_rtol: Largest relative error of any model output. bfloat16 keeps
-            8 significant bits (a rounding of up to 0.4%) and a few such
-            roundings add up through the layers: 5%.
-        min_top1_agreement: Smallest fraction of predictions whose argmax
-            agrees with float32.
-        max_kl: Largest mean KL divergence of the output softmax, in nats.
-        max_metric_delta: Largest drop of the final validation accuracy
-            against float32 (0.03: three points).
-        max_loss_gap: Largest relative gap of the final training loss.
-        max_skipped_fraction: Largest fraction of the candidate's training
-            steps skipped for non-finite gradients.
-
-    Example:
-
-        Thresholds(output_rtol=0.01, max_metric_delta=0.0)
-    """
-
-    output_rtol: float = 0.05
-    min_top1_agreement: float = 0.95
-    max_kl: float = 0.01
-    max_metric_delta: float = 0.03
-    max_loss_gap: float = 0.1
-    max_skipped_fraction: float = 0.1
-
-    def __post_init__(self):
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise UserInputError(
-                    f"threshold {field.name}: must be a number >= 0, received {value!r}"
-                )
-        if self.min_top1_agreement > 1:
-            raise UserInputError(
-                "threshold min_top1_agreement: must be in [0, 1], "
-                f"received {self.min_top1_agreement!r}"
-            )
-
-
-@dataclasses.dataclass(frozen=True)
-class Check:
-    """One verdict: `value` against `threshold` (`<=` or `>=`).
-
-    Example:
-
-        Check("output_relative_error", 0.004, 0.05, "<=").passed  # True
-    """
-
-    name: str
-    value: float
-    threshold: float
-    comparison: str
-
-    @property
-    def passed(self) -> bool:
-        """Whether the value meets the threshold; a NaN value never does."""
-        if self.comparison == "<=":
-            return self.value <= self.threshold
-        return self.value >= self.threshold
-
-    def describe(self) -> str:
-        """One line: `name: value (allowed comparison threshold) PASS|FAIL`."""
-        verdict = "PASS" if self.passed else "FAIL"
-        return (
-            f"{self.name}: {self.value:.6g} (allowed {self.comparison} {self.threshold:.6g}) "
-            f"{verdict}"
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,15 +177,15 @@ class ValidationReport:
                 f"kl_divergence {output.kl_divergence:.3g}"
             )
         lines += ["", f"training parity over {self.steps} steps:"]
+        metric_names = sorted(self.baseline_metrics, key=lambda name: name != "val_loss")
         lines += _aligned(
-            [("", "loss first", "loss last", "val_loss", "val_accuracy")]
+            [("", "loss first", "loss last", *metric_names)]
             + [
                 (
                     name,
                     f"{losses[0]:.4f}",
                     f"{losses[-1]:.4f}",
-                    f"{metrics['val_loss']:.4f}",
-                    f"{metrics['val_accuracy']:.4f}",
+                    *(f"{metrics.get(metric, math.nan):.4f}" for metric in metric_names),
                 )
                 for name, losses, metrics in (
                     (BASELINE, self.baseline_losses, self.baseline_metrics),
@@ -282,20 +214,32 @@ class TrainingRun:
 
 
 def validate(
-    config: TrainConfig,
+    model: TrainConfig | keras.Model | Callable[[], keras.Model],
     candidate: str | os.PathLike,
     thresholds: Thresholds = Thresholds(),
     steps: int = DEFAULT_STEPS,
+    *,
+    data: tuple[Any, Any] | None = None,
+    loss: Any = None,
+    metrics: Sequence[Any] = (),
+    config: TrainConfig | None = None,
 ) -> ValidationReport:
     """Compares `candidate` with float32 on the same weights and data.
 
     Args:
-        config: The run config; its precision and manifest are replaced by the
-            candidate's and by float32's, its `steps` by `steps`.
+        model: A run config, or a function returning a fresh model (called
+            once per precision), or a functional/Sequential model (cloned).
         candidate: A precision (`mixed_float16`, `mixed_bfloat16`, `float32`,
             `auto`) or the path of a precision manifest (JSON).
         thresholds: What the candidate must meet.
         steps: Training-parity steps of each model.
+        data: With a model: `(train, eval)`, `tf.data.Dataset`s of unbatched
+            `(x, y)` or `(x, y, sample_weight)` elements, or `(x, y)` arrays.
+        loss: With a model: its Keras loss.
+        metrics: With a model: its Keras metrics.
+        config: With a model: the settings (optimizer, batch size, seed, loss
+            scale); default `TrainConfig()`'s. Its precision and manifest are
+            replaced by the candidate's and by float32's, its `steps` by `steps`.
 
     Returns:
         The report; `report.passed` tells whether every threshold held.
@@ -303,18 +247,19 @@ def validate(
     Raises:
         UserInputError: For a bad candidate, config, manifest or dataset.
     """
-    if steps < 1:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise UserInputError(f"steps: must be an integer >= 1, received {steps!r}")
+    config, components = runs.resolve(model, data=data, loss=loss, metrics=metrics, config=config)
     candidate = os.fspath(candidate)
     baseline_config = config.merged(
         {"precision": BASELINE, "manifest": None, "steps": steps}, source="baseline"
     )
     candidate_config = _candidate_config(config, candidate, steps)
-    task_data = _load_data(config, models.model_task(config.model.name))
+    run_data = components.data()
 
-    layers, outputs = _forward_parity(baseline_config, candidate_config, task_data)
-    baseline_run = train_steps(baseline_config, task_data)
-    candidate_run = train_steps(candidate_config, task_data)
+    layers, outputs = _forward_parity(baseline_config, candidate_config, components, run_data)
+    baseline_run = train_steps(baseline_config, components, run_data)
+    candidate_run = train_steps(candidate_config, components, run_data)
 
     window = max(1, steps // 5)
     baseline_final = float(np.mean(baseline_run.losses[-window:]))
@@ -338,11 +283,17 @@ def validate(
             thresholds.max_kl,
             "<=",
         ),
-        Check(
-            "metric_delta",
-            baseline_run.metrics["val_accuracy"] - candidate_run.metrics["val_accuracy"],
-            thresholds.max_metric_delta,
-            "<=",
+        *(
+            [
+                Check(
+                    "metric_delta",
+                    baseline_run.metrics["val_accuracy"] - candidate_run.metrics["val_accuracy"],
+                    thresholds.max_metric_delta,
+                    "<=",
+                )
+            ]
+            if "val_accuracy" in baseline_run.metrics
+            else []
         ),
         Check(
             "final_loss_gap",
@@ -372,12 +323,13 @@ def validate(
 
 
 def run_validation(
-    config: TrainConfig,
+    config: TrainConfig | keras.Model | Callable[[], keras.Model],
     candidate: str | os.PathLike,
     output: str | os.PathLike,
     thresholds: Thresholds = Thresholds(),
     steps: int = DEFAULT_STEPS,
     log_dir: str | os.PathLike | None = None,
+    **objects: Any,
 ) -> ValidationReport:
     """Runs `validate` and writes its report; what `mpt-validate` does.
 
@@ -393,6 +345,8 @@ def run_validation(
         thresholds: As `validate`.
         steps: As `validate`.
         log_dir: TensorBoard directory of the loss curves.
+        **objects: With a model of one's own: `validate`'s `data`, `loss`,
+            `metrics` and `config`.
 
     Returns:
         The report.
@@ -406,7 +360,7 @@ def run_validation(
         os.makedirs(os.path.dirname(output) or ".", exist_ok=True)
     except OSError as error:
         raise UserInputError(f"--output {output}: cannot be created ({error.strerror})") from None
-    report = validate(config, candidate, thresholds, steps)
+    report = validate(config, candidate, thresholds, steps, **objects)
     write_json_atomic(output, report.to_dict())
     write_text_atomic(stem + ".txt", report.table())
     with open(stem + ".png", "wb") as file:
@@ -465,22 +419,25 @@ def _candidate_config(config: TrainConfig, candidate: str, steps: int) -> TrainC
 
 
 def _forward_parity(
-    baseline_config: TrainConfig, candidate_config: TrainConfig, task_data
+    baseline_config: TrainConfig,
+    candidate_config: TrainConfig,
+    components: runs.Components,
+    run_data: runs.RunData,
 ) -> tuple[tuple[LayerParity, ...], tuple[LayerParity, ...]]:
-    baseline = _build_model(baseline_config, task_data)[0]
-    candidate = _build_model(candidate_config, task_data)[0]
+    baseline = runs.build_model(baseline_config, components, run_data)[0]
+    candidate = runs.build_model(candidate_config, components, run_data)[0]
     candidate.set_weights(baseline.get_weights())
     layers = _probed_layers(baseline)
-    baseline_probe = _probe(baseline, layers)
-    candidate_probe = _probe(candidate, layers)
-    output_names = {layer.name for layer in _output_layers(baseline)}
+    baseline_probe = _probe(baseline, baseline, layers)
+    candidate_probe = _probe(candidate, baseline, layers)
+    output_names = _output_names(baseline, layers)
 
     errors = {name: _ErrorSums() for name in layers}
-    batch_size = baseline_config.data.eval_batch_size
-    for features, labels in data.eval_batches(*task_data.validation, batch_size):
-        del labels  # Parity compares the models with each other, not with labels.
-        expected = baseline_probe(features, training=False)
-        received = candidate_probe(features, training=False)
+    for batch in run_data.eval_batches(baseline_config.data.eval_batch_size):
+        # Parity compares the models with each other, not with labels.
+        features = keras.utils.unpack_x_y_sample_weight(batch)[0]
+        expected = baseline_probe(features)
+        received = candidate_probe(features)
         for name in layers:
             errors[name].add(
                 keras.ops.convert_to_numpy(expected[name]),
@@ -495,7 +452,7 @@ def _forward_parity(
         parities.append(
             errors[name].parity(
                 name,
-                candidate.get_layer(name).dtype_policy.compute_dtype,
+                _twin(candidate, baseline, layer).dtype_policy.compute_dtype,
                 error_jump=relative[name] - max(upstream, default=0.0),
                 logits=name in output_names,
             )
@@ -554,11 +511,10 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def _probed_layers(model: keras.Model) -> dict[str, keras.layers.Layer]:
+    """The top-level layers whose outputs are compared; the model itself if it has no graph."""
     if not getattr(model, "inputs", None):
-        raise UserInputError(
-            f"model {model.name!r}: subclassed, so its layers' outputs cannot be compared. "
-            "Allowed: a functional or Sequential model"
-        )
+        # Subclassed: no graph to read intermediate outputs from.
+        return {model.name: model}
     return {
         layer.name: layer
         for layer in model.layers
@@ -567,52 +523,73 @@ def _probed_layers(model: keras.Model) -> dict[str, keras.layers.Layer]:
     }
 
 
-def _probe(model: keras.Model, layers: Mapping[str, keras.layers.Layer]) -> keras.Model:
-    own = {layer.name: layer for layer in model.layers}
-    return keras.Model(model.inputs, {name: own[name].output for name in layers})
+def _probe(
+    model: keras.Model, baseline: keras.Model, layers: Mapping[str, keras.layers.Layer]
+) -> Callable[[Any], Any]:
+    """`features -> {baseline layer name: output}` for `model`, a twin of `baseline`.
+
+    Layers are paired by position: two builds of one factory may name their
+    layers differently (`dense` and `dense_1`).
+    """
+    if not getattr(model, "inputs", None):
+        (name,) = layers
+        return lambda features: {name: model(features, training=False)}
+    position = {id(layer): index for index, layer in enumerate(baseline.layers)}
+    outputs = {name: model.layers[position[id(layer)]].output for name, layer in layers.items()}
+    probe = keras.Model(model.inputs, outputs)
+    return lambda features: probe(features, training=False)
 
 
-def _output_layers(model: keras.Model) -> list[keras.layers.Layer]:
-    return [tensor._keras_history.operation for tensor in model.outputs]
+def _twin(model: keras.Model, baseline: keras.Model, layer: keras.layers.Layer):
+    """The layer of `model` at `layer`'s position in `baseline` (the model for itself)."""
+    if layer is baseline:
+        return model
+    return model.layers[baseline.layers.index(layer)]
+
+
+def _output_names(model: keras.Model, layers: Mapping[str, keras.layers.Layer]) -> set[str]:
+    if not getattr(model, "inputs", None):
+        return set(layers)
+    return {tensor._keras_history.operation.name for tensor in keras.tree.flatten(model.outputs)}
 
 
 def _parents(layer: keras.layers.Layer) -> list[str]:
     """Names of the layers whose outputs `layer` takes as inputs."""
+    if not layer._inbound_nodes:  # A subclassed model, probed whole.
+        return []
     node = layer._inbound_nodes[0]
     return [tensor._keras_history.operation.name for tensor in node.input_tensors]
 
 
-def train_steps(config: TrainConfig, task_data) -> TrainingRun:
-    """Trains `config.steps` steps on one device, writing nothing.
+def train_steps(
+    config: TrainConfig, components: runs.Components, run_data: runs.RunData
+) -> TrainingRun:
+    """Trains `config.steps` steps of the run `mpt-train` assembles, writing nothing.
 
-    The model, optimizer, loss-scale settings, loss and batch order are
-    `run_training`'s; the step is XLA-compiled only for `jit_compile: "true"`.
+    The model, manifest, optimizer, loss-scale settings, loss, metrics, compiled
+    step and batch order are `run_training`'s (`runs.assemble`), on the
+    current strategy (none: one device).
 
     Args:
         config: The run config.
-        task_data: The arrays to train and validate on, as
-            `training._load_data` returns them.
+        components: Where the model, loss and metrics come from.
+        run_data: The data to train and validate on.
 
     Returns:
         The loss of each step, the final validation metrics, the skipped steps.
     """
-    model, *_, report = _build_model(config, task_data)
-    optimizer = _make_optimizer(config, report)
-    model.compile(
-        optimizer=optimizer,
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-        jit_compile=config.jit_compile == "true",
+    run = runs.assemble(config, components, run_data)
+    train = run_data.train_batches(
+        config.data.batch_size, config.seed, shuffle_buffer=config.data.shuffle_buffer
     )
-    train = data.train_batches(*task_data.train, config.data.batch_size, seed=config.seed)
     # One step per Keras epoch: the logged loss is then that step's, not a running mean.
-    history = model.fit(train, epochs=config.steps, steps_per_epoch=1, shuffle=False, verbose=0)
-    validation = data.eval_batches(*task_data.validation, config.data.eval_batch_size)
-    metrics = model.evaluate(validation, return_dict=True, verbose=0)
+    history = run.model.fit(train, epochs=config.steps, steps_per_epoch=1, shuffle=False, verbose=0)
+    validation = run_data.eval_batches(config.data.eval_batch_size)
+    metrics = run.model.evaluate(validation, return_dict=True, verbose=0)
     return TrainingRun(
         losses=tuple(float(loss) for loss in history.history["loss"]),
         metrics={f"val_{name}": float(value) for name, value in metrics.items()},
-        skipped_steps=int(optimizer.skipped_steps),
+        skipped_steps=int(run.optimizer.skipped_steps),
     )
 
 

@@ -57,14 +57,15 @@ def test_integers_are_accepted_for_floats():
             {"stpes": 3},
             "unknown key 'stpes'. Allowed keys: precision, manifest, seed, steps, "
             "checkpoint_every, eval_every, keep_checkpoints, log_every, strategy, virtual_cpus, "
-            "tpu, jit_compile, auto_promote, deterministic, data, model, optimizer, loss_scale, "
+            "tpu, jit_compile, auto_promote, deterministic, imports, data, model, loss, metrics, "
+            "optimizer, loss_scale, "
             "divergence",
         ),
         (
             {"data": {"batch": 3}},
-            "unknown key 'data.batch'. Allowed keys in data: name, data_dir, "
-            "train_split, eval_split, batch_size, eval_batch_size, sequence_length, eval_examples, "
-            "max_bad_batches",
+            "unknown key 'data.batch'. Allowed keys in data: name, factory, options, features, "
+            "shuffle_buffer, data_dir, train_split, eval_split, batch_size, eval_batch_size, "
+            "sequence_length, eval_examples, max_bad_batches",
         ),
         ({"steps": "10"}, "key 'steps' must be an integer, received \"10\""),
         ({"steps": True}, "key 'steps' must be an integer, received true"),
@@ -106,7 +107,8 @@ def test_integers_are_accepted_for_floats():
             {"a\nb": 1},
             "unknown key 'a\\nb'. Allowed keys: precision, manifest, seed, steps, "
             "checkpoint_every, eval_every, keep_checkpoints, log_every, strategy, virtual_cpus, "
-            "tpu, jit_compile, auto_promote, deterministic, data, model, optimizer, loss_scale, "
+            "tpu, jit_compile, auto_promote, deterministic, imports, data, model, loss, metrics, "
+            "optimizer, loss_scale, "
             "divergence",
         ),
     ],

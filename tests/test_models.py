@@ -115,3 +115,7 @@ def test_bad_option_value():
         "model 'transformer_lm' cannot be built from model.options: d_model must be divisible "
         "by num_heads. Received: d_model=10, num_heads=4"
     )
+
+
+def test_every_model_name_of_the_config_has_a_builder():
+    assert tuple(models._MODELS) == models.MODEL_NAMES

@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mpt_keras import training as training_module
+from mpt_keras import runs as runs_module
 from mpt_keras.callbacks import GlobalStepCallback
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError
 from mpt_keras.manifest import PrecisionManifest
 from mpt_keras.policies import iter_layers
-from mpt_keras.training import Runtime, format_precision_table, plan_precision, run_training
+from mpt_keras.runs import format_precision_table, plan_precision
+from mpt_keras.training import Runtime, run_training
 
 
 def _config(tfds_dir, **changes):
@@ -240,7 +241,7 @@ def test_manifest_decides_each_layer_and_float16_layers_get_dynamic_scaling(tfds
 
 def test_auto_precision_is_resolved_and_explained(tfds_dir, monkeypatch):
     monkeypatch.setattr(
-        training_module,
+        runs_module,
         "resolve_auto_policy",
         lambda: ("mixed_float16", "GPU compute capability 7.0: float16 tensor cores"),
     )

@@ -7,8 +7,10 @@
 
 The model is built as `mpt-train` builds it from the config and fed the run's
 first `--steps` train batches; each layer gets float16, bfloat16 or float32
-with the reason and its numbers. The statistics go to `<output stem>.stats.json`
-(or `--stats_output`); a table of the decisions is printed.
+with the reason and its numbers. The model, data and loss are the config's:
+a reference model or the user's own (`model.factory`, `model.file`). The
+statistics go to `<output stem>.stats.json` (or `--stats_output`); a table of
+the decisions is printed.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from collections.abc import Sequence
 from absl import flags
 
 import mpt_keras
-from mpt_keras import calibration
 from mpt_keras import config as config_lib
 from trainers import cli
 
@@ -38,6 +39,9 @@ _CONFIG_OVERRIDE = flags.DEFINE_string(
 def main(argv: Sequence[str]) -> None:
     del argv  # Checked by cli.run.
     config = config_lib.resolve_config(_CONFIG.value, _CONFIG_OVERRIDE.value)
+    cli.import_tensorflow()
+    from mpt_keras import calibration
+
     result = mpt_keras.run_calibration(
         config, _OUTPUT.value, stats_output=_STATS_OUTPUT.value, steps=_STEPS.value
     )
@@ -46,7 +50,13 @@ def main(argv: Sequence[str]) -> None:
 
 def run() -> None:
     """Console-script entry point of `mpt-calibrate`."""
-    cli.run(main, program="mpt-calibrate")
+    cli.run(
+        main,
+        program="mpt-calibrate",
+        help_groups={
+            "Calibration": ("config", "config_override", "steps", "output", "stats_output")
+        },
+    )
 
 
 if __name__ == "__main__":

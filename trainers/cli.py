@@ -10,9 +10,12 @@ the `model_dir` that a rerun of all workers resumes from.
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import logging
+import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from absl import app, flags
 from absl import logging as absl_logging
@@ -21,17 +24,28 @@ from mpt_keras.errors import PeerFailedError, UserInputError, printable
 
 USAGE_ERROR = 2
 PEER_FAILED = 75
+HELP_FLAGS = ("--help", "-h", "-?", "--helpshort")
 
 
-def run(main: Callable[[Sequence[str]], None], program: str) -> None:
+def run(
+    main: Callable[[Sequence[str]], None],
+    program: str,
+    help_groups: Mapping[str, Sequence[str]] | None = None,
+) -> None:
     """Runs `main` under absl, turning the toolkit's errors into one line each.
 
     A `UserInputError` exits with status 2, a `PeerFailedError` with 75.
+    `--help` prints the launcher's documentation and its own flags, grouped.
 
     Args:
         main: The launcher's main, called with the arguments left after flags.
         program: The launcher's name in messages, e.g. `mpt-train`.
+        help_groups: Titles and the flag names under each, in the order
+            `--help` shows them; flags of the launcher left out go under "Other".
     """
+    if any(argument in HELP_FLAGS for argument in sys.argv[1:]):
+        print(help_text(main.__module__, program, help_groups or {}), end="")
+        sys.exit(0)
 
     def fail(message: str, status: int = USAGE_ERROR) -> None:
         # absl's flag errors quote the value as given, line breaks included.
@@ -60,3 +74,80 @@ def run(main: Callable[[Sequence[str]], None], program: str) -> None:
             fail(str(error), PEER_FAILED)
 
     app.run(main_with_errors, flags_parser=parse_flags)
+
+
+def help_text(module_name: str, program: str, groups: Mapping[str, Sequence[str]]) -> str:
+    """The launcher's docstring and its own flags, grouped, each with its default.
+
+    absl's `--help` shows the flags of the script's main module, which for a
+    console script (`mpt-train`) is none of ours; `--helpfull` adds absl's own.
+    """
+    defined = {flag.name: flag for flag in flags.FLAGS.get_flags_for_module(module_name)}
+    grouped = [(title, [defined[name] for name in names]) for title, names in groups.items()]
+    listed = {name for names in groups.values() for name in names}
+    others = [flag for name, flag in sorted(defined.items()) if name not in listed]
+    if others:
+        grouped.append(("Other", others))
+    lines = [inspect.getdoc(sys.modules[module_name]) or program, ""]
+    for title, group in grouped:
+        lines.append(f"{title}:")
+        for flag in group:
+            if _is_required(flag):
+                default = "required"
+            elif flag.default is None:
+                default = "default: unset"
+            else:
+                default = f"default: {flag.default_as_str}"
+            lines.append(f"  --{flag.name}: {flag.help} ({default})")
+        lines.append("")
+    lines.append(f"{program} --helpfull also lists absl's own flags (logging, ...).")
+    return "\n".join(lines) + "\n"
+
+
+def _is_required(flag: flags.Flag) -> bool:
+    """Whether `flags.DEFINE_*(..., required=True)` made `flag` required."""
+    return any(
+        "must have a value other than None" in getattr(validator, "message", "")
+        for validator in flag.validators
+    )
+
+
+def import_tensorflow() -> None:
+    """Imports TensorFlow with its native start-up lines silenced; see `trainers`.
+
+    Launchers call it once their flags and config are checked, so `--help` and
+    a bad flag or config never wait for TensorFlow.
+    """
+    # Later C++ info lines are filtered by the level; TF_CPP_MIN_LOG_LEVEL=0 shows them.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    # Read when TensorFlow first allocates on the CPU. Without it, CPU memory
+    # statistics exist only with oneDNN's allocator (CPUs with AVX512 and newer),
+    # which counts allocations of 256 KiB and more.
+    os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+    if "tensorflow" in sys.modules or os.environ.get("MPT_SHOW_TF_STARTUP") == "1":
+        return
+    with _native_stderr_silenced():
+        import tensorflow as tf
+
+        # Probing the physical devices is where the CUDA start-up lines come from;
+        # it does not initialise the runtime, so logical devices stay configurable.
+        tf.config.list_physical_devices()
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """Sends file descriptor 2 to /dev/null for the duration of a block.
+
+    TensorFlow's C++ start-up lines (oneDNN, CUDA probing) are written before
+    its log level applies, straight to the descriptor.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)

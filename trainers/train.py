@@ -66,6 +66,13 @@ _DRY_RUN = flags.DEFINE_bool(
 )
 
 
+_HELP_GROUPS = {
+    "The run": ("config", "model_dir", "config_override", "steps", "dry_run"),
+    "Precision": ("precision", "manifest", "auto_promote", "canary_steps"),
+    "Distribution and XLA": ("strategy", "virtual_cpus", "tpu", "jit_compile", "deterministic"),
+}
+
+
 def main(argv: Sequence[str]) -> None:
     del argv  # Checked by cli.run.
     if _PRECISION.value is not None and _MANIFEST.value is not None:
@@ -73,6 +80,7 @@ def main(argv: Sequence[str]) -> None:
             "--precision and --manifest exclude each other: a manifest decides every "
             "layer's policy (its 'default' and rules). Allowed: one of them"
         )
+    # Checked whole, with no TensorFlow: a bad flag or config answers at once.
     config = config_lib.resolve_config(
         _CONFIG.value,
         _CONFIG_OVERRIDE.value,
@@ -86,6 +94,7 @@ def main(argv: Sequence[str]) -> None:
         jit_compile=_JIT_COMPILE.value,
         steps=_STEPS.value,
     )
+    cli.import_tensorflow()
     if _DRY_RUN.value:
         print(mpt_keras.format_precision_table(mpt_keras.plan_precision(config)), end="")
         return
@@ -98,7 +107,7 @@ def main(argv: Sequence[str]) -> None:
 
 def run() -> None:
     """Console-script entry point of `mpt-train`."""
-    cli.run(main, program="mpt-train")
+    cli.run(main, program="mpt-train", help_groups=_HELP_GROUPS)
 
 
 if __name__ == "__main__":

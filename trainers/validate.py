@@ -26,11 +26,11 @@ from absl import flags
 
 import mpt_keras
 from mpt_keras import config as config_lib
-from mpt_keras import validation
+from mpt_keras import thresholds
 from trainers import cli
 
 CHECK_FAILED = 1
-_DEFAULTS = validation.Thresholds()
+_DEFAULTS = thresholds.Thresholds()
 
 _CONFIG = flags.DEFINE_string("config", None, "Run config file (JSON).", required=True)
 _PRECISION = flags.DEFINE_enum(
@@ -50,7 +50,7 @@ _TENSORBOARD_DIR = flags.DEFINE_string(
     "tensorboard_dir", None, "TensorBoard directory of the loss curves; default <output stem>_logs."
 )
 _STEPS = flags.DEFINE_integer(
-    "steps", validation.DEFAULT_STEPS, "Training-parity steps of each model.", lower_bound=1
+    "steps", thresholds.DEFAULT_STEPS, "Training-parity steps of each model.", lower_bound=1
 )
 _CONFIG_OVERRIDE = flags.DEFINE_string(
     "config_override", None, "JSON object merged into the config file's."
@@ -100,18 +100,20 @@ def main(argv: Sequence[str]) -> None:
             "Allowed: exactly one of --precision and --manifest"
         )
     config = config_lib.resolve_config(_CONFIG.value, _CONFIG_OVERRIDE.value)
-    report = validation.run_validation(
+    limits = thresholds.Thresholds(
+        output_rtol=_OUTPUT_RTOL.value,
+        min_top1_agreement=_MIN_TOP1_AGREEMENT.value,
+        max_kl=_MAX_KL.value,
+        max_metric_delta=_MAX_METRIC_DELTA.value,
+        max_loss_gap=_MAX_LOSS_GAP.value,
+        max_skipped_fraction=_MAX_SKIPPED_FRACTION.value,
+    )
+    cli.import_tensorflow()
+    report = mpt_keras.run_validation(
         config,
         _PRECISION.value or _MANIFEST.value,
         _OUTPUT.value,
-        validation.Thresholds(
-            output_rtol=_OUTPUT_RTOL.value,
-            min_top1_agreement=_MIN_TOP1_AGREEMENT.value,
-            max_kl=_MAX_KL.value,
-            max_metric_delta=_MAX_METRIC_DELTA.value,
-            max_loss_gap=_MAX_LOSS_GAP.value,
-            max_skipped_fraction=_MAX_SKIPPED_FRACTION.value,
-        ),
+        limits,
         steps=_STEPS.value,
         log_dir=_TENSORBOARD_DIR.value,
     )
@@ -124,7 +126,29 @@ def main(argv: Sequence[str]) -> None:
 
 def run() -> None:
     """Console-script entry point of `mpt-validate`."""
-    cli.run(main, program="mpt-validate")
+    cli.run(
+        main,
+        program="mpt-validate",
+        help_groups={
+            "The candidate and its run": (
+                "config",
+                "config_override",
+                "precision",
+                "manifest",
+                "steps",
+                "output",
+                "tensorboard_dir",
+            ),
+            "Thresholds": (
+                "output_rtol",
+                "min_top1_agreement",
+                "max_kl",
+                "max_metric_delta",
+                "max_loss_gap",
+                "max_skipped_fraction",
+            ),
+        },
+    )
 
 
 if __name__ == "__main__":

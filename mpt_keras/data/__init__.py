@@ -11,8 +11,10 @@ from mpt_keras.data.loading import (
     VOCAB_SIZE,
     ClassificationData,
     classification_arrays,
+    feature_pairs,
     language_model_windows,
     load_split,
+    reference_shape,
 )
 from mpt_keras.data.pipeline import eval_batches, train_batches
 
@@ -22,7 +24,9 @@ __all__ = [
     "ClassificationData",
     "classification_arrays",
     "eval_batches",
+    "feature_pairs",
     "language_model_windows",
     "load_split",
+    "reference_shape",
     "train_batches",
 ]

@@ -15,7 +15,8 @@ import dataclasses
 import fcntl
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -165,6 +166,70 @@ def language_model_windows(
     tokens = np.frombuffer(stream, dtype=np.uint8, count=num_windows * window)
     windows = tokens.astype(np.int32).reshape(num_windows, window)
     return np.ascontiguousarray(windows[:, :-1]), np.ascontiguousarray(windows[:, 1:])
+
+
+def reference_shape(name: str, split: str, data_dir: str | None) -> str:
+    """Which reference shape a dataset has: `"image"` (an image and a label) or `"text"`.
+
+    Raises:
+        UserInputError: As `load_split`, or if it has neither shape: then the
+            config must say which features are input and target.
+    """
+    features = _prepared_builder(name, split, data_dir).info.features
+    if isinstance(_feature(features, "image"), tfds.features.Image) and isinstance(
+        _feature(features, "label"), tfds.features.ClassLabel
+    ):
+        return "image"
+    if isinstance(_feature(features, "text"), tfds.features.Text):
+        return "text"
+    raise UserInputError(
+        f"Dataset {name!r} has neither an 'image' and 'label' nor a 'text': its features "
+        f"are {_describe(features)}. Allowed: declare them with the config key "
+        'data.features, such as {"x": "image", "y": "label"}'
+    )
+
+
+def feature_pairs(
+    name: str, split: str, data_dir: str | None, features: Mapping[str, Any]
+) -> tuple[tf.data.Dataset, dict[str, Any]]:
+    """One split of a TFDS dataset of any shape as unbatched `(x, y)` elements.
+
+    Args:
+        name: See `load_split`.
+        split: See `load_split`.
+        data_dir: See `load_split`.
+        features: `{"x": FEATURE, "y": FEATURE}`, or `{"x": {INPUT: FEATURE,
+            ...}, "y": FEATURE}` for a model with named inputs. Values are
+            kept as stored (an image stays uint8: the model rescales it).
+
+    Returns:
+        The elements, and what the features decide: `num_classes` when `y` is
+        a ClassLabel.
+
+    Raises:
+        UserInputError: As `load_split`, or naming a feature the dataset lacks.
+    """
+    stored = _prepared_builder(name, split, data_dir).info.features
+    x, y = features["x"], features["y"]
+    wanted = [y, *(x.values() if isinstance(x, Mapping) else [x])]
+    missing = [feature for feature in wanted if _feature(stored, feature) is None]
+    if missing:
+        raise UserInputError(
+            f"data.features: dataset {name!r} has no feature {missing[0]!r}. "
+            f"Allowed: {_describe(stored)}"
+        )
+    dataset = tfds.load(name, split=split, data_dir=data_dir, download=False)
+    if isinstance(x, Mapping):
+        pairs = dataset.map(
+            lambda example: ({key: example[value] for key, value in x.items()}, example[y])
+        )
+    else:
+        pairs = dataset.map(lambda example: (example[x], example[y]))
+    label = _feature(stored, y)
+    dimensions = (
+        {"num_classes": label.num_classes} if isinstance(label, tfds.features.ClassLabel) else {}
+    )
+    return pairs, dimensions
 
 
 def _prepared_builder(name: str, split: str, data_dir: str | None) -> tfds.core.DatasetBuilder:

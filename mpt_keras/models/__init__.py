@@ -15,12 +15,16 @@ from typing import Any
 
 import keras
 
+from mpt_keras.config import MODEL_NAMES
 from mpt_keras.errors import UserInputError
 from mpt_keras.models.image import build_cnn, build_mlp
 from mpt_keras.models.transformer import DecoderBlock, PositionEmbedding, build_transformer_lm
 
 CLASSIFICATION = "classification"
 LANGUAGE_MODEL = "language_model"
+# Every reference model ends in logits over classes or the next token.
+REFERENCE_LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+REFERENCE_METRICS = ("accuracy",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +38,8 @@ _MODELS = {
     "cnn": _Entry(build_cnn, CLASSIFICATION),
     "transformer_lm": _Entry(build_transformer_lm, LANGUAGE_MODEL),
 }
-MODEL_NAMES = tuple(_MODELS)
+# The names live in config, which checks them without TensorFlow; the builders
+# here (tests/test_models.py checks that the two agree).
 
 
 def model_task(name: str) -> str:
@@ -49,7 +54,8 @@ def build_model(name: str, options: Mapping[str, Any], **dimensions: Any) -> ker
         name: One of `MODEL_NAMES`.
         options: The builder's keyword-only hyperparameters (from the config).
         **dimensions: What the data decides: `input_shape` and `num_classes`
-            for classifiers, `vocab_size` and `sequence_length` for LMs.
+            for classifiers, `vocab_size` and `sequence_length` for LMs;
+            others are left out.
 
     Returns:
         The model, with the current global dtype policy.
@@ -63,6 +69,19 @@ def build_model(name: str, options: Mapping[str, Any], **dimensions: Any) -> ker
         for parameter in inspect.signature(builder).parameters.values()
         if parameter.kind is inspect.Parameter.KEYWORD_ONLY
     ]
+    needed = [
+        parameter.name
+        for parameter in inspect.signature(builder).parameters.values()
+        if parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    ]
+    missing = [name_ for name_ in needed if dimensions.get(name_) is None]
+    if missing:
+        raise UserInputError(
+            f"model '{name}' needs {missing[0]!r}, which the data does not decide. Allowed: "
+            "data whose factory returns it as a dimension, such as (train, eval, "
+            f"{{{missing[0]!r}: ...}})"
+        )
+    dimensions = {name_: dimensions[name_] for name_ in needed}
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise UserInputError(
@@ -89,6 +108,8 @@ __all__ = [
     "CLASSIFICATION",
     "LANGUAGE_MODEL",
     "MODEL_NAMES",
+    "REFERENCE_LOSS",
+    "REFERENCE_METRICS",
     "DecoderBlock",
     "PositionEmbedding",
     "build_cnn",

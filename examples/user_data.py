@@ -1,0 +1,63 @@
+"""Data factories of a user's own, for `"data": {"factory": "examples.user_data:..."}`.
+
+A data factory returns `(train, eval)` `tf.data.Dataset`s of unbatched
+`(x, y)` (or `(x, y, sample_weight)`) elements; the run batches, shuffles,
+shards and repeats them. A third element may declare what the data decides
+about the model that its shapes do not show (`{"num_classes": 10}`). Both
+factories here use data that ships offline: scikit-learn's handwritten digits
+and the Python sources of the standard library (mpt_keras' embedded dataset).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+
+def digits_rgb(image_size: int = 32, eval_fraction: float = 0.2, seed: int = 0):
+    """scikit-learn's 1,797 8x8 digits, resized to `image_size` and given 3 channels.
+
+    Args:
+        image_size: Height and width of the images (MobileNetV2 takes >= 32).
+        eval_fraction: The share of the digits held out for evaluation.
+        seed: Seed of the split (the run passes its own).
+
+    Returns:
+        `(train, eval, {"num_classes": 10})`.
+    """
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = (digits.images / 16.0).astype(np.float32)[..., None]
+    labels = digits.target.astype(np.int32)
+    order = np.random.default_rng(seed).permutation(len(labels))
+    held_out = int(len(labels) * eval_fraction)
+
+    def split(indices: np.ndarray) -> tf.data.Dataset:
+        resized = tf.image.resize(images[indices], (image_size, image_size))
+        return tf.data.Dataset.from_tensor_slices((tf.repeat(resized, 3, axis=-1), labels[indices]))
+
+    return split(order[held_out:]), split(order[:held_out]), {"num_classes": 10}
+
+
+def python_bytes(sequence_length: int = 64):
+    """Byte windows of the embedded Python sources, shaped for keras_hub's GPT-2.
+
+    Returns:
+        `(train, eval, {"vocab_size": 256, "sequence_length": sequence_length})`
+        with elements `({"token_ids", "padding_mask"}, next_tokens)`.
+    """
+    from mpt_keras import data
+
+    def split(name: str) -> tf.data.Dataset:
+        inputs, targets = data.language_model_windows(
+            "mpt_python_source", name, None, sequence_length
+        )
+        features = {"token_ids": inputs, "padding_mask": np.ones_like(inputs, dtype=bool)}
+        return tf.data.Dataset.from_tensor_slices((features, targets))
+
+    return (
+        split("train"),
+        split("validation"),
+        {"vocab_size": data.VOCAB_SIZE, "sequence_length": sequence_length},
+    )

@@ -1,0 +1,86 @@
+"""Model factories of a user's own, for `"model": {"factory": "examples.user_models:..."}`.
+
+Each is a plain function returning a Keras model. `mpt-train` binds the
+config's `options` to its keyword arguments before anything runs, and passes
+what the data decides (`input_shape`, `num_classes`, `vocab_size`,
+`sequence_length`) only where the function takes it. Nothing here knows
+mpt_keras: the precision comes from the run (`--precision`, `--manifest`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import keras
+
+
+def mobilenet_v2(
+    input_shape: Sequence[int], num_classes: int, alpha: float = 0.35
+) -> keras.Model:
+    """`keras.applications.MobileNetV2` from scratch (no pretrained weights: no network).
+
+    Args:
+        input_shape: `(height, width, 3)`, height and width at least 32.
+        num_classes: Classes of the softmax-free head (the model outputs logits).
+        alpha: Width multiplier of MobileNetV2.
+    """
+    return keras.applications.MobileNetV2(
+        input_shape=tuple(input_shape),
+        alpha=alpha,
+        weights=None,
+        classes=num_classes,
+        classifier_activation=None,
+    )
+
+
+def gpt2_lm(
+    vocab_size: int,
+    sequence_length: int,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    hidden_dim: int = 32,
+    intermediate_dim: int = 64,
+) -> keras.Model:
+    """A small keras_hub GPT-2 language model built from arguments (no preset).
+
+    Its inputs are keras_hub's `{"token_ids", "padding_mask"}`; it outputs the
+    next-token logits.
+    """
+    import keras_hub  # The user's dependency, not mpt_keras'.
+
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=vocab_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        hidden_dim=hidden_dim,
+        intermediate_dim=intermediate_dim,
+        max_sequence_length=sequence_length,
+        dropout=0.0,
+    )
+    return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+
+
+@keras.saving.register_keras_serializable(package="examples")
+class SmallCNN(keras.Model):
+    """A subclassed model: two convolutions and a dense head."""
+
+    def __init__(self, num_classes: int = 10, filters: int = 16, **kwargs):
+        super().__init__(**kwargs)
+        self.num_classes = num_classes
+        self.filters = filters
+        self.conv = keras.layers.Conv2D(filters, 3, padding="same", activation="relu")
+        self.pool = keras.layers.GlobalAveragePooling2D()
+        self.head = keras.layers.Dense(num_classes)
+
+    def call(self, inputs):
+        return self.head(self.pool(self.conv(inputs)))
+
+    def get_config(self):
+        return {**super().get_config(), "num_classes": self.num_classes, "filters": self.filters}
+
+
+def small_cnn(input_shape: Sequence[int], num_classes: int, filters: int = 16) -> keras.Model:
+    """`SmallCNN`, built for `input_shape`."""
+    model = SmallCNN(num_classes=num_classes, filters=filters)
+    model.build((None, *input_shape))
+    return model

@@ -1,0 +1,722 @@
+"""The run assembly: a config becomes components, data, a model and its compiled step.
+
+Every run is built here, whoever asks: `mpt-train` (`training.run_training`),
+validation's candidate and float32 baseline, the canary, calibration and
+`--dry_run`. So a validation result speaks for the real run: the same model
+factory, manifest, optimizer, loss and compiled train step (`xla.compile_model`).
+
+    components = resolve_components(config)   # imports, factories bound: nothing built
+    data = components.data()                  # RunData: unbatched, with its dimensions
+    run = assemble(config, components, data)  # under a strategy's scope, if any
+
+`Components` are where the model, data, loss and metrics come from, resolved
+from a config (`resolve_components`) or given as the user's own objects
+(`components_from_objects`), so the library's `validate`, `run_canary` and
+`calibrate` take a model factory, datasets and a loss with no config at all.
+
+Data. The embedded datasets (and the reference shapes of TFDS datasets) come as
+in-memory arrays, batched by `data.train_batches`: exactly resumable at any
+step. Data from a factory, or from a TFDS dataset through `data.features`, is a
+`tf.data.Dataset` of unbatched elements, batched here: shuffled with the
+config's seed (`data.shuffle_buffer` elements), repeated, cut into full
+batches; a resumed run skips the batches before its step (reading them: a
+cost that grows with the step, paid once per resume).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import json
+import logging
+import os
+import zipfile
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from mpt_keras import components as components_lib
+from mpt_keras import data as data_lib
+from mpt_keras import models, xla
+from mpt_keras.calibration import CalibrationResult, CalibrationThresholds, calibrate
+from mpt_keras.config import ComponentConfig, OptimizerConfig, TrainConfig
+from mpt_keras.errors import UserInputError
+from mpt_keras.files import write_text_atomic
+from mpt_keras.guards import ScaledLearningRate
+from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
+from mpt_keras.manifest import PrecisionManifest
+from mpt_keras.policies import global_policy, resolve_auto_policy
+
+_LOGGER = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunData:
+    """A run's train and evaluation data, unbatched, and what it decides about a model.
+
+    Attributes:
+        train: A tuple of arrays `(x, y)` (examples along axis 0) or a
+            `tf.data.Dataset` of `(x, y)` or `(x, y, sample_weight)` elements.
+        eval: The same, for validation.
+        dimensions: What the data decides (`components.DATA_DIMENSIONS`):
+            `input_shape`, `num_classes`, `vocab_size`, `sequence_length`,
+            `None` where it does not say.
+    """
+
+    train: tuple[np.ndarray, ...] | tf.data.Dataset
+    eval: tuple[np.ndarray, ...] | tf.data.Dataset
+    dimensions: Mapping[str, Any]
+
+    def train_batches(
+        self, batch_size: int, seed: int, start_step: int = 0, shuffle_buffer: int = 10_000
+    ) -> tf.data.Dataset:
+        """The endless stream of full train batches from `start_step` on; see the module doc."""
+        if isinstance(self.train, tf.data.Dataset):
+            return (
+                self.train.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+                .repeat()
+                .batch(batch_size, drop_remainder=True)
+                .skip(start_step)
+                .prefetch(tf.data.AUTOTUNE)
+            )
+        return data_lib.train_batches(*self.train, batch_size, seed=seed, start_step=start_step)
+
+    def eval_batches(self, batch_size: int) -> tf.data.Dataset:
+        """One in-order pass over the evaluation data, the last batch partial."""
+        if isinstance(self.eval, tf.data.Dataset):
+            return self.eval.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+        return data_lib.eval_batches(*self.eval, batch_size)
+
+    def subset(self, train_examples: int, eval_examples: int) -> RunData:
+        """The first examples of each split (the canary's small run)."""
+        return RunData(
+            _first(self.train, train_examples), _first(self.eval, eval_examples), self.dimensions
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Components:
+    """Where a run's model, data, loss and metrics come from, resolved.
+
+    Attributes:
+        model: Returns a fresh model, given the data's dimensions as keyword
+            arguments (it takes those it needs); called under the run's global
+            dtype policy and seed.
+        data: Loads the `RunData` (called once the run's strategy exists).
+        loss: A Keras loss: an object, a function or an identifier.
+        metrics: Keras metrics, as `model.compile` takes them.
+        task: `classification` or `language_model` for the reference models
+            (the language models also report perplexity), else `None`.
+    """
+
+    model: Callable[..., keras.Model]
+    data: Callable[[], RunData]
+    loss: Any
+    metrics: tuple[Any, ...]
+    task: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """A model ready to train: built, its precision applied, compiled with our step.
+
+    Attributes:
+        model: The compiled model.
+        manifest: The precision manifest applied to it.
+        report: The precision report (`plan_precision`), with `jit_compile` and
+            its reason.
+        optimizer: Its `LossScaleOptimizer`.
+        jit_compile: Whether XLA compiles the train step.
+    """
+
+    model: keras.Model
+    manifest: PrecisionManifest
+    report: dict[str, Any]
+    optimizer: LossScaleOptimizer
+    jit_compile: bool
+
+
+def resolve_components(config: TrainConfig) -> Components:
+    """Resolves the config's model, data, loss and metrics, building nothing.
+
+    Imports `config.imports`, then every factory, and binds each to its options;
+    reads a `model.file`'s compiled loss and metrics. Nothing is built or
+    written, so a bad reference or option fails before the run starts.
+
+    Raises:
+        UserInputError: Naming the key and what is allowed.
+    """
+    components_lib.import_modules(config.imports)
+    source = config.model
+    task = None
+    if source.name is not None:
+        task = models.model_task(source.name)
+        model = functools.partial(models.build_model, source.name, source.options)
+    elif source.factory is not None:
+        model = components_lib.bind_factory(
+            source.factory,
+            source.options,
+            "model.factory",
+            provided=components_lib.DATA_DIMENSIONS,
+        )
+    else:
+        model = functools.partial(_load_model_file, source.file)
+    compiled = _compiled_with(source.file) if source.file else {}
+    loss = _loss(config.loss, source, compiled)
+    metrics = _metrics(config.metrics, source, compiled)
+    data_factory = None
+    if config.data.factory is not None:
+        data_factory = components_lib.bind_factory(
+            config.data.factory, config.data.options, "data.factory", provided=("seed",)
+        )
+    return Components(
+        model=model,
+        data=functools.partial(_load_data, config, task, data_factory),
+        loss=loss,
+        metrics=metrics,
+        task=task,
+    )
+
+
+def components_from_objects(
+    model: keras.Model | Callable[[], keras.Model],
+    data: tuple[Any, Any],
+    loss: Any,
+    metrics: Sequence[Any] = (),
+) -> Components:
+    """Components from the user's own objects, for the library's `validate` and canary.
+
+    Args:
+        model: A function returning a fresh model (called once per precision,
+            under that precision's global policy), or a functional or
+            Sequential model (cloned for each precision).
+        data: `(train, eval)`: each a `tf.data.Dataset` of unbatched `(x, y)`
+            or `(x, y, sample_weight)` elements, or a tuple `(x, y)` of arrays.
+        loss: A Keras loss (object, function or identifier).
+        metrics: Keras metrics.
+
+    Raises:
+        UserInputError: For data of another shape.
+    """
+    if isinstance(model, keras.Model):
+        original = model
+
+        def model(**dimensions: Any) -> keras.Model:
+            del dimensions
+            return _clone(original)
+
+    elif callable(model):
+        factory = model
+
+        def model(**dimensions: Any) -> keras.Model:
+            del dimensions
+            return factory()
+
+    else:
+        raise UserInputError(
+            f"model: received {type(model).__name__}. Allowed: a keras.Model or a function "
+            "returning one"
+        )
+    if not (isinstance(data, tuple) and len(data) == 2):
+        raise UserInputError(
+            f"data: received {type(data).__name__}. Allowed: a tuple (train, eval) of "
+            "tf.data.Datasets or of (x, y) array tuples"
+        )
+    run_data = RunData(_checked_split(data[0], "data[0]"), _checked_split(data[1], "data[1]"), {})
+    return Components(model, lambda: run_data, loss, tuple(metrics))
+
+
+def build_model(
+    config: TrainConfig,
+    components: Components,
+    data: RunData,
+    manifest_file: PrecisionManifest | None = None,
+) -> tuple[keras.Model, PrecisionManifest, dict[str, Any]]:
+    """Builds the model and gives each layer its policy; trains nothing.
+
+    Without a manifest, `config.precision` is the default of a manifest with
+    the safe defaults only (normalization layers and the outputs stay float32);
+    a manifest decides every layer and overrides `precision`.
+
+    Args:
+        config: The run's config (seed, precision, manifest).
+        components: Where the model comes from.
+        data: The data, whose dimensions the model factory may take.
+        manifest_file: `config.manifest`, if the caller has read it already.
+
+    Returns:
+        The model, the manifest applied to it, and the precision report:
+        `precision` (the run's policy, `auto` resolved), `precision_reason`,
+        `manifest` (its path or null) and the manifest report's `layers`,
+        `trainable_variables`, `unmatched_rules` and `shadowed_rules`.
+    """
+    precision, reason = _resolve_precision(config.precision)
+    if config.manifest is None:
+        manifest = PrecisionManifest(default=precision)
+    else:
+        manifest = manifest_file or PrecisionManifest.from_json(config.manifest)
+        if manifest.default != precision:
+            _LOGGER.info(
+                "Manifest %s decides each layer's policy (default %s): precision %s is not used.",
+                config.manifest,
+                manifest.default,
+                precision,
+            )
+    keras.utils.set_random_seed(config.seed)
+    with global_policy(manifest.default):
+        model = components.model(**data.dimensions)
+        if not isinstance(model, keras.Model):
+            raise UserInputError(
+                f"the model factory returned {type(model).__name__}. Allowed: a keras.Model"
+            )
+        applied = manifest.apply(model)
+    for rule in applied.unmatched_rules:
+        _LOGGER.warning("Manifest rule %s matched no layer.", rule)
+    for rule in applied.shadowed_rules:
+        _LOGGER.warning("Manifest rule %s only matched layers an earlier rule decided.", rule)
+    report = {
+        "precision": manifest.default if config.manifest else precision,
+        "precision_reason": reason,
+        "manifest": config.manifest,
+        **applied.to_dict(),
+    }
+    return model, manifest, report
+
+
+def assemble(
+    config: TrainConfig,
+    components: Components,
+    data: RunData,
+    manifest_file: PrecisionManifest | None = None,
+) -> Run:
+    """Builds, applies the precision to, and compiles the run's model with our step.
+
+    Call it under the run's strategy scope (none: the default strategy). The
+    step is `xla.compile_model`'s, with XLA as `config.jit_compile` resolves
+    for this strategy and model; the optimizer is built.
+
+    Raises:
+        UserInputError: For a bad manifest, model option or `loss_scale` value.
+    """
+    model, manifest, report = build_model(config, components, data, manifest_file)
+    optimizer = make_optimizer(config, report)
+    jit_compile, jit_reason = xla.resolve_jit_compile(
+        config.jit_compile, tf.distribute.get_strategy(), report["precision"], model
+    )
+    _LOGGER.info("%s", jit_reason)
+    report = {**report, "jit_compile": jit_compile, "jit_compile_reason": jit_reason}
+    xla.compile_model(
+        model,
+        optimizer=optimizer,
+        loss=components.loss,
+        metrics=list(components.metrics),
+        jit_compile=jit_compile,
+    )
+    optimizer.build(model.trainable_variables)
+    return Run(model, manifest, report, optimizer, jit_compile)
+
+
+def make_optimizer(config: TrainConfig, report: Mapping[str, Any]) -> LossScaleOptimizer:
+    """The run's `LossScaleOptimizer` around its inner optimizer.
+
+    The learning rate is a `ScaledLearningRate`, so that a divergence rollback
+    can lower it (`learning_rate_scale`). Dynamic loss scaling with the
+    config's `loss_scale` when a layer computes in float16; else the scale is
+    pinned at 1 and non-finite steps are still skipped and counted.
+    """
+    settings = config.optimizer
+    learning_rate = ScaledLearningRate(_learning_rate(settings, config.steps))
+    clipping = {"global_clipnorm": settings.global_clipnorm}
+    if settings.name == "adam":
+        inner = keras.optimizers.Adam(learning_rate, **clipping)
+    elif settings.name == "adamw":
+        inner = keras.optimizers.AdamW(
+            learning_rate, weight_decay=settings.weight_decay, **clipping
+        )
+    else:
+        inner = keras.optimizers.SGD(learning_rate, momentum=0.9, **clipping)
+    if any(layer["compute_dtype"] == "float16" for layer in report["layers"]):
+        scaling = dataclasses.asdict(config.loss_scale)
+    else:
+        scaling = {"initial_scale": 1.0, "min_scale": 1.0, "max_scale": 1.0, "dynamic": False}
+    try:
+        return LossScaleOptimizer(inner, **scaling)
+    except UserInputError as error:
+        raise UserInputError(f"config section loss_scale: {error}") from None
+
+
+def learning_rate_scale(optimizer: LossScaleOptimizer) -> keras.Variable:
+    """The scale of the `ScaledLearningRate` that `make_optimizer` gave `optimizer`."""
+    return optimizer.inner_optimizer._learning_rate.scale
+
+
+def plan_precision(config: TrainConfig) -> dict[str, Any]:
+    """Builds the run's model and reports each layer's precision; trains nothing.
+
+    This is what `mpt-train --dry_run` prints, and what a run writes to
+    `precision_report.json`; see `build_model` for its keys.
+    """
+    components = resolve_components(config)
+    return build_model(config, components, components.data())[2]
+
+
+def format_precision_table(report: Mapping[str, Any]) -> str:
+    """The layers of a precision report as an aligned text table."""
+    columns = ("path", "class", "policy", "decided_by")
+    rows = [columns] + [tuple(str(layer[key]) for key in columns) for layer in report["layers"]]
+    widths = [max(len(row[index]) for row in rows) for index in range(len(columns))]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def run_calibration(
+    config: TrainConfig,
+    output: str | os.PathLike,
+    stats_output: str | os.PathLike | None = None,
+    steps: int = 8,
+    thresholds: CalibrationThresholds = CalibrationThresholds(),
+) -> CalibrationResult:
+    """Calibrates the model and train data of a run config; writes the manifest.
+
+    The model is built as `run_training` builds it (same components and seed,
+    in float32) and fed the run's first `steps` train batches with its loss;
+    the loss scale is the config's `loss_scale.initial_scale`. This is what
+    `mpt-calibrate` runs.
+
+    Args:
+        config: A resolved `TrainConfig`.
+        output: Where the manifest goes (a `mpt-train --manifest` file).
+        stats_output: Where the statistics go; default `<output stem>.stats.json`.
+        steps: Batches to measure.
+        thresholds: The decision thresholds.
+
+    Returns:
+        The calibration result.
+    """
+    float32_config = dataclasses.replace(config, precision="float32", manifest=None)
+    components = resolve_components(float32_config)
+    data = components.data()
+    model, _, _ = build_model(float32_config, components, data)
+    batches = data.train_batches(
+        config.data.batch_size, config.seed, shuffle_buffer=config.data.shuffle_buffer
+    )
+    result = calibrate(
+        model,
+        batches,
+        keras.losses.get(components.loss),
+        steps=steps,
+        seed=config.seed,
+        thresholds=thresholds,
+        initial_scale=float(config.loss_scale.initial_scale),
+    )
+    stats_path = stats_output or os.path.splitext(os.fspath(output))[0] + ".stats.json"
+    for path, text in ((output, result.manifest.to_json()), (stats_path, result.to_json())):
+        directory = os.path.dirname(os.fspath(path))
+        try:
+            os.makedirs(directory or ".", exist_ok=True)
+        except OSError as error:
+            raise UserInputError(f"{path}: cannot be written ({error.strerror})") from None
+        write_text_atomic(path, text)
+    return result
+
+
+def _resolve_precision(precision: str) -> tuple[str, str | None]:
+    if precision != "auto":
+        return precision, None
+    policy, reason = resolve_auto_policy()
+    _LOGGER.info("precision auto -> %s: %s", policy, reason)
+    return policy, reason
+
+
+def _learning_rate(
+    settings: OptimizerConfig, steps: int
+) -> float | keras.optimizers.schedules.LearningRateSchedule:
+    if settings.schedule == "constant" and not settings.warmup_steps:
+        return settings.learning_rate
+    warmup = settings.warmup_steps
+    return keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=0.0 if warmup else settings.learning_rate,
+        decay_steps=max(1, steps - warmup),
+        alpha=1.0 if settings.schedule == "constant" else 0.0,
+        warmup_target=settings.learning_rate if warmup else None,
+        warmup_steps=warmup,
+    )
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def _load_data(
+    config: TrainConfig, task: str | None, factory: components_lib.BoundFactory | None
+) -> RunData:
+    source = config.data
+    if factory is not None:
+        loaded = _from_data_factory(factory, config.seed)
+    elif source.features is not None:
+        loaded = _from_tfds_features(source)
+    else:
+        loaded = _from_reference_shapes(source, task)
+    if source.eval_examples:
+        loaded = dataclasses.replace(loaded, eval=_first(loaded.eval, source.eval_examples))
+    return loaded
+
+
+def _from_reference_shapes(source, task: str | None) -> RunData:
+    """An embedded (or TFDS) dataset in the reference shapes: images and labels, or text."""
+    if task is None:
+        shape = data_lib.reference_shape(source.name, source.train_split, source.data_dir)
+        task = models.CLASSIFICATION if shape == "image" else models.LANGUAGE_MODEL
+    if task == models.CLASSIFICATION:
+        train = data_lib.classification_arrays(source.name, source.train_split, source.data_dir)
+        evaluation = data_lib.classification_arrays(source.name, source.eval_split, source.data_dir)
+        return RunData(
+            (train.features, train.labels),
+            (evaluation.features, evaluation.labels),
+            {"input_shape": train.features.shape[1:], "num_classes": train.num_classes},
+        )
+    windows = functools.partial(
+        data_lib.language_model_windows,
+        source.name,
+        data_dir=source.data_dir,
+        sequence_length=source.sequence_length,
+    )
+    return RunData(
+        windows(split=source.train_split),
+        windows(split=source.eval_split),
+        {"vocab_size": data_lib.VOCAB_SIZE, "sequence_length": source.sequence_length},
+    )
+
+
+def _from_tfds_features(source) -> RunData:
+    """A TFDS dataset of any shape, through the config's `data.features` mapping."""
+    splits = [
+        data_lib.feature_pairs(source.name, split, source.data_dir, source.features)
+        for split in (source.train_split, source.eval_split)
+    ]
+    (train, dimensions), (evaluation, _) = splits
+    return RunData(train, evaluation, {**_spec_dimensions(train), **dimensions})
+
+
+def _from_data_factory(factory: components_lib.BoundFactory, seed: int) -> RunData:
+    what = f"data.factory {factory.reference}"
+    try:
+        returned = factory(seed=seed)
+    except UserInputError:
+        raise
+    except (TypeError, ValueError) as error:
+        raise UserInputError(f"{what} failed: {type(error).__name__}: {error}") from None
+    if not (isinstance(returned, tuple) and len(returned) in (2, 3)):
+        raise UserInputError(
+            f"{what} returned {type(returned).__name__}. Allowed: (train, eval) tf.data.Datasets, "
+            "optionally with a third element, a dict of dimensions such as {'num_classes': 10}"
+        )
+    train = _checked_split(returned[0], f"{what}: train")
+    evaluation = _checked_split(returned[1], f"{what}: eval")
+    declared = returned[2] if len(returned) == 3 else {}
+    unknown = sorted(set(declared) - set(components_lib.DATA_DIMENSIONS))
+    if not isinstance(declared, Mapping) or unknown:
+        raise UserInputError(
+            f"{what}: its dimensions {declared!r} hold an unknown name. "
+            f"Allowed: {', '.join(components_lib.DATA_DIMENSIONS)}"
+        )
+    return RunData(train, evaluation, {**_spec_dimensions(train), **declared})
+
+
+def _checked_split(split: Any, what: str) -> tuple[np.ndarray, ...] | tf.data.Dataset:
+    if isinstance(split, tf.data.Dataset):
+        spec = split.element_spec
+        if isinstance(spec, tuple) and len(spec) in (2, 3):
+            return split
+        raise UserInputError(
+            f"{what}: elements are {spec}. Allowed: unbatched (x, y) or (x, y, sample_weight) "
+            "tuples"
+        )
+    if isinstance(split, tuple) and len(split) == 2 and len(split[0]) == len(split[1]):
+        return tuple(np.asarray(array) for array in split)
+    raise UserInputError(
+        f"{what}: received {type(split).__name__}. Allowed: a tf.data.Dataset of unbatched "
+        "(x, y) elements, or a tuple (x, y) of arrays of equal length"
+    )
+
+
+def _spec_dimensions(dataset: tf.data.Dataset) -> dict[str, Any]:
+    """What an element's input says: its shape, and a token sequence's length."""
+    x = dataset.element_spec[0]
+    if not isinstance(x, tf.TensorSpec):
+        return {}
+    dimensions: dict[str, Any] = {"input_shape": tuple(x.shape)}
+    if x.dtype.is_integer and x.shape.rank == 1:
+        dimensions["sequence_length"] = x.shape[0]
+    return dimensions
+
+
+def _first(split: tuple[np.ndarray, ...] | tf.data.Dataset, count: int):
+    if isinstance(split, tf.data.Dataset):
+        return split.take(count)
+    return tuple(array[:count] for array in split)
+
+
+# ------------------------------------------------------------------ models, losses
+
+
+def _load_model_file(path: str, **dimensions: Any) -> keras.Model:
+    del dimensions  # A file decides its own.
+    try:
+        return keras.saving.load_model(path, compile=False)
+    except (ValueError, TypeError, OSError, zipfile.BadZipFile) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise UserInputError(
+            f"model.file {path}: cannot be loaded ({type(error).__name__}: {first_line}). "
+            "Allowed: a .keras file saved by model.save, its custom classes registered "
+            "(config key 'imports')"
+        ) from None
+
+
+def _compiled_with(path: str) -> dict[str, Any]:
+    """The loss and metrics a `.keras` file was compiled with (`{}` if none)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            config = json.loads(archive.read("config.json"))
+    except (OSError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as error:
+        raise UserInputError(
+            f"model.file {path}: not a Keras archive ({error}). Allowed: a .keras file saved "
+            "by model.save"
+        ) from None
+    compile_config = dict(config.get("compile_config") or {})
+    compile_config.pop("optimizer", None)
+    if not compile_config:
+        return {}
+    compiled = keras.saving.deserialize_keras_object(compile_config)
+    return {key: compiled.get(key) for key in ("loss", "metrics")}
+
+
+def _loss(config: ComponentConfig | None, model_source, compiled: Mapping[str, Any]) -> Any:
+    if config is not None:
+        return _keras_component(config, keras.losses, "loss")
+    if model_source.name is not None:
+        return models.REFERENCE_LOSS
+    if compiled.get("loss") is None:
+        raise UserInputError(
+            f"model.file {model_source.file} was saved without a compiled loss. "
+            "Allowed: name one with the config key 'loss'"
+        )
+    return compiled["loss"]
+
+
+def _metrics(
+    configs: tuple[ComponentConfig, ...] | None, model_source, compiled: Mapping[str, Any]
+) -> tuple[Any, ...]:
+    if configs is not None:
+        return tuple(
+            _keras_component(config, keras.metrics, f"metrics[{index}]")
+            for index, config in enumerate(configs)
+        )
+    if model_source.name is not None:
+        return models.REFERENCE_METRICS
+    if model_source.file is not None:
+        return tuple(keras.tree.flatten(compiled.get("metrics") or []))
+    return ()
+
+
+def _keras_component(config: ComponentConfig, module: Any, key: str) -> Any:
+    """A loss or metric from a Keras identifier or the user's factory."""
+    kind = module.__name__.rpartition(".")[2]
+    if config.factory is not None:
+        function = components_lib.resolve_factory(config.factory, f"{key}.factory")
+        if isinstance(function, type) or config.options:
+            bound = components_lib.bind_factory(config.factory, config.options, f"{key}.factory")
+            return bound()
+        return function
+    if not config.options:
+        try:
+            module.get(config.name)
+        except ValueError:
+            raise UserInputError(
+                f"key '{key}.name': unknown {kind[:-1]} {config.name!r}. Allowed: a name of "
+                f"keras.{kind} (such as {_examples(kind)}) or a factory"
+            ) from None
+        # Keras resolves names itself, and picks the right accuracy for the loss.
+        return config.name
+    class_name = config.name if config.name[:1].isupper() else _camel(config.name)
+    cls = getattr(module, class_name, None)
+    if not isinstance(cls, type):
+        raise UserInputError(
+            f"key '{key}.name': {config.name!r} with options needs a class of keras.{kind}; "
+            f"there is no keras.{kind}.{class_name}. Allowed: a class name such as "
+            f"{_examples(kind, classes=True)}"
+        )
+    unknown = sorted(set(config.options) - set(_parameters(cls)))
+    if unknown:
+        raise UserInputError(
+            f"unknown option '{key}.options.{unknown[0]}' for keras.{kind}.{class_name}. "
+            f"Allowed: {', '.join(_parameters(cls))}"
+        )
+    return cls(**config.options)
+
+
+def _parameters(cls: type) -> list[str]:
+    return [name for name in inspect.signature(cls).parameters if name not in ("args", "kwargs")]
+
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+def _examples(kind: str, classes: bool = False) -> str:
+    if kind == "losses":
+        return "SparseCategoricalCrossentropy" if classes else "sparse_categorical_crossentropy"
+    return "SparseCategoricalAccuracy" if classes else "accuracy"
+
+
+def _clone(model: keras.Model) -> keras.Model:
+    """A fresh copy of a functional or Sequential model, weights included."""
+    try:
+        clone = keras.models.clone_model(model)
+    except (NotImplementedError, TypeError, ValueError) as error:
+        raise UserInputError(
+            f"model {model.name!r} ({type(model).__name__}) cannot be cloned for each "
+            f"precision ({error}). Allowed: a function returning a fresh model"
+        ) from None
+    clone.set_weights(model.get_weights())
+    return clone
+
+
+def resolve(
+    model: TrainConfig | keras.Model | Callable[[], keras.Model],
+    *,
+    data: tuple[Any, Any] | None = None,
+    loss: Any = None,
+    metrics: Sequence[Any] = (),
+    config: TrainConfig | None = None,
+) -> tuple[TrainConfig, Components]:
+    """The settings and components of a run given as a config or as the user's objects.
+
+    What the library's `validate`, `run_canary` and `calibrate`-like entry
+    points take: either a `TrainConfig` (its components resolved), or a model
+    (a factory or a functional/Sequential model) with `data` and `loss`, and
+    optionally a `config` for the settings (optimizer, batch size, seed, loss
+    scale, precision); its model, data, loss and metrics are not used then.
+
+    Raises:
+        UserInputError: For a config given twice, or objects without data or loss.
+    """
+    if isinstance(model, TrainConfig):
+        if config is not None or data is not None or loss is not None or metrics:
+            raise UserInputError(
+                "a TrainConfig names its own components: received it with data, loss, metrics "
+                "or config too. Allowed: a TrainConfig alone, or a model with data and loss"
+            )
+        return model, resolve_components(model)
+    if data is None or loss is None:
+        missing = "data" if data is None else "loss"
+        raise UserInputError(
+            f"{missing}: required with a model of your own. Allowed: data=(train, eval) "
+            "and loss=a Keras loss"
+        )
+    return config or TrainConfig(), components_from_objects(model, data, loss, metrics)
