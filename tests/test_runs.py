@@ -1,0 +1,202 @@
+"""Tests of `mpt_keras.runs`: components from a config or the user's objects, and their data."""
+
+import json
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mpt_keras import runs
+from mpt_keras.config import TrainConfig
+from mpt_keras.errors import UserInputError
+
+
+@pytest.fixture
+def user_code(tmp_path, monkeypatch):
+    """A working directory holding the user's module `user_code` (factories below)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "user_code.py").write_text(
+        textwrap.dedent(
+            """
+            import keras
+            import numpy as np
+            import tensorflow as tf
+
+            def dense_model(input_shape, num_classes, units=4):
+                inputs = keras.Input(input_shape)
+                hidden = keras.layers.Dense(units, activation="relu")(inputs)
+                return keras.Model(inputs, keras.layers.Dense(num_classes, name="logits")(hidden))
+
+            def blobs(examples=64, seed=0):
+                rng = np.random.default_rng(seed)
+                x = rng.normal(size=(examples, 3)).astype("float32")
+                y = (x[:, 0] > 0).astype("int32")
+                split = lambda a, b: tf.data.Dataset.from_tensor_slices((x[a:b], y[a:b]))
+                return split(0, examples - 16), split(examples - 16, examples), {"num_classes": 2}
+
+            def weighted_blobs():
+                x = np.arange(12, dtype="float32").reshape(4, 3)
+                elements = (x, np.zeros(4, "int32"), np.ones(4, "float32"))
+                dataset = tf.data.Dataset.from_tensor_slices(elements)
+                return dataset, dataset
+
+            def not_data():
+                return [1, 2]
+
+            def squared_error(y_true, y_pred):
+                return keras.ops.mean((keras.ops.cast(y_true, "float32") - y_pred) ** 2)
+            """
+        )
+    )
+    yield tmp_path
+    sys.modules.pop("user_code", None)
+
+
+def _config(**values) -> TrainConfig:
+    return TrainConfig.from_dict(values)
+
+
+def _blobs_config(**values) -> TrainConfig:
+    return _config(
+        model={"factory": "user_code:dense_model", "options": {"units": 3}},
+        data={"factory": "user_code:blobs", "options": {"examples": 48}, "batch_size": 8},
+        loss={"name": "sparse_categorical_crossentropy", "options": {"from_logits": True}},
+        metrics=["accuracy"],
+        **values,
+    )
+
+
+def test_a_config_of_factories_assembles_and_trains(user_code):
+    config = _blobs_config(steps=3)
+    components = runs.resolve_components(config)
+    data = components.data()
+    assert data.dimensions == {"input_shape": (3,), "num_classes": 2}
+    run = runs.assemble(config, components, data)
+    assert [layer.name for layer in run.model.layers] == ["input_layer", "dense", "logits"]
+    assert run.model.layers[1].units == 3
+    history = run.model.fit(data.train_batches(8, seed=0), epochs=1, steps_per_epoch=3, verbose=0)
+    assert sorted(history.history) == ["accuracy", "loss"]
+    assert int(run.optimizer.iterations.numpy()) == 3
+
+
+def test_dataset_batches_are_seeded_and_resume_at_the_exact_step(user_code):
+    data = runs.resolve_components(_blobs_config()).data()
+
+    def batches(start_step, count):
+        stream = data.train_batches(8, seed=5, start_step=start_step, shuffle_buffer=100)
+        return [x.numpy() for x, _ in stream.take(count)]
+
+    # 32 train examples: 4 batches a pass, so steps 3..6 straddle a reshuffle.
+    from_start = batches(0, 7)
+    resumed = batches(3, 4)
+    for expected, received in zip(from_start[3:], resumed):
+        np.testing.assert_array_equal(expected, received)
+    assert not np.array_equal(np.sort(from_start[0], 0), np.sort(from_start[4], 0))
+
+
+def test_sample_weights_of_a_data_factory_reach_the_batches(user_code):
+    config = _config(
+        model={"factory": "user_code:dense_model"},
+        data={"factory": "user_code:weighted_blobs", "batch_size": 2},
+        loss="mse",
+    )
+    data = runs.resolve_components(config).data()
+    x, y, weights = next(iter(data.train_batches(2, seed=0)))
+    assert (x.shape, y.shape, weights.numpy().tolist()) == ((2, 3), (2,), [1.0, 1.0])
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (
+            {"data": {"factory": "user_code:not_data"}},
+            "data.factory user_code:not_data returned list. Allowed: (train, eval) "
+            "tf.data.Datasets, optionally with a third element, a dict of dimensions such as "
+            "{'num_classes': 10}",
+        ),
+        (
+            {"loss": "sparse_categorical_crossentropi"},
+            "key 'loss.name': unknown loss 'sparse_categorical_crossentropi'. Allowed: a name of "
+            "keras.losses (such as sparse_categorical_crossentropy) or a factory",
+        ),
+        (
+            {"loss": {"name": "sparse_categorical_crossentropy", "options": {"logits": True}}},
+            "unknown option 'loss.options.logits' for keras.losses.SparseCategoricalCrossentropy. "
+            "Allowed: from_logits, ignore_class, reduction, axis, name, dtype",
+        ),
+        (
+            {"metrics": ["acurracy"]},
+            "key 'metrics[0].name': unknown metric 'acurracy'. Allowed: a name of keras.metrics "
+            "(such as accuracy) or a factory",
+        ),
+        (
+            {"metrics": [{"name": "top_k", "options": {"k": 2}}]},
+            "key 'metrics[0].name': 'top_k' with options needs a class of keras.metrics; there is "
+            "no keras.metrics.TopK. Allowed: a class name such as SparseCategoricalAccuracy",
+        ),
+    ],
+)
+def test_bad_components_are_one_line_errors_before_anything_is_built(user_code, values, message):
+    config = _blobs_config().merged(values)
+    with pytest.raises(UserInputError) as raised:
+        runs.resolve_components(config).data()
+    assert str(raised.value) == message
+
+
+def test_a_loss_from_the_users_code_is_used_as_given(user_code):
+    components = runs.resolve_components(
+        _blobs_config().merged({"loss": {"factory": "user_code:squared_error"}})
+    )
+    assert components.loss.__name__ == "squared_error"
+
+
+def test_a_model_file_brings_its_weights_and_compiled_loss(user_code, tmp_path):
+    inputs = keras.Input((3,))
+    saved = keras.Model(inputs, keras.layers.Dense(2, name="logits")(inputs))
+    saved.compile(
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"]
+    )
+    path = str(tmp_path / "mine.keras")
+    saved.save(path)
+    config = _config(model={"file": path}, data={"factory": "user_code:blobs", "batch_size": 8})
+    components = runs.resolve_components(config)
+    assert isinstance(components.loss, keras.losses.SparseCategoricalCrossentropy)
+    assert components.loss.get_config()["from_logits"] is True
+    assert components.metrics == ("accuracy",)
+    model, _, report = runs.build_model(config, components, components.data())
+    np.testing.assert_array_equal(model.get_weights()[0], saved.get_weights()[0])
+    assert report["precision"] == "float32"
+
+
+def test_a_model_file_without_a_loss_needs_one_in_the_config(user_code, tmp_path):
+    inputs = keras.Input((3,))
+    keras.Model(inputs, keras.layers.Dense(2)(inputs)).save(str(tmp_path / "bare.keras"))
+    config = _config(model={"file": str(tmp_path / "bare.keras")})
+    with pytest.raises(UserInputError) as raised:
+        runs.resolve_components(config)
+    assert str(raised.value) == (
+        f"model.file {tmp_path / 'bare.keras'} was saved without a compiled loss. "
+        "Allowed: name one with the config key 'loss'"
+    )
+
+
+def test_the_users_own_objects_need_data_and_loss():
+    with pytest.raises(UserInputError) as raised:
+        runs.resolve(lambda: None, data=None, loss="mse")
+    assert str(raised.value) == (
+        "data: required with a model of your own. Allowed: data=(train, eval) and loss=a Keras loss"
+    )
+
+
+def test_a_functional_model_of_ones_own_is_cloned_with_its_weights():
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+    arrays = (np.zeros((4, 3), "float32"), np.zeros(4, "int32"))
+    config, components = runs.resolve(model, data=(arrays, arrays), loss="mse")
+    clone = components.model()
+    assert clone is not model
+    np.testing.assert_array_equal(clone.get_weights()[0], model.get_weights()[0])
+    assert config == TrainConfig()
