@@ -6,11 +6,19 @@ precision choice does.
 
 Each public name is imported from its module on first use (PEP 562), so that
 `mpt_keras.config` and `mpt_keras.components` load, and a bad config fails,
-without importing TensorFlow.
+without importing TensorFlow. Keras finds the classes our files hold (the
+`LossScaleOptimizer` in a `model.keras`, the reference models' layers) once
+they are registered: `import mpt_keras` registers them when Keras is imported
+already (`import keras` first, as usual), and so does the first use of any
+public name.
 """
 
 import importlib
+import sys
 from typing import Any
+
+# The modules whose classes Keras must find by registered name to load our files.
+_SERIALIZABLES = ("mpt_keras.loss_scale_optimizer", "mpt_keras.guards", "mpt_keras.models")
 
 _HOMES = {
     "AutoPromote": "auto_promote",
@@ -58,9 +66,19 @@ __all__ = sorted(_HOMES)
 def __getattr__(name: str) -> Any:
     if name not in _HOMES:
         raise AttributeError(f"module 'mpt_keras' has no attribute {name!r}")
+    _register_serializables()
     value = getattr(importlib.import_module(f"mpt_keras.{_HOMES[name]}"), name)
     globals()[name] = value
     return value
+
+
+def _register_serializables() -> None:
+    for module in _SERIALIZABLES:
+        importlib.import_module(module)
+
+
+if "keras" in sys.modules:
+    _register_serializables()
 
 
 def __dir__() -> list[str]:

@@ -2,46 +2,61 @@
 
 `calibrate` runs a short float32 pass over `steps` real batches and records:
 
-    activations  per layer whose output the model's graph exposes: max, p99,
-                 p99.9 and p99.99 of |output|, and among its non-zero values
-                 the fractions above the float16 max (65504), below the float16
-                 smallest normal (2**-14, 6.1e-5) and below its smallest
-                 subnormal (2**-24, 6.0e-8, which rounds to zero).
-    gradients    per trainable variable, the gradient of the loss times the
-                 loss scale a float16 run starts with (`initial_scale`,
-                 2**15 by default): max |g|, and among the non-zero values the
-                 fractions that would underflow float16 (|g * scale| < 2**-24)
-                 or overflow it (> 65504).
+    activations  per layer (below: which): max, p99, p99.9 and p99.99 of
+                 |output|; among its non-zero values the fractions above the
+                 float16 max (65504), below the float16 smallest normal
+                 (2**-14, 6.1e-5) and below its smallest subnormal (2**-24,
+                 6.0e-8, which rounds to zero); and the fraction of the
+                 output's norm in those flushed values, ||flushed|| / ||y||:
+                 the relative error flushing to zero alone makes.
+    gradients    per trainable variable, its gradient g of the loss (sample
+                 weights applied), and g times the loss scale a float16 run
+                 starts with (`initial_scale`, 2**15 by default): max |g|,
+                 ||g||, the fraction of ||g|| in entries with
+                 |g * scale| < 2**-24, which float16 flushes to zero, and among
+                 the non-zero entries the fraction that would overflow
+                 float16 (|g * scale| > 65504). Per layer, the same flushed
+                 fraction of the norm of its variables' gradients together.
     sensitivity  per layer, the relative error ||y_low - y|| / ||y|| of its
                  output when it alone computes in float16 (`mixed_float16`)
                  or bfloat16 (`mixed_bfloat16`), all other layers float32.
 
-Sensitivity is measured clone-free: the layer is called alone on the float32
-inputs recorded for it, after a `PrecisionManifest` gave it (and its nested
-layers other than safe-default ones, exactly as the resulting manifest would)
-the low-precision policy. Each layer is run once per batch and policy, so the
-cost is about `2 * steps` forward passes.
+The activations are recorded as the model runs (each layer's `call` wrapped,
+so a layer called twice, as a causal LM's token embedding, is measured on
+both calls), and sensitivity is measured clone-free: the layer is called
+alone on the float32 inputs recorded for it, after it and its nested layers
+other than safe-default ones got the low-precision policy, as the resulting
+manifest's rules would give it them. Each layer is run once per batch and
+policy, so the cost is about `2 * steps` forward passes.
 
-Which layers. The top-level layers of a functional or Sequential model (the
-ones whose outputs its graph exposes; a nested block such as a DecoderBlock is
-one unit with its sublayers). A subclassed model has no graph to read
-intermediate outputs from and is refused.
+Which layers. The layers of the functional or Sequential model calibrated
+and, recursively, those of every functional or Sequential model nested in it
+(a keras_hub backbone, a keras.applications model), each measured alone, at
+the granularity a manifest rule can express. Any other layer is one unit with
+its sublayers, which run inside its own `call` and cannot be measured apart:
+a DecoderBlock, a keras_hub TransformerDecoder (attention, MLP and norms
+together), a subclassed model nested in the model. A subclassed model has no
+graph to find its layers in and is refused.
 
 Decisions (`CalibrationThresholds`), per layer:
 
-    mixed_float16   activation max <= 65504 / float16_headroom, at most
-                    `max_underflow_fraction` of its non-zero activations and of
-                    its variables' scaled gradients underflow float16, and the
-                    float16 error <= `max_float16_error`;
+    mixed_float16   activation max <= 65504 / float16_headroom, float16
+                    flushes at most `max_flushed_norm_fraction` of the norm
+                    of its activations and of its gradient times the initial
+                    scale, and the float16 error <= `max_float16_error`;
     mixed_bfloat16  otherwise, if the bfloat16 error <= `max_bfloat16_error`;
     float32         otherwise.
 
-Gradient overflow at the initial scale is recorded but decides nothing: the
-dynamic loss scale backs off on the first overflowing steps. The manifest's
-`default` is the policy most layers got; every other layer gets exact-path
-rules with the reason and its numbers. Safe defaults stay on, so the model
-outputs and normalization layers stay float32 whatever their numbers (which
-are still recorded).
+Flushing counts what is lost, not how many values are tiny: the key bias of
+an attention, whose gradient is zero but for rounding, flushes entirely and
+loses nothing of its layer's gradient. Gradient overflow at the initial scale
+is recorded but decides nothing: the dynamic loss scale backs off on the
+first overflowing steps. The manifest's `default` is the policy most layers
+got; every other layer gets exact-path rules with the reason and its numbers
+(and a layer such a rule would also match, a nested model's layer named like
+one of the model's own, gets its own rule). Safe defaults stay on, so the
+model outputs and normalization layers stay float32 whatever their numbers
+(which are still recorded).
 
 Example:
 
@@ -65,14 +80,19 @@ import numpy as np
 import tensorflow as tf
 
 from mpt_keras.errors import UserInputError
+from mpt_keras.layer_paths import first_instance_name, iter_layers
 from mpt_keras.manifest import PrecisionManifest, Rule
-from mpt_keras.policies import iter_layers
 
 FLOAT16_MAX = 65504.0
 FLOAT16_SMALLEST_NORMAL = 2.0**-14
 FLOAT16_SMALLEST_SUBNORMAL = 2.0**-24
 LOW_PRECISION_POLICIES = ("mixed_float16", "mixed_bfloat16")
 _QUANTILES = {"p99": 0.99, "p99.9": 0.999, "p99.99": 0.9999}
+_MODEL_ALLOWED = "Allowed: a keras.Model, or a function of no arguments returning one"
+_DATA_ALLOWED = (
+    "Allowed: a tf.data.Dataset of (x, y) or (x, y, sample_weight) batches, or a tuple "
+    "(x, y) or (x, y, sample_weight) of arrays; x an array or a dict of arrays"
+)
 
 
 def _is_positive_number(value: Any) -> bool:
@@ -92,9 +112,11 @@ class CalibrationThresholds:
         float16_headroom: float16 only if the largest activation seen times
             this still fits 65504: unseen batches run larger than the few
             calibrated, and one value above the max is inf.
-        max_underflow_fraction: The most of a layer's non-zero activations,
-            or of its variables' scaled gradients, that may round to zero in
-            float16 (below 2**-24).
+        max_flushed_norm_fraction: The largest fraction of the norm of a
+            layer's activations, or of its gradient (all its variables'
+            together) times the initial loss scale, in values below 2**-24
+            that float16 flushes to zero: the relative error flushing alone
+            makes. 0.01 loses 1% of the norm.
         max_float16_error: The largest relative output error in float16; its
             rounding unit is 4.9e-4, so 1e-2 means a 20-fold amplification.
         max_bfloat16_error: The same for bfloat16 (rounding unit 3.9e-3).
@@ -106,7 +128,7 @@ class CalibrationThresholds:
     """
 
     float16_headroom: float = 8.0
-    max_underflow_fraction: float = 0.01
+    max_flushed_norm_fraction: float = 0.01
     max_float16_error: float = 1e-2
     max_bfloat16_error: float = 5e-2
 
@@ -131,9 +153,12 @@ class CalibrationResult:
     Attributes:
         statistics: JSON-ready: `model`, `steps`, `seed`, `initial_scale`,
             `thresholds`, `default`, per layer path (`layers`) its class,
-            `activations`, `errors` (per low-precision policy; `null` when the
-            output was not finite), `policy` and `reason`, and per variable
-            path (`gradients`) its `layer` and gradient figures.
+            `activations`, `gradients` (`norm` and `flushed_norm_fraction` of
+            its variables' gradients together), `errors` (per low-precision
+            policy; `null` when the output was not finite), `policy` and
+            `reason`, and per variable path (`gradients`) its `layer`, `max`,
+            `norm`, `flushed_norm_fraction`, `nonzero_fraction` and
+            `overflow_fraction`.
         manifest: The decided precision manifest, a reason on every rule.
 
     Example:
@@ -152,26 +177,30 @@ class CalibrationResult:
 
 
 def calibrate(
-    model: keras.Model,
-    data: tf.data.Dataset | tuple[np.ndarray, np.ndarray],
-    loss: Callable[[Any, Any], Any],
+    model_or_factory: keras.Model | Callable[[], keras.Model],
+    data: tf.data.Dataset | tuple[Any, ...],
+    loss: keras.losses.Loss | Callable[[Any, Any], Any],
     steps: int = 8,
     seed: int = 0,
     thresholds: CalibrationThresholds = CalibrationThresholds(),
     initial_scale: float = 2.0**15,
     batch_size: int = 32,
 ) -> CalibrationResult:
-    """Measures `model` in float32 on `steps` batches and decides each layer's policy.
-
-    The layers' policies are float32 during the pass and restored afterwards;
-    weights are not changed.
+    """Measures `model` in float32 on `steps` batches and decides a manifest.
 
     Args:
-        model: A built functional or Sequential model.
-        data: A `tf.data.Dataset` of `(x, y)` batches (the first `steps` are
-            used), or a tuple `(x, y)` of arrays, shuffled with `seed` and cut
-            into `steps` batches of `batch_size`.
-        loss: `loss(y_true, y_pred)`, a scalar: the gradients are its.
+        model_or_factory: A built functional or Sequential model with float32
+            variables, or a function of no arguments returning one. Its
+            policies and weights are left as they were.
+        data: A `tf.data.Dataset` of `(x, y)` or `(x, y, sample_weight)`
+            batches (the first `steps` are read), or a tuple `(x, y)` or
+            `(x, y, sample_weight)` of arrays, shuffled with `seed` and cut
+            into `steps` batches of `batch_size` (wrapping around if short).
+            `x` is what the model takes: an array, or a dict of arrays (a
+            keras_hub model's `{"token_ids": ..., "padding_mask": ...}`).
+        loss: A `keras.losses.Loss`, or a function `loss(y_true, y_pred)`
+            returning a loss per example, which sample weights then weigh
+            (as Keras' losses do: their sum over the batch size).
         steps: Batches to measure, at least 1.
         seed: Shuffling seed for array data.
         thresholds: The decision thresholds.
@@ -183,19 +212,22 @@ def calibrate(
         same result.
 
     Raises:
-        UserInputError: For a subclassed or unbuilt model, bad `steps`,
-            `batch_size` or `initial_scale`, or data without a batch.
+        UserInputError: For a model without a graph (subclassed, or not
+            built), a factory not returning a model, bad `steps`,
+            `batch_size`, `initial_scale` or `loss`, or bad data.
     """
     if not isinstance(steps, int) or steps < 1:
         raise UserInputError(f"steps: must be an integer >= 1, received {steps!r}")
     if not _is_positive_number(initial_scale):
         raise UserInputError(f"initial_scale: must be a number > 0, received {initial_scale!r}")
-    nodes = _graph_nodes(model)
+    loss = _loss(loss)
+    model = _model(model_or_factory)
+    sites = _sites(model)
     batches = list(_batches(data, steps, seed, batch_size))
     saved_policies = [(layer, layer.dtype_policy) for _, layer in iter_layers(model)]
     try:
         float32 = PrecisionManifest(default="float32").apply(model)
-        return _Calibration(model, nodes, float32, thresholds, initial_scale).run(
+        return _Calibration(model, sites, float32, thresholds, initial_scale).run(
             batches, loss, seed
         )
     finally:
@@ -228,142 +260,196 @@ def format_calibration_table(statistics: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-@dataclasses.dataclass(frozen=True)
-class _Node:
-    """One call of a top-level layer in the model's graph."""
+class _FunctionLoss(keras.losses.Loss):
+    """A function `loss(y_true, y_pred)` as a Keras loss, which weighs and reduces."""
+
+    def __init__(self, function: Callable[[Any, Any], Any]):
+        super().__init__(name=getattr(function, "__name__", "loss"))
+        self.function = function
+
+    def call(self, y_true, y_pred):
+        return self.function(y_true, y_pred)
+
+
+def _loss(loss) -> keras.losses.Loss:
+    if isinstance(loss, keras.losses.Loss):
+        return loss
+    if callable(loss):
+        return _FunctionLoss(loss)
+    raise UserInputError(
+        f"loss: received {type(loss).__name__}. "
+        "Allowed: a keras.losses.Loss or a function loss(y_true, y_pred)"
+    )
+
+
+def _model(model_or_factory) -> keras.Model:
+    if isinstance(model_or_factory, keras.Model):
+        return model_or_factory
+    if not callable(model_or_factory):
+        raise UserInputError(
+            f"model_or_factory: received {type(model_or_factory).__name__}. {_MODEL_ALLOWED}"
+        )
+    model = model_or_factory()
+    if not isinstance(model, keras.Model):
+        raise UserInputError(
+            f"model_or_factory: the factory returned {type(model).__name__}. {_MODEL_ALLOWED}"
+        )
+    return model
+
+
+@dataclasses.dataclass
+class _Site:
+    """A layer measured as one unit, and its calls as the model ran.
+
+    Attributes:
+        path: Its path from the model calibrated (`iter_layers`).
+        layer: The layer.
+        calls: `(args, kwargs, outputs)` of each call of its `call`, over
+            all batches, as `calibrate` recorded them.
+    """
 
     path: str
     layer: keras.layers.Layer
-    node: Any  # keras.src.ops.node.Node: its arguments and output tensors
+    calls: list[tuple[tuple, dict, Any]] = dataclasses.field(default_factory=list)
+
+    def outputs(self) -> list[np.ndarray]:
+        return [_flat_float32(keras.tree.flatten(outputs)) for _, _, outputs in self.calls]
 
 
-def _graph_nodes(model: keras.Model) -> list[_Node]:
-    """The calls of `model`'s top-level layers, in the order its graph runs them."""
-    if not model.built or not getattr(model, "outputs", None):
+def _has_graph(model: keras.Model) -> bool:
+    return model.built and bool(getattr(model, "outputs", None))
+
+
+def _sites(model: keras.Model) -> list[_Site]:
+    """The layers of `model` and of the models with a graph nested in it; see "Which layers"."""
+    if not _has_graph(model):
         raise UserInputError(
             f"model '{model.name}': {type(model).__name__} has no graph of layer outputs "
             "(subclassed, or not built). Allowed: a built functional or Sequential model"
         )
-    paths = {id(layer): path for path, layer in iter_layers(model) if "/" not in path}
-    nodes: list[_Node] = []
+    sites: list[_Site] = []
     seen: set[int] = set()
 
-    def visit(tensor) -> None:
-        operation, node_index, _ = tensor._keras_history
-        node = operation._inbound_nodes[node_index]
-        if id(node) in seen:
-            return
-        seen.add(id(node))
-        for parent in node.input_tensors:
-            visit(parent)
-        if id(operation) in paths:
-            nodes.append(_Node(paths[id(operation)], operation, node))
+    def visit(graph_model: keras.Model, prefix: str) -> None:
+        for layer in graph_model.layers:  # A functional model's are in graph order.
+            if isinstance(layer, keras.layers.InputLayer) or id(layer) in seen:
+                continue
+            seen.add(id(layer))
+            if isinstance(layer, keras.Model) and _has_graph(layer):
+                visit(layer, f"{prefix}{layer.name}/")
+            else:
+                sites.append(_Site(prefix + layer.name, layer))
 
-    for output in keras.tree.flatten(model.outputs):
-        visit(output)
-    return nodes
+    visit(model, "")
+    return sites
 
 
-def _batches(data, steps: int, seed: int, batch_size: int) -> Iterator[tuple[Any, Any]]:
+def _batches(data, steps: int, seed: int, batch_size: int) -> Iterator[tuple[Any, Any, Any]]:
+    """`(x, y, sample_weight or None)` for each of `steps` batches."""
     if isinstance(data, tf.data.Dataset):
+        spec = data.element_spec
+        if not (isinstance(spec, tuple) and len(spec) in (2, 3)):
+            shape = f"{len(spec)}-tuples" if isinstance(spec, tuple) else type(spec).__name__
+            raise UserInputError(f"data: the dataset yields {shape}. {_DATA_ALLOWED}")
         count = 0
-        for features, labels in data.take(steps):
+        for element in data.take(steps):
             count += 1
-            yield features, labels
+            yield (*element, None)[:3]
         if not count:
-            raise UserInputError("data: the dataset yielded no batch. Allowed: (x, y) batches")
+            raise UserInputError(f"data: the dataset yielded no batch. {_DATA_ALLOWED}")
         return
-    if not (isinstance(data, tuple) and len(data) == 2):
-        raise UserInputError(
-            f"data: received {type(data).__name__}. Allowed: a tf.data.Dataset of (x, y) "
-            "batches or a tuple (x, y) of arrays"
-        )
+    if not (isinstance(data, tuple) and len(data) in (2, 3)):
+        raise UserInputError(f"data: received {type(data).__name__}. {_DATA_ALLOWED}")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise UserInputError(f"batch_size: must be an integer >= 1, received {batch_size!r}")
-    features, labels = (np.asarray(array) for array in data)
-    if not len(features) or len(features) != len(labels):
+    arrays = keras.tree.map_structure(np.asarray, data)
+    features, labels, *weights = arrays
+    examples = {len(array) for array in keras.tree.flatten(features)}
+    if len(examples) != 1:
         raise UserInputError(
-            f"data: received {len(features)} examples and {len(labels)} labels. "
+            f"data: the arrays of x hold {' and '.join(map(str, sorted(examples)))} examples. "
+            "Allowed: as many in each"
+        )
+    (count,) = examples
+    if not count or count != len(labels):
+        raise UserInputError(
+            f"data: received {count} examples and {len(labels)} labels. "
             "Allowed: as many labels as examples, at least one"
         )
-    order = np.random.default_rng(seed).permutation(len(features))
+    if weights and len(weights[0]) != count:
+        raise UserInputError(
+            f"data: received {count} examples and {len(weights[0])} sample weights. "
+            "Allowed: one weight per example"
+        )
+    order = np.random.default_rng(seed).permutation(count)
     # Wrapped around when the arrays hold fewer than steps * batch_size examples.
     indices = np.resize(order, steps * batch_size).reshape(steps, batch_size)
     for batch in indices:
-        yield features[batch], labels[batch]
+        yield (*keras.tree.map_structure(lambda array: array[batch], arrays), None)[:3]
 
 
 class _Calibration:
     """The measurements of one `calibrate` call."""
 
-    def __init__(self, model, nodes, float32_report, thresholds, initial_scale):
+    def __init__(self, model, sites, float32_report, thresholds, initial_scale):
         self._model = model
-        self._nodes = nodes
+        self._sites = sites
         self._thresholds = thresholds
         self._scale = initial_scale
         decided_by = {layer.path: layer.decided_by for layer in float32_report.layers}
+        self._safe_defaults = [
+            Rule("float32", path=path, reason=reason)
+            for path, reason in decided_by.items()
+            if reason.startswith("safe default")
+        ]
         self._safe_default = {
-            node.path: decided_by[node.path]
-            for node in nodes
-            if decided_by[node.path].startswith("safe default")
+            site.path: decided_by[site.path]
+            for site in sites
+            if decided_by[site.path].startswith("safe default")
         }
-        # Nested layers decided by a safe default or following their unit take
-        # no rule, so they stay as the safe defaults and Keras have them.
+        # Nested layers decided by a safe default take no rule, so they stay
+        # float32 as the safe defaults have them.
         self._members = {
-            node.path: [node.path]
+            site.path: [(site.path, site.layer)]
             + [
-                path
-                for path, _ in iter_layers(node.layer, prefix=node.path + "/")
+                (path, layer)
+                for path, layer in iter_layers(site.layer, prefix=site.path + "/")
                 if decided_by[path] == "default"
             ]
-            for node in nodes
+            for site in sites
         }
-        tensors = {}
-        for node in nodes:
-            for tensor in (*node.node.arguments.keras_tensors, *node.node.output_tensors):
-                tensors[id(tensor)] = tensor
-        self._tensor_ids = list(tensors)
-        self._probe = keras.Model(model.input, list(tensors.values()))
 
     def run(self, batches, loss, seed: int) -> CalibrationResult:
-        recorded = []
-        for features, _ in batches:
-            values = self._probe(features, training=False)
-            recorded.append(dict(zip(self._tensor_ids, values)))
-        references = {
-            node.path: [self._outputs(node, values) for values in recorded] for node in self._nodes
-        }
+        self._record(batches)
+        gradients = self._gradient_statistics(batches, loss)
         layers = {}
-        for node in self._nodes:
-            magnitudes = np.concatenate(
-                [np.abs(output).ravel() for output in references[node.path]]
-            )
-            layers[node.path] = {
-                "class": type(node.layer).__name__,
+        for site in self._sites:
+            references = site.outputs()
+            magnitudes = np.concatenate([np.abs(output) for output in references] or [[]])
+            layers[site.path] = {
+                "class": type(site.layer).__name__,
                 "activations": _activation_statistics(magnitudes),
+                "gradients": _layer_gradients(
+                    figures for figures in gradients.values() if figures["layer"] == site.path
+                ),
                 "errors": {
-                    policy: self._error(node, policy, recorded, references[node.path])
+                    policy: self._error(site, policy, references)
                     for policy in LOW_PRECISION_POLICIES
                 },
             }
-        gradients = self._gradient_statistics(batches, loss)
-        for node in self._nodes:
-            layer = layers[node.path]
-            layer_gradients = {
-                name: figures
-                for name, figures in gradients.items()
-                if figures["layer"] == node.path
-            }
-            layer["policy"], layer["reason"] = self._decide(node.path, layer, layer_gradients)
+            layers[site.path]["policy"], layers[site.path]["reason"] = self._decide(
+                site.path, layers[site.path]
+            )
         default = collections.Counter(
             layer["policy"] for path, layer in layers.items() if path not in self._safe_default
         ).most_common(1)
         default_policy = default[0][0] if default else "mixed_float16"
-        rules = []
-        for path, layer in layers.items():
-            if path in self._safe_default or layer["policy"] == default_policy:
-                continue
-            rules.extend(self._rules(path, layer["policy"], layer["reason"]))
+        rules = tuple(
+            rule
+            for path, layer in layers.items()
+            if path not in self._safe_default and layer["policy"] != default_policy
+            for rule in self._rules(path, layer["policy"], layer["reason"])
+        )
         statistics = {
             "model": self._model.name,
             "steps": len(batches),
@@ -374,83 +460,120 @@ class _Calibration:
             "layers": layers,
             "gradients": gradients,
         }
-        return CalibrationResult(statistics, PrecisionManifest(default_policy, tuple(rules)))
+        manifest = self._uncaught(PrecisionManifest(default_policy, rules), layers)
+        return CalibrationResult(statistics, manifest)
 
-    def _rules(self, path: str, policy: str, reason: str | None) -> list[Rule]:
-        members = self._members[path]
+    def _record(self, batches) -> None:
+        """Runs the model on every batch, recording each site's calls."""
+        for site in self._sites:
+            site.layer.call = _recording(site)
+        try:
+            for features, _, _ in batches:
+                self._model(features, training=False)
+        finally:
+            for site in self._sites:
+                del site.layer.call
+
+    def _rules(self, path: str, policy: str, reason: str) -> list[Rule]:
+        members = [member for member, _ in self._members[path]]
         return [Rule(policy, path=members[0], reason=reason)] + [
             Rule(policy, path=member, reason=f"follows {path}") for member in members[1:]
         ]
 
-    def _outputs(self, node: _Node, values: dict[int, Any]) -> np.ndarray:
-        return _flat_float32(values[id(tensor)] for tensor in node.node.output_tensors)
+    def _uncaught(self, manifest: PrecisionManifest, layers) -> PrecisionManifest:
+        """`manifest`, with a first rule for each layer a rule meant for another catches.
 
-    def _error(self, node: _Node, policy: str, recorded, references) -> float | None:
-        PrecisionManifest("float32", tuple(self._rules(node.path, policy, None))).apply(self._model)
+        As a path below a nested model is one of a layer's path forms, a rule
+        for the model's own `dense` also matches `backbone/dense`. The rules
+        added name their layer with the model's name in front, a form of its
+        path no other layer has.
+        """
+        decided = list(self._safe_defaults)
+        for path, layer in layers.items():
+            if path not in self._safe_default:
+                decided.extend(self._rules(path, layer["policy"], layer["reason"]))
+        policies = manifest.apply(self._model).policies
+        model_name = first_instance_name(self._model)
+        caught = tuple(
+            dataclasses.replace(rule, path=f"{model_name}/{rule.path}")
+            for rule in decided
+            if policies[rule.path] != rule.policy
+        )
+        return dataclasses.replace(manifest, rules=(*caught, *manifest.rules))
+
+    def _error(self, site: _Site, policy: str, references: list[np.ndarray]) -> float | None:
+        # The policies the manifest's rules for the site would give it and
+        # its members; all layers are float32 already.
+        members = [layer for _, layer in self._members[site.path]]
+        for layer in members:
+            layer.dtype_policy = policy
         try:
             squared_error = squared_reference = 0.0
-            for values, reference in zip(recorded, references):
-                args, kwargs = node.node.arguments.fill_in(values)
-                low = _flat_float32(keras.tree.flatten(node.layer(*args, **kwargs)))
+            for (args, kwargs, _), reference in zip(site.calls, references):
+                low = _flat_float32(keras.tree.flatten(site.layer(*args, **kwargs)))
                 squared_error += float(np.sum(np.square(low - reference, dtype=np.float64)))
                 squared_reference += float(np.sum(np.square(reference, dtype=np.float64)))
         finally:
-            PrecisionManifest("float32").apply(self._model)
+            for layer in members:
+                layer.dtype_policy = "float32"
         if not math.isfinite(squared_error):
             return None
         return math.sqrt(squared_error / squared_reference) if squared_reference else 0.0
 
     def _gradient_statistics(self, batches, loss) -> dict[str, dict[str, Any]]:
         owners = {}
-        for node in self._nodes:
-            for variable in node.layer.trainable_variables:
-                owners.setdefault(id(variable), node.path)
+        for site in self._sites:
+            for variable in site.layer.trainable_variables:
+                owners.setdefault(id(variable), site.path)
         variables = self._model.trainable_variables
         magnitudes = [[] for _ in variables]
-        for features, labels in batches:
+        for features, labels, sample_weight in batches:
             with tf.GradientTape() as tape:
-                value = loss(labels, self._model(features, training=False))
+                predictions = self._model(features, training=False)
+                value = loss(labels, predictions, sample_weight=sample_weight)
             for index, gradient in enumerate(tape.gradient(value, variables)):
                 if gradient is not None:
                     magnitudes[index].append(np.abs(tf.convert_to_tensor(gradient).numpy()).ravel())
         statistics = {}
         for variable, pieces in zip(variables, magnitudes):
-            values = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-            scaled = values[values > 0].astype(np.float64) * self._scale
+            values = np.concatenate(pieces).astype(np.float64) if pieces else np.zeros(0)
+            scaled = values * self._scale
+            nonzero = int(np.count_nonzero(values))
             statistics[variable.path] = {
                 "layer": owners.get(id(variable)),
                 "max": _number(values.max()) if values.size else 0.0,
-                "nonzero_fraction": _fraction(scaled.size, values.size),
-                "underflow_fraction": _fraction(
-                    np.count_nonzero(scaled < FLOAT16_SMALLEST_SUBNORMAL), scaled.size
-                ),
-                "overflow_fraction": _fraction(np.count_nonzero(scaled > FLOAT16_MAX), scaled.size),
+                "norm": _number(_norm(values)),
+                "flushed_norm_fraction": _flushed_norm_fraction(values, scaled),
+                "nonzero_fraction": _fraction(nonzero, values.size),
+                "overflow_fraction": _fraction(int(np.count_nonzero(scaled > FLOAT16_MAX)), nonzero),
             }
         return statistics
 
-    def _decide(self, path: str, layer, gradients) -> tuple[str, str]:
+    def _decide(self, path: str, layer) -> tuple[str, str]:
         if path in self._safe_default:
             return "float32", self._safe_default[path]
         limits = self._thresholds
         activations = layer["activations"]
         fits = FLOAT16_MAX / limits.float16_headroom
+        flushed_limit = f"{limits.max_flushed_norm_fraction:.1%}"
         problems = []
         if activations["max"] > fits:
             problems.append(
                 f"activation max {activations['max']:.3g} > {fits:.0f} "
                 f"(float16 max 65504 / headroom {limits.float16_headroom:g})"
             )
-        if activations["below_subnormal_fraction"] > limits.max_underflow_fraction:
+        # None: not finite in float32, which no precision mends.
+        flushed = activations["flushed_norm_fraction"]
+        if flushed is not None and flushed > limits.max_flushed_norm_fraction:
             problems.append(
-                f"{activations['below_subnormal_fraction']:.1%} of activations < float16 "
-                f"subnormal min 6e-08 (> {limits.max_underflow_fraction:.1%})"
+                f"activations: {flushed:.1%} of their norm flushes to zero in float16 "
+                f"(below 6e-08; > {flushed_limit})"
             )
-        name = max(gradients, key=lambda name: gradients[name]["underflow_fraction"], default=None)
-        if name and gradients[name]["underflow_fraction"] > limits.max_underflow_fraction:
+        flushed = layer["gradients"]["flushed_norm_fraction"]
+        if flushed is not None and flushed > limits.max_flushed_norm_fraction:
             problems.append(
-                f"{gradients[name]['underflow_fraction']:.1%} of {name} gradients x "
-                f"{self._scale:g} < "
-                f"float16 subnormal min 6e-08 (> {limits.max_underflow_fraction:.1%})"
+                f"gradient x {self._scale:g}: {flushed:.1%} of its norm flushes to zero in "
+                f"float16 (below 6e-08; > {flushed_limit})"
             )
         float16_error = _or_inf(layer["errors"]["mixed_float16"])
         bfloat16_error = _or_inf(layer["errors"]["mixed_bfloat16"])
@@ -469,6 +592,42 @@ class _Calibration:
         )
 
 
+def _recording(site: _Site) -> Callable[..., Any]:
+    """`site.layer.call`, recording each call in `site.calls`."""
+    call = site.layer.call
+
+    def recording_call(*args, **kwargs):
+        outputs = call(*args, **kwargs)
+        site.calls.append((args, kwargs, outputs))
+        return outputs
+
+    return recording_call
+
+
+def _layer_gradients(variables) -> dict[str, float | None]:
+    """`norm` and `flushed_norm_fraction` of the gradients of a layer's variables together."""
+    squared_norm = squared_flushed = 0.0
+    for figures in variables:
+        if figures["norm"] is None or figures["flushed_norm_fraction"] is None:
+            return {"norm": None, "flushed_norm_fraction": None}
+        squared_norm += figures["norm"] ** 2
+        squared_flushed += (figures["norm"] * figures["flushed_norm_fraction"]) ** 2
+    fraction = math.sqrt(squared_flushed / squared_norm) if squared_norm else 0.0
+    return {"norm": math.sqrt(squared_norm), "flushed_norm_fraction": fraction}
+
+
+def _flushed_norm_fraction(values: np.ndarray, scaled: np.ndarray) -> float | None:
+    """||values whose scaled value float16 flushes to zero|| / ||values||."""
+    norm = _norm(values)
+    if not math.isfinite(norm):
+        return None
+    return _norm(values[scaled < FLOAT16_SMALLEST_SUBNORMAL]) / norm if norm else 0.0
+
+
+def _norm(values: np.ndarray) -> float:
+    return float(np.sqrt(np.sum(np.square(values, dtype=np.float64))))
+
+
 def _activation_statistics(magnitudes: np.ndarray) -> dict[str, float | None]:
     nonzero = magnitudes[magnitudes > 0]
     figures: dict[str, float | None] = {
@@ -485,6 +644,7 @@ def _activation_statistics(magnitudes: np.ndarray) -> dict[str, float | None]:
     figures["below_subnormal_fraction"] = _fraction(
         np.count_nonzero(nonzero < FLOAT16_SMALLEST_SUBNORMAL), nonzero.size
     )
+    figures["flushed_norm_fraction"] = _flushed_norm_fraction(magnitudes, magnitudes)
     return figures
 
 

@@ -41,6 +41,7 @@ Example, for the query projection of the first block of a second
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -68,7 +69,7 @@ class LayerPath:
     layer: Any
     models: tuple[tuple[str, keras.Model], ...]
 
-    @property
+    @functools.cached_property
     def forms(self) -> tuple[str, ...]:
         """The forms a rule's path is tried against, without repeats; see the module docstring."""
         segments = self.path.split("/")
@@ -142,6 +143,7 @@ def _has_keras_name(obj) -> bool:
     )
 
 
+@functools.lru_cache(maxsize=None)
 def _snake_case(name: str) -> str:
     # As Keras' own `keras.src.utils.naming.to_snake_case`, which names layers.
     name = re.sub(r"\W+", "", name)

@@ -557,7 +557,7 @@ class _Application:
 
     def _decide(self, entry: LayerPath) -> _Decision:
         layer = entry.layer
-        forms = self._forms.get(id(layer), entry.forms)
+        forms = self._forms.get(id(layer)) or entry.forms
         rules = self._manifest.rules
         matched = tuple(index for index, rule in enumerate(rules) if rule.matches(forms, layer))
         if matched:

@@ -638,7 +638,7 @@ def _keras_component(config: ComponentConfig, module: Any, key: str) -> Any:
             module.get(config.name)
         except ValueError:
             raise UserInputError(
-                f"key '{key}.name': unknown {kind[:-1]} {config.name!r}. Allowed: a name of "
+                f"key '{key}.name': unknown {_SINGULAR[kind]} {config.name!r}. Allowed: a name of "
                 f"keras.{kind} (such as {_examples(kind)}) or a factory"
             ) from None
         # Keras resolves names itself, and picks the right accuracy for the loss.
@@ -658,6 +658,9 @@ def _keras_component(config: ComponentConfig, module: Any, key: str) -> Any:
             f"Allowed: {', '.join(_parameters(cls))}"
         )
     return cls(**config.options)
+
+
+_SINGULAR = {"losses": "loss", "metrics": "metric"}
 
 
 def _parameters(cls: type) -> list[str]:

@@ -244,10 +244,9 @@ def _check_loads_as_trained(model: keras.Model, path: str) -> None:
         try:
             loaded = keras.saving.load_model(path)
         except Exception as error:
-            reason = (str(error).strip().splitlines() or [""])[0]
             raise NotServableError(
                 f"Cannot save model '{model.name}' for serving: the written file does not "
-                f"load back ({type(error).__name__}: {reason})"
+                f"load back ({_root_cause(error)})"
             ) from error
     trained = precision_report(model)["layers"]
     served = precision_report(loaded)["layers"]
@@ -265,6 +264,17 @@ def _check_loads_as_trained(model: keras.Model, path: str) -> None:
                 "model must create it with its policy, e.g. dtype=self.dtype_policy; or "
                 "serve the SavedModel of export_saved_model)"
             )
+
+
+def _root_cause(error: BaseException) -> str:
+    """`Type: first sentence` of the error that started `error`'s chain.
+
+    Keras wraps a failing layer's error in one that prints the whole config.
+    """
+    while error.__cause__ is not None or error.__context__ is not None:
+        error = error.__cause__ or error.__context__
+    message = (str(error).strip().splitlines() or [""])[0]
+    return f"{type(error).__name__}: {message.split('. ')[0]}"
 
 
 def _dtypes(entry: dict[str, Any]) -> tuple[str, str, str]:

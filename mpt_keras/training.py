@@ -159,8 +159,8 @@ def _run(
             metrics = _final_metrics(run.model, validation, components.task, run.report)
             # Every worker saves (saving reads variables collectively); the chief's counts.
             _save_model_atomic(run.model, os.path.join(write_dir, MODEL_FILE))
+            _save_for_users(run.model, write_dir)
     if chief:
-        _save_for_users(run.model, model_dir)
         write_json_atomic(os.path.join(model_dir, METRICS_FILE), metrics)
     _LOGGER.info("Final metrics: %s", metrics)
     return metrics
@@ -192,10 +192,17 @@ def _prepare_model_dir(model_dir: str, config: TrainConfig, write_config: bool) 
         write_text_atomic(os.path.join(model_dir, CONFIG_FILE), config.to_json())
 
 
-def _save_for_users(model: keras.Model, model_dir: str) -> None:
-    """What a user takes away besides `model.keras`: a model to serve (see `serving`)."""
-    serving.save_for_serving(model, os.path.join(model_dir, serving.SERVING_MODEL_FILE))
-    serving.export_saved_model(model, os.path.join(model_dir, serving.SAVED_MODEL_DIR))
+def _save_for_users(model: keras.Model, write_dir: str) -> None:
+    """What a user takes away besides `model.keras`: a model to serve (see `serving`).
+
+    A model holding layers of mpt_keras (the reference Transformer's) has no
+    `serving.keras`: its SavedModel serves it.
+    """
+    try:
+        serving.save_for_serving(model, os.path.join(write_dir, serving.SERVING_MODEL_FILE))
+    except serving.NotServableError as error:
+        _LOGGER.warning("No %s: %s", serving.SERVING_MODEL_FILE, error)
+    serving.export_saved_model(model, os.path.join(write_dir, serving.SAVED_MODEL_DIR))
 
 
 @dataclasses.dataclass

@@ -355,3 +355,32 @@ def test_auto_promote_moves_layers_that_keep_overflowing_out_of_float16(tfds_dir
         ("dense_0", "mixed_bfloat16"),
         ("dense_0", "mixed_float16"),
     ]
+
+
+@pytest.mark.parametrize(
+    "bad, fix, message",
+    [
+        (
+            {"loss_scale": {"growth_factor": 0.5}},
+            {"loss_scale": {"growth_factor": 2.0}},
+            "config section loss_scale: Argument growth_factor must be a finite number > 1. "
+            "Received: growth_factor=0.5",
+        ),
+        (
+            {"model": {"options": {"hidden_units": [16], "width": 3}}},
+            {"model": {"name": "mlp", "options": {"hidden_units": [16]}}},
+            "unknown option 'model.options.width' for model 'mlp'. Allowed: hidden_units, dropout",
+        ),
+    ],
+)
+def test_a_bad_config_leaves_model_dir_untouched_and_the_fixed_rerun_trains(
+    tfds_dir, tmp_path, bad, fix, message
+):
+    model_dir = tmp_path / "run"
+    config = _config(tfds_dir, precision="mixed_float16", steps=3)
+    with pytest.raises(UserInputError) as raised:
+        run_training(config.merged(bad), Runtime(str(model_dir), verbose=0))
+    assert str(raised.value) == message
+    assert not model_dir.exists()
+    metrics = run_training(config.merged(bad).merged(fix), Runtime(str(model_dir), verbose=0))
+    assert metrics["step"] == 3

@@ -7,7 +7,7 @@
 
 The model is built as `mpt-train` builds it from the config and fed the run's
 first `--steps` train batches; each layer gets float16, bfloat16 or float32
-with the reason and its numbers. The model, data and loss are the config's:
+with the reason and its numbers. The model, data and loss are the config's,
 a reference model or the user's own (`model.factory`, `model.file`). The
 statistics go to `<output stem>.stats.json` (or `--stats_output`); a table of
 the decisions is printed.

@@ -1,0 +1,169 @@
+"""A user's own model, data and loss through every launcher, as a new user runs them.
+
+The models are the ones `examples/` ships: a `keras.applications` MobileNetV2
+and a keras_hub GPT-2 built from arguments (no preset, no network), fed by data
+factories over data that ships offline. Each launcher runs in its own process
+(the point here), a few steps each.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MOBILENET = os.path.join(REPO, "examples", "configs", "mobilenet_v2_digits.json")
+GPT2 = os.path.join(REPO, "examples", "configs", "gpt2_python_source.json")
+# Few small steps; no XLA, whose compilation would dominate.
+QUICK = {"jit_compile": "false", "checkpoint_every": 2, "eval_every": 2}
+
+
+def _launch(launcher, *flags, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", f"trainers.{launcher}", *flags],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _override(tfds_dir, **data):
+    return json.dumps({**QUICK, "data": {"data_dir": tfds_dir, **data}})
+
+
+def _read(path):
+    with open(path) as file:
+        return json.load(file)
+
+
+def test_a_keras_applications_model_trains_calibrates_and_validates(tfds_dir, tmp_path):
+    override = _override(tfds_dir, batch_size=8, eval_examples=32)
+    manifest = str(tmp_path / "mobilenet.json")
+    calibrated = _launch(
+        "calibrate",
+        f"--config={MOBILENET}",
+        f"--config_override={override}",
+        "--steps=1",
+        f"--output={manifest}",
+    )
+    assert calibrated.returncode == 0, calibrated.stderr
+    decided = _read(manifest.replace(".json", ".stats.json"))["layers"]
+    # Measured layer by layer inside the application, not as one unit.
+    assert {"Conv1", "block_1_expand", "predictions"} <= set(decided)
+
+    model_dir = str(tmp_path / "run")
+    trained = _launch(
+        "train",
+        f"--config={MOBILENET}",
+        f"--model_dir={model_dir}",
+        f"--manifest={manifest}",
+        "--steps=2",
+        f"--config_override={override}",
+    )
+    assert trained.returncode == 0, trained.stderr
+    metrics = _read(os.path.join(model_dir, "metrics.json"))
+    assert (metrics["step"], sorted(metrics)[-2:]) == (2, ["val_accuracy", "val_loss"])
+    assert _read(os.path.join(model_dir, "config.json"))["model"]["factory"] == (
+        "examples.user_models:mobilenet_v2"
+    )
+
+    validated = _launch(
+        "validate",
+        f"--config={MOBILENET}",
+        "--precision=mixed_bfloat16",
+        "--steps=2",
+        f"--config_override={override}",
+        f"--output={tmp_path / 'report.json'}",
+    )
+    assert validated.returncode in (0, 1), validated.stderr
+    report = _read(tmp_path / "report.json")
+    assert report["steps"] == 2 and len(report["candidate_losses"]) == 2
+    assert {check["name"] for check in report["checks"]} >= {"metric_delta", "final_loss_gap"}
+    assert "block_1_expand" in {layer["path"] for layer in report["layers"]}
+
+
+def test_a_keras_hub_model_trains_calibrates_and_validates(tfds_dir, tmp_path):
+    override = _override(tfds_dir, batch_size=4, eval_examples=8, options={"sequence_length": 16})
+    manifest = str(tmp_path / "gpt2.json")
+    calibrated = _launch(
+        "calibrate",
+        f"--config={GPT2}",
+        f"--config_override={override}",
+        "--steps=1",
+        f"--output={manifest}",
+    )
+    assert calibrated.returncode == 0, calibrated.stderr
+
+    model_dir = str(tmp_path / "run")
+    trained = _launch(
+        "train",
+        f"--config={GPT2}",
+        f"--model_dir={model_dir}",
+        f"--manifest={manifest}",
+        "--steps=2",
+        f"--config_override={override}",
+    )
+    assert trained.returncode == 0, trained.stderr
+    assert _read(os.path.join(model_dir, "metrics.json"))["step"] == 2
+    layers = _read(os.path.join(model_dir, "precision_report.json"))["layers"]
+    assert any("transformer_layer_1" in layer["path"] for layer in layers)
+
+    validated = _launch(
+        "validate",
+        f"--config={GPT2}",
+        f"--manifest={manifest}",
+        "--steps=2",
+        f"--config_override={override}",
+        f"--output={tmp_path / 'report.json'}",
+    )
+    assert validated.returncode in (0, 1), validated.stderr
+    assert _read(tmp_path / "report.json")["candidate"] == manifest
+
+
+def test_a_config_error_comes_before_tensorflow_is_imported(tmp_path):
+    config = tmp_path / "bad.json"
+    config.write_text(json.dumps({"model": {"factory": "examples.user_models"}}))
+    # TensorFlow cannot be imported at all here: the error must come before it is tried.
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.partition('.')[0] in ('tensorflow', 'keras'):\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+    )
+    result = _launch(
+        "train",
+        f"--config={config}",
+        f"--model_dir={tmp_path / 'run'}",
+        env={"PYTHONPATH": f"{blocker}{os.pathsep}{REPO}"},
+    )
+    assert (result.returncode, result.stderr) == (
+        2,
+        f"mpt-train: error: {config}: key 'model.factory' must be "
+        "'package.module:attribute', received \"examples.user_models\"\n",
+    )
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "launcher, groups",
+    [
+        ("train", ["The run:", "Precision:", "Distribution and XLA:"]),
+        ("validate", ["The candidate and its run:", "Thresholds:"]),
+        ("calibrate", ["Calibration:"]),
+    ],
+)
+def test_help_shows_the_launchers_own_flags_grouped_with_defaults(launcher, groups):
+    result = _launch(launcher, "--help")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line for line in lines if line.endswith(":") and not line.startswith(" ")] == groups
+    assert "  --config: Run config file (JSON). (required)" in lines
+    assert not any("test_tmpdir" in line or "--verbosity" in line for line in lines)
