@@ -539,13 +539,14 @@ class _Calibration:
             values = np.concatenate(pieces).astype(np.float64) if pieces else np.zeros(0)
             scaled = values * self._scale
             nonzero = int(np.count_nonzero(values))
+            overflowing = int(np.count_nonzero(scaled > FLOAT16_MAX))
             statistics[variable.path] = {
                 "layer": owners.get(id(variable)),
                 "max": _number(values.max()) if values.size else 0.0,
                 "norm": _number(_norm(values)),
                 "flushed_norm_fraction": _flushed_norm_fraction(values, scaled),
                 "nonzero_fraction": _fraction(nonzero, values.size),
-                "overflow_fraction": _fraction(int(np.count_nonzero(scaled > FLOAT16_MAX)), nonzero),
+                "overflow_fraction": _fraction(overflowing, nonzero),
             }
         return statistics
 

@@ -86,9 +86,10 @@ in the layer's config, and on loading each sublayer created with
 do) computes in its own policy again. Not a layer without a Keras path:
 Keras looks only paths up in a map, so after `keras.saving.load_model` an
 attention's `_softmax` computes in the policy of the top-level layer holding
-it (its block's) until the manifest is applied again. A subclassed model
-re-creates its layers in its own `__init__`: apply the manifest again after
-loading it, too.
+it (its block's) until the manifest is applied again. A subclassed model,
+and a keras_hub backbone, whose config holds its arguments, re-create their
+layers in their own `__init__`, in the model's policy: apply the manifest
+again after loading them, too.
 
 Models not built yet. Layers that exist are decided at once. Layers a layer
 creates when it is built (MultiHeadAttention's projections) are decided by the

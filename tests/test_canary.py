@@ -107,3 +107,36 @@ def test_bad_steps_are_a_user_error(tfds_dir):
 )
 def test_verdicts_pin_each_rule(losses, baseline_losses, diverged, verdict):
     assert canary._verdict(losses, baseline_losses, CanaryThresholds()) == (diverged, verdict)
+
+
+def test_a_subclassed_model_of_ones_own_runs_the_canary_without_a_config():
+    import keras
+    import numpy as np
+
+    class TwoLayers(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden = keras.layers.Dense(16, activation="relu")
+            self.logits = keras.layers.Dense(3)
+
+        def call(self, inputs):
+            return self.logits(self.hidden(inputs))
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 4)).astype("float32")
+    y = (x[:, 0] > 0).astype("int32") + (x[:, 1] > 0).astype("int32")
+    settings = mpt_keras.TrainConfig.from_dict(
+        {"precision": "mixed_float16", "data": {"batch_size": 32}}
+    )
+    result = canary.run_canary(
+        TwoLayers,
+        _STEPS,
+        data=((x, y), (x[:64], y[:64])),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        config=settings,
+    )
+    assert result.precision == "mixed_float16"
+    assert len(result.losses) == len(result.baseline_losses) == _STEPS
+    assert not result.diverged, result.message
+    # Not float32's trajectory: the candidate computed in float16.
+    assert result.losses != result.baseline_losses

@@ -2,8 +2,10 @@
 
 import json
 import os
+import re
 
 import keras
+import keras_hub
 import numpy as np
 import pytest
 
@@ -289,6 +291,9 @@ def test_rule_with_path_and_class_needs_both_and_class_matches_subclasses():
     assert not rule.matches("tail_0", keras.layers.Dense(2))
     assert Rule(policy="float32", path="out.1").matches("out.1", keras.layers.Dense(2))
     assert rule.match_text == "path 'head_.*', class 'Dense'"
+    # Given every form of a layer's path, any one may match.
+    assert rule.matches(("model/head_0", "head_0"), ScaledDense(2))
+    assert not rule.matches(("model/head_0", "model/tail_0"), ScaledDense(2))
 
 
 # Safe defaults ---------------------------------------------------------------
@@ -363,6 +368,183 @@ def test_subclassed_model_output_is_its_last_layer_with_weights():
     assert policies == {"hidden": "mixed_float16", "logits": "float32", "dropout": "mixed_float16"}
 
 
+# Real models: layers Keras gives no path, path forms, instances --------------------
+
+
+def _gpt2():
+    return keras_hub.models.GPT2Backbone(
+        vocabulary_size=64,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=16,
+    )
+
+
+def _gpt2_inputs():
+    tokens = np.random.default_rng(0).integers(0, 64, size=(2, 8)).astype("int32")
+    return {"token_ids": tokens, "padding_mask": np.ones_like(tokens)}
+
+
+def _keras_attention():
+    """Keras' own MultiHeadAttention; with dropout it calls its _softmax."""
+    inputs = keras.Input((8, 16))
+    attention = keras.layers.MultiHeadAttention(2, 8, dropout=0.1, name="self_attention")
+    outputs = keras.layers.Dense(4, name="logits")(attention(inputs, inputs))
+    return keras.Model(inputs, outputs, name="attention_model")
+
+
+@pytest.mark.parametrize(
+    "build_model, inputs, softmax_paths",
+    [
+        (
+            _gpt2,
+            _gpt2_inputs,
+            [
+                "transformer_layer_0/self_attention/_softmax",
+                "transformer_layer_1/self_attention/_softmax",
+            ],
+        ),
+        (
+            _keras_attention,
+            lambda: np.random.default_rng(0).normal(size=(2, 8, 16)).astype("float32"),
+            ["self_attention/_softmax"],
+        ),
+    ],
+    ids=["keras_hub_gpt2", "keras_attention"],
+)
+@pytest.mark.parametrize(
+    "match", [{"class": "Softmax"}, {"path": ".*/_softmax"}], ids=["by_class", "by_path"]
+)
+def test_a_rule_keeps_every_attention_softmax_float32_inside_float16_layers(
+    build_model, inputs, softmax_paths, match, monkeypatch
+):
+    keras.config.set_dtype_policy("mixed_float16")
+    model = build_model()
+    keras.config.set_dtype_policy("float32")
+    manifest = PrecisionManifest.from_dict(
+        {"version": 1, "default": "mixed_float16", "rules": [{"match": match, "policy": "float32"}]}
+    )
+    report = manifest.apply(model)
+
+    layers = dict(iter_layers(model))
+    assert [path for path, layer in layers.items() if type(layer).__name__ == "Softmax"] == (
+        softmax_paths
+    )
+    rule = f"rules[0] ({manifest.rules[0].match_text})"
+    assert {
+        entry.path: (entry.policy, entry.decided_by)
+        for entry in report.layers
+        if entry.decided_by.startswith("rules")
+    } == {path: ("float32", rule) for path in softmax_paths}
+    # What Keras 3.15.1's MultiHeadAttention gives its softmax (the scores,
+    # computed in float16) and what the softmax returns.
+    seen = {}
+    for path in softmax_paths:
+        attention_path = path.removesuffix("/_softmax")
+        attention = layers[attention_path]
+        assert attention.compute_dtype == layers[f"{attention_path}/query"].compute_dtype
+        assert (attention.compute_dtype, layers[path].compute_dtype) == ("float16", "float32")
+
+        def masked_softmax(scores, mask=None, _path=path, _call=attention._masked_softmax):
+            probabilities = _call(scores, mask)
+            seen[_path] = (scores.dtype.name, probabilities.dtype.name)
+            return probabilities
+
+        monkeypatch.setattr(attention, "_masked_softmax", masked_softmax)
+    model(inputs())
+    assert seen == {path: ("float16", "float32") for path in softmax_paths}
+
+
+def test_one_manifest_gives_every_instance_bare_or_wrapped_the_same_policies():
+    manifest = PrecisionManifest.from_dict(
+        {
+            "version": 1,
+            "default": "mixed_float16",
+            "rules": [
+                # With the first instance's name in front, as Keras would path
+                # the backbone's layers had it been called once built.
+                {
+                    "match": {"path": "gpt2_backbone/transformer_layer_1/feedforward_.*_dense"},
+                    "policy": "mixed_bfloat16",
+                },
+                # Keras' own layer.path, also of a wrapped backbone's layers.
+                {
+                    "match": {"path": "transformer_layer_0/self_attention/(query|key)"},
+                    "policy": "float32",
+                },
+                {"match": {"path": ".*/_softmax"}, "policy": "float32"},
+            ],
+        }
+    )
+    first, second, third = _gpt2(), _gpt2(), _gpt2()
+    wrapper = keras.Model(third.input, third(third.input))
+    assert [model.name for model in (first, second, third)] == [
+        "gpt2_backbone",
+        "gpt2_backbone_1",
+        "gpt2_backbone_2",
+    ]
+
+    reports = [manifest.apply(model) for model in (first, second, wrapper)]
+
+    bare = reports[0].policies
+    assert {path: policy for path, policy in bare.items() if policy != "mixed_float16"} == {
+        "transformer_layer_0/self_attention/query": "float32",
+        "transformer_layer_0/self_attention/key": "float32",
+        "transformer_layer_0/self_attention/_softmax": "float32",
+        "transformer_layer_0/self_attention_layer_norm": "float32",
+        "transformer_layer_0/feedforward_layer_norm": "float32",
+        "transformer_layer_1/self_attention/_softmax": "float32",
+        "transformer_layer_1/self_attention_layer_norm": "float32",
+        "transformer_layer_1/feedforward_intermediate_dense": "mixed_bfloat16",
+        "transformer_layer_1/feedforward_output_dense": "mixed_bfloat16",
+        "transformer_layer_1/feedforward_layer_norm": "float32",
+        "layer_norm": "float32",
+    }
+    assert reports[1].policies == bare
+    wrapped = reports[2].policies
+    assert wrapped.pop("gpt2_backbone_2") == "mixed_float16"
+    assert {path.removeprefix("gpt2_backbone_2/"): policy for path, policy in wrapped.items()} == (
+        bare
+    )
+    assert all(report.unmatched_rules == () for report in reports)
+
+
+def test_rules_match_the_keras_paths_of_a_sequential_called_once():
+    keras.Sequential([keras.layers.Dense(2)])  # Takes the name "sequential".
+    model = keras.Sequential([keras.layers.Dense(4, name="up"), keras.layers.Dense(2, name="out")])
+    model(np.ones((1, 3), "float32"))
+    assert (model.name, model.get_layer("up").path) == ("sequential_1", "sequential_1/up")
+
+    for path in ("up", "sequential_1/up", "sequential/up"):
+        report = PrecisionManifest("mixed_float16", (Rule("mixed_bfloat16", path=path),)).apply(
+            model
+        )
+        assert report.policies == {"up": "mixed_bfloat16", "out": "float32"}, path
+    named = keras.Sequential([keras.layers.Dense(4, name="up")], name="mlp_1")
+    # A name given on purpose is not Keras' numbering: "mlp" is another model.
+    report = PrecisionManifest("mixed_float16", (Rule("float32", path="mlp/up"),)).apply(named)
+    assert report.unmatched_rules == ("rules[0] (path 'mlp/up')",)
+
+
+def test_a_layer_at_two_paths_is_tried_in_the_forms_of_both():
+    # As keras_hub's GPT2CausalLM: the backbone's token embedding also gives the logits.
+    backbone = _gpt2()
+    model = keras.Model(
+        backbone.input, backbone.token_embedding(backbone(backbone.input), reverse=True)
+    )
+    rule = Rule("mixed_bfloat16", path="gpt2_backbone/token_embedding")
+
+    report = PrecisionManifest("mixed_float16", (rule,)).apply(model)
+
+    decided = {entry.path: (entry.policy, entry.decided_by) for entry in report.layers}
+    # The rule beats the safe default of the model's output, at both paths.
+    expected = ("mixed_bfloat16", "rules[0] (path 'gpt2_backbone/token_embedding')")
+    assert decided["gpt2_backbone/token_embedding"] == decided["token_embedding"] == expected
+    assert backbone.token_embedding.compute_dtype == "bfloat16"
+
+
 # Saving, training -----------------------------------------------------------------
 
 
@@ -394,6 +576,29 @@ def test_saved_model_reloads_with_the_same_per_layer_policies_but_pathless_ones(
     np.testing.assert_array_equal(loaded.predict(_tokens(), verbose=0), predictions)
     manifest.apply(loaded)  # Applying again restores them.
     assert precision_report(loaded) == described
+
+
+def test_a_loaded_keras_hub_backbone_needs_the_manifest_applied_again(tmp_path):
+    backbone = _gpt2()
+    manifest = PrecisionManifest.from_dict(
+        {
+            "version": 1,
+            "default": "mixed_float16",
+            "rules": [{"match": {"class": "Softmax"}, "policy": "float32"}],
+        }
+    )
+    manifest.apply(backbone)
+    backbone.save(tmp_path / "gpt2.keras")
+
+    loaded = keras.saving.load_model(tmp_path / "gpt2.keras")
+
+    # Its config holds its arguments, not its layers': loading re-creates
+    # every layer in the backbone's own policy, as a subclassed model does.
+    assert {entry["policy"] for entry in precision_report(loaded)["layers"]} == {"float32"}
+    manifest.apply(loaded)
+    assert precision_report(loaded)["layers"] == precision_report(backbone)["layers"]
+    softmax = dict(iter_layers(loaded))["transformer_layer_0/self_attention/_softmax"]
+    assert softmax.compute_dtype == "float32"
 
 
 @pytest.mark.parametrize("jit_compile", [False, True], ids=["eager", "jit"])

@@ -15,8 +15,11 @@ from collections.abc import Sequence
 
 from absl import flags
 
-from benchmarks import suite
 from trainers import cli
+
+# The suite's flags take their defaults from it, which imports TensorFlow: quietly.
+cli.import_tensorflow()
+from benchmarks import suite  # noqa: E402
 
 _DEFAULTS = suite.Settings()
 
