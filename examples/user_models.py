@@ -14,9 +14,7 @@ from collections.abc import Sequence
 import keras
 
 
-def mobilenet_v2(
-    input_shape: Sequence[int], num_classes: int, alpha: float = 0.35
-) -> keras.Model:
+def mobilenet_v2(input_shape: Sequence[int], num_classes: int, alpha: float = 0.35) -> keras.Model:
     """`keras.applications.MobileNetV2` from scratch (no pretrained weights: no network).
 
     Args:

@@ -10,7 +10,7 @@ without importing TensorFlow. Keras finds the classes our files hold (the
 `LossScaleOptimizer` in a `model.keras`, the reference models' layers) once
 they are registered: `import mpt_keras` registers them when Keras is imported
 already (`import keras` first, as usual), and so does the first use of any
-public name.
+public name that imports Keras.
 """
 
 import importlib
@@ -66,8 +66,9 @@ __all__ = sorted(_HOMES)
 def __getattr__(name: str) -> Any:
     if name not in _HOMES:
         raise AttributeError(f"module 'mpt_keras' has no attribute {name!r}")
-    _register_serializables()
     value = getattr(importlib.import_module(f"mpt_keras.{_HOMES[name]}"), name)
+    if "keras" in sys.modules:
+        _register_serializables()
     globals()[name] = value
     return value
 

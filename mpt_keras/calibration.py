@@ -1,5 +1,9 @@
 """Calibration: measure a model in float32 on real batches, then decide each layer's precision.
 
+One module past 450 lines: what is measured, the decision rule and its
+reasons change together, and `calibrate`'s inputs (a model or factory, data,
+a loss) are checked where they are used.
+
 `calibrate` runs a short float32 pass over `steps` real batches and records:
 
     activations  per layer (below: which): max, p99, p99.9 and p99.99 of
@@ -12,7 +16,8 @@
     gradients    per trainable variable, its gradient g of the loss (sample
                  weights applied), and g times the loss scale a float16 run
                  starts with (`initial_scale`, 2**15 by default): max |g|,
-                 ||g||, the fraction of ||g|| in entries with
+                 ||g|| (all batches' gradients together), its
+                 `nonzero_fraction`, the fraction of ||g|| in entries with
                  |g * scale| < 2**-24, which float16 flushes to zero, and among
                  the non-zero entries the fraction that would overflow
                  float16 (|g * scale| > 65504). Per layer, the same flushed
@@ -27,7 +32,9 @@ both calls), and sensitivity is measured clone-free: the layer is called
 alone on the float32 inputs recorded for it, after it and its nested layers
 other than safe-default ones got the low-precision policy, as the resulting
 manifest's rules would give it them. Each layer is run once per batch and
-policy, so the cost is about `2 * steps` forward passes.
+policy, so the cost is about `2 * steps` forward passes. The model runs with
+`training=False` throughout (no dropout; batch normalization on its moving
+statistics), so its weights are left as they were.
 
 Which layers. The layers of the functional or Sequential model calibrated
 and, recursively, those of every functional or Sequential model nested in it
@@ -52,9 +59,11 @@ an attention, whose gradient is zero but for rounding, flushes entirely and
 loses nothing of its layer's gradient. Gradient overflow at the initial scale
 is recorded but decides nothing: the dynamic loss scale backs off on the
 first overflowing steps. The manifest's `default` is the policy most layers
-got; every other layer gets exact-path rules with the reason and its numbers
-(and a layer such a rule would also match, a nested model's layer named like
-one of the model's own, gets its own rule). Safe defaults stay on, so the
+got; every other layer gets exact-path rules with the reason and its numbers.
+A layer such a rule would also match (a nested model's layer named like one
+of the model's own) gets a rule of its own first, its path with the model's
+name in front. A layer at two paths (a shared token embedding) is measured
+once, at the first. Safe defaults stay on, so the
 model outputs and normalization layers stay float32 whatever their numbers
 (which are still recorded).
 
@@ -186,7 +195,7 @@ def calibrate(
     initial_scale: float = 2.0**15,
     batch_size: int = 32,
 ) -> CalibrationResult:
-    """Measures `model` in float32 on `steps` batches and decides a manifest.
+    """Measures a model in float32 on `steps` batches and decides a manifest.
 
     Args:
         model_or_factory: A built functional or Sequential model with float32
@@ -199,8 +208,9 @@ def calibrate(
             `x` is what the model takes: an array, or a dict of arrays (a
             keras_hub model's `{"token_ids": ..., "padding_mask": ...}`).
         loss: A `keras.losses.Loss`, or a function `loss(y_true, y_pred)`
-            returning a loss per example, which sample weights then weigh
-            (as Keras' losses do: their sum over the batch size).
+            returning a loss per example. Sample weights weigh the losses,
+            which are then summed and divided by the batch size, as Keras'
+            losses do by default.
         steps: Batches to measure, at least 1.
         seed: Shuffling seed for array data.
         thresholds: The decision thresholds.
@@ -556,7 +566,7 @@ class _Calibration:
         limits = self._thresholds
         activations = layer["activations"]
         fits = FLOAT16_MAX / limits.float16_headroom
-        flushed_limit = f"{limits.max_flushed_norm_fraction:.1%}"
+        flushed_limit = _percent(limits.max_flushed_norm_fraction)
         problems = []
         if activations["max"] > fits:
             problems.append(
@@ -567,13 +577,13 @@ class _Calibration:
         flushed = activations["flushed_norm_fraction"]
         if flushed is not None and flushed > limits.max_flushed_norm_fraction:
             problems.append(
-                f"activations: {flushed:.1%} of their norm flushes to zero in float16 "
+                f"activations: {_percent(flushed)} of their norm flushes to zero in float16 "
                 f"(below 6e-08; > {flushed_limit})"
             )
         flushed = layer["gradients"]["flushed_norm_fraction"]
         if flushed is not None and flushed > limits.max_flushed_norm_fraction:
             problems.append(
-                f"gradient x {self._scale:g}: {flushed:.1%} of its norm flushes to zero in "
+                f"gradient x {self._scale:g}: {_percent(flushed)} of its norm flushes to zero in "
                 f"float16 (below 6e-08; > {flushed_limit})"
             )
         float16_error = _or_inf(layer["errors"]["mixed_float16"])
@@ -670,6 +680,10 @@ def _number(value) -> float | None:
 
 def _or_inf(value: float | None) -> float:
     return math.inf if value is None else value
+
+
+def _percent(fraction: float) -> str:
+    return f"{100 * fraction:.3g}%"
 
 
 def _short(value: float | None) -> str:

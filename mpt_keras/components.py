@@ -221,16 +221,19 @@ def _import(module_name: str, key: str) -> Any:
                 f"working directory ({working_directory}) or on PYTHONPATH"
             ) from None
         raise UserInputError(
-            f"key '{key}': importing {module_name} failed: {_located(error)}"
+            f"key '{key}': importing {module_name} failed: {describe_error(error)}"
         ) from None
     except Exception as error:  # The user's code: any error is theirs to see.
         raise UserInputError(
-            f"key '{key}': importing {module_name} failed: {_located(error)}"
+            f"key '{key}': importing {module_name} failed: {describe_error(error)}"
         ) from None
 
 
-def _located(error: BaseException) -> str:
-    """`Type: message (file, line N)`: where the user's code raised it."""
+def describe_error(error: BaseException) -> str:
+    """`Type: message (file, line N)`: an error of the user's code, in one line.
+
+    The file and line are where it was raised (a syntax error's own position).
+    """
     if isinstance(error, SyntaxError) and error.filename:
         return f"{type(error).__name__}: {error.msg} ({error.filename}, line {error.lineno})"
     frames = traceback.extract_tb(error.__traceback__)

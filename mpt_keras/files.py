@@ -73,9 +73,36 @@ def check_writable_dir(
         os.makedirs(path, exist_ok=True)
     except OSError as error:
         raise UserInputError(f"{what} {path}: cannot be created ({error.strerror})") from None
+    _probe(path, path, what, "not writable", min_free_bytes)
+
+
+def check_creatable_dir(
+    path: str | os.PathLike, what: str = "directory", min_free_bytes: int = MIN_FREE_BYTES
+) -> None:
+    """Checks, creating nothing, that directory `path` is writable or could be created.
+
+    As `check_writable_dir`, probing `path` if it exists, else the nearest
+    directory above it that does: a run checks its `model_dir` this way before
+    its config is known good, so a bad config leaves no directory behind.
+
+    Raises:
+        UserInputError: As `check_writable_dir`.
+    """
+    path = os.fspath(path)
+    existing = os.path.abspath(path)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UserInputError(f"{what} {path}: cannot be created (Not a directory)")
+    failure = "not writable" if existing == os.path.abspath(path) else "cannot be created"
+    _probe(existing, path, what, failure, min_free_bytes)
+
+
+def _probe(directory: str, path: str, what: str, failure: str, min_free_bytes: int) -> None:
+    """Writes, fsyncs and removes a probe file in `directory`; checks its free space."""
     try:
         # A name of its own: the workers of a multi-worker run probe together.
-        descriptor, probe = tempfile.mkstemp(dir=path, prefix=_PROBE_PREFIX)
+        descriptor, probe = tempfile.mkstemp(dir=directory, prefix=_PROBE_PREFIX)
         try:
             os.write(descriptor, b"probe\n")
             os.fsync(descriptor)
@@ -83,8 +110,8 @@ def check_writable_dir(
             os.close(descriptor)
             os.remove(probe)
     except OSError as error:
-        raise UserInputError(f"{what} {path}: not writable ({error.strerror})") from None
-    status = os.statvfs(path)
+        raise UserInputError(f"{what} {path}: {failure} ({error.strerror})") from None
+    status = os.statvfs(directory)
     free = status.f_bavail * status.f_frsize
     if free < min_free_bytes:
         raise UserInputError(

@@ -1,5 +1,9 @@
 """Precision manifests: JSON rules that give each layer of a model its dtype policy.
 
+One module past 450 lines, a fifth of them this docstring: the file format, its
+matching and its application to a model are one contract, stated whole here.
+Paths and their forms are `layer_paths`'.
+
 A manifest file:
 
     {
@@ -71,7 +75,8 @@ softmax in float32 while its block computes in float16; the scores are cast
 to float32 as they enter it, and to float16 as the next layer takes them. A
 MultiHeadAttention without dropout that returns no scores calls the fused
 `ops.dot_product_attention` instead of its `_softmax`; Keras' TensorFlow
-backend computes that softmax in float32 whatever the policies.
+backend computes that softmax in float32 whatever the policies (the product
+of queries and keys before it in the attention's own).
 
 How policies stick. `apply` sets each layer's own policy, so a container's
 policy never overrides its children's. A layer built under another policy

@@ -268,11 +268,23 @@ def build_model(
             )
     keras.utils.set_random_seed(config.seed)
     with global_policy(manifest.default):
-        model = components.model(**data.dimensions)
+        try:
+            model = components.model(**data.dimensions)
+        except UserInputError:
+            raise
+        except Exception as error:  # The user's code: its error, in one line.
+            raise UserInputError(
+                f"the model factory failed: {components_lib.describe_error(error)}"
+            ) from None
         if not isinstance(model, keras.Model):
             raise UserInputError(
                 f"the model factory returned {type(model).__name__}. Allowed: a keras.Model"
             )
+        if not model.built:
+            # A subclassed model makes its variables on its first call: before
+            # the manifest and the optimizer, which need them all.
+            features = keras.utils.unpack_x_y_sample_weight(next(iter(data.eval_batches(1))))[0]
+            model(features)
         applied = manifest.apply(model)
     for rule in applied.unmatched_rules:
         _LOGGER.warning("Manifest rule %s matched no layer.", rule)
@@ -313,7 +325,13 @@ def assemble(
         model,
         optimizer=optimizer,
         loss=components.loss,
-        metrics=list(components.metrics),
+        # A metric object holds its state: each model gets its own.
+        metrics=[
+            type(metric).from_config(metric.get_config())
+            if isinstance(metric, keras.metrics.Metric)
+            else metric
+            for metric in components.metrics
+        ],
         jit_compile=jit_compile,
     )
     optimizer.build(model.trainable_variables)
@@ -509,8 +527,8 @@ def _from_data_factory(factory: components_lib.BoundFactory, seed: int) -> RunDa
         returned = factory(seed=seed)
     except UserInputError:
         raise
-    except (TypeError, ValueError) as error:
-        raise UserInputError(f"{what} failed: {type(error).__name__}: {error}") from None
+    except Exception as error:  # The user's code: its error, in one line.
+        raise UserInputError(f"{what} failed: {components_lib.describe_error(error)}") from None
     if not (isinstance(returned, tuple) and len(returned) in (2, 3)):
         raise UserInputError(
             f"{what} returned {type(returned).__name__}. Allowed: (train, eval) tf.data.Datasets, "

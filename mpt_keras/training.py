@@ -39,7 +39,12 @@ from mpt_keras.callbacks import StopAtStep
 from mpt_keras.checkpointing import Checkpointer, SaveCheckpoints
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import RunStoppedError, UserInputError
-from mpt_keras.files import check_writable_dir, write_json_atomic, write_text_atomic
+from mpt_keras.files import (
+    check_creatable_dir,
+    check_writable_dir,
+    write_json_atomic,
+    write_text_atomic,
+)
 from mpt_keras.guards import BadBatchLimit, Diverged, DivergenceGuard, promote_low_precision_layers
 from mpt_keras.manifest import PrecisionManifest
 from mpt_keras.monitor import MixedPrecisionMonitor
@@ -167,7 +172,8 @@ def _run(
 
 
 def _check_model_dir(model_dir: str, config: TrainConfig) -> None:
-    """Refuses a `model_dir` that holds a different run; writes nothing."""
+    """Refuses a `model_dir` that cannot be written or holds a different run; writes nothing."""
+    check_creatable_dir(model_dir, what="model_dir")
     config_path = os.path.join(model_dir, CONFIG_FILE)
     if not os.path.exists(config_path):
         return

@@ -3,6 +3,7 @@
 import json
 
 import keras
+import keras_hub
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -11,6 +12,11 @@ from mpt_keras import PrecisionManifest, Rule, UserInputError
 from mpt_keras.calibration import CalibrationThresholds, calibrate
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+DATA_ALLOWED = (
+    "Allowed: a tf.data.Dataset of (x, y) or (x, y, sample_weight) batches, or a tuple "
+    "(x, y) or (x, y, sample_weight) of arrays; x an array or a dict of arrays"
+)
+MODEL_ALLOWED = "Allowed: a keras.Model, or a function of no arguments returning one"
 
 
 class Times(keras.layers.Layer):
@@ -97,36 +103,272 @@ def test_a_layer_beyond_the_float16_range_gets_bfloat16_with_the_range_as_reason
     }
 
 
-@pytest.mark.parametrize(
-    "initial_scale, underflow_fraction, policy",
-    [(2.0**15, 1.0, "mixed_bfloat16"), (2.0**40, 0.0, "mixed_float16")],
-)
-def test_gradients_that_underflow_float16_at_the_initial_scale_are_flagged(
-    initial_scale, underflow_fraction, policy
-):
-    # Inputs of ~1e-12 make tiny_grad's kernel gradients ~1e-14; its output
-    # (bias 1) stays in range, so only the gradients can flag it.
-    model = _model(
-        Times(1e-12, name="shrink"),
-        keras.layers.Dense(4, bias_initializer="ones", name="tiny_grad"),
-    )
-    result = calibrate(model, _data(), LOSS, steps=2, initial_scale=initial_scale)
+def _output_as_loss(y_true, y_pred):
+    """The model's output as each example's loss: gradients known by construction."""
+    del y_true
+    return y_pred[:, 0]
 
-    gradients = result.statistics["gradients"]["tiny_grad/kernel"]
-    assert gradients["layer"] == "tiny_grad"
-    assert gradients["underflow_fraction"] == underflow_fraction
-    assert gradients["overflow_fraction"] == 0.0
-    assert result.statistics["gradients"]["tiny_grad/bias"]["underflow_fraction"] == 0.0
-    tiny_grad = result.statistics["layers"]["tiny_grad"]
-    assert tiny_grad["policy"] == policy
-    if policy == "mixed_bfloat16":
-        assert tiny_grad["reason"] == (
-            "100.0% of tiny_grad/kernel gradients x 32768 < float16 subnormal min 6e-08 "
-            "(> 1.0%) -> mixed_bfloat16"
-        )
+
+def _probe_model(downstream):
+    """`probe`, a Dense(2), then `logits` summing its outputs times `downstream`.
+
+    With `_output_as_loss`, the gradient of probe's kernel is the mean input
+    times `downstream` in both columns, and of its bias `downstream`.
+    """
+    inputs = keras.Input((2,))
+    probe = keras.layers.Dense(2, kernel_initializer="ones", name="probe")(inputs)
+    logits = keras.layers.Dense(
+        1,
+        use_bias=False,
+        kernel_initializer=keras.initializers.Constant(downstream),
+        trainable=False,
+        name="logits",
+    )(probe)
+    return keras.Model(inputs, logits)
+
+
+@pytest.mark.parametrize(
+    "row, initial_scale, kernel, bias, layer, policy, reason",
+    [
+        # Kernel gradient [[d, d], [1e3 d, 1e3 d]], bias gradient [d, d], d = 1e-12:
+        # at 2**15 d flushes (3.3e-8 < 6e-8), 1e3 d does not. The bias loses
+        # all of its tiny gradient and the layer almost nothing:
+        # sqrt(2 d**2 + 2 d**2) / sqrt(4 d**2 + 2e6 d**2).
+        (
+            [1.0, 1e3],
+            2.0**15,
+            1 / np.sqrt(1 + 1e6),
+            1.0,
+            2 / np.sqrt(4 + 2e6),
+            "mixed_float16",
+            "range fits float16, error 0 <= 0.01 -> mixed_float16",
+        ),
+        # Every entry d: the whole gradient flushes, unless the scale is 2**40.
+        (
+            [1.0, 1.0],
+            2.0**15,
+            1.0,
+            1.0,
+            1.0,
+            "mixed_bfloat16",
+            "gradient x 32768: 100% of its norm flushes to zero in float16 "
+            "(below 6e-08; > 1%) -> mixed_bfloat16",
+        ),
+        (
+            [1.0, 1.0],
+            2.0**40,
+            0.0,
+            0.0,
+            0.0,
+            "mixed_float16",
+            "range fits float16, error 0 <= 0.01 -> mixed_float16",
+        ),
+    ],
+    ids=["tiny_entries_lose_nothing", "all_flushed", "all_kept_at_2**40"],
+)
+def test_gradient_flushing_counts_the_norm_lost(
+    row, initial_scale, kernel, bias, layer, policy, reason
+):
+    model = _probe_model(downstream=1e-12)
+    features = np.array([row] * 4, "float32")
+    result = calibrate(
+        model, (features, np.zeros(4)), _output_as_loss, steps=1, initial_scale=initial_scale
+    )
+
+    gradients = result.statistics["gradients"]
+    d = float(np.float32(1e-12))
+    assert gradients["probe/kernel"]["norm"] == pytest.approx(d * np.sqrt(2 + 2 * row[1] ** 2))
+    assert gradients["probe/bias"]["norm"] == pytest.approx(d * np.sqrt(2))
+    assert gradients["probe/kernel"]["flushed_norm_fraction"] == pytest.approx(kernel)
+    assert gradients["probe/bias"]["flushed_norm_fraction"] == pytest.approx(bias)
+    assert gradients["probe/kernel"]["nonzero_fraction"] == 1.0
+    assert gradients["probe/kernel"]["overflow_fraction"] == 0.0
+    probe = result.statistics["layers"]["probe"]
+    assert probe["gradients"]["flushed_norm_fraction"] == pytest.approx(layer)
+    assert (probe["policy"], probe["reason"]) == (policy, reason)
+    assert set(result.statistics["gradients"]) == {"probe/kernel", "probe/bias"}
+
+
+def test_activations_flushing_counts_the_norm_lost():
+    # first sums the 4 features: 4e-4 or 4 per example; shrink's outputs 4e-8
+    # (below 6e-8: flushed in float16) or 4e-4 (a float16 normal number).
+    model = _model(Times(1e-4, name="shrink"))
+    features = np.ones((4, 4), "float32")
+    features[::2] = 1e-4
+    data = (features, np.zeros(4))
+    result = calibrate(model, data, LOSS, steps=1, batch_size=4)
+
     shrink = result.statistics["layers"]["shrink"]
-    assert shrink["activations"]["below_subnormal_fraction"] == 1.0
-    assert shrink["reason"].startswith("100.0% of activations < float16 subnormal min 6e-08")
+    assert shrink["activations"]["below_subnormal_fraction"] == 0.5  # Half the values...
+    flushed = shrink["activations"]["flushed_norm_fraction"]
+    assert flushed == pytest.approx(1 / np.sqrt(1 + 1e8), rel=1e-5)
+    assert shrink["policy"] == "mixed_float16"  # ...but 1e-4 of the norm: nothing lost.
+    strict = CalibrationThresholds(max_flushed_norm_fraction=1e-5)
+    shrink = calibrate(model, data, LOSS, steps=1, batch_size=4, thresholds=strict).statistics[
+        "layers"
+    ]["shrink"]
+    assert shrink["reason"] == (
+        "activations: 0.01% of their norm flushes to zero in float16 "
+        "(below 6e-08; > 0.001%) -> mixed_bfloat16"
+    )
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [_output_as_loss, keras.losses.MeanAbsoluteError()],
+    ids=["function", "keras_loss"],
+)
+@pytest.mark.parametrize("source", ["dataset", "arrays"])
+def test_sample_weights_weigh_the_gradients(loss, source):
+    # Two examples, [1, 0] and [0, 1], weights 1 and 0. The mean absolute error
+    # from -10 is the output plus 10: the same gradients as the output alone.
+    model = _probe_model(downstream=1.0)
+    features = np.eye(2, dtype="float32")
+    labels = np.full((2, 1), -10.0, "float32")
+    weights = np.array([1.0, 0.0], "float32")
+
+    def gradients(*data):
+        if source == "dataset":
+            data = tf.data.Dataset.from_tensor_slices(data).batch(2)
+        result = calibrate(model, data, loss, steps=1, batch_size=2)
+        return {path: figures["norm"] for path, figures in result.statistics["gradients"].items()}
+
+    # Weighted, the loss is the first example's output / 2: kernel gradient
+    # [[0.5, 0.5], [0, 0]], bias gradient [0.5, 0.5].
+    assert gradients(features, labels, weights) == {
+        "probe/kernel": pytest.approx(np.sqrt(0.5)),
+        "probe/bias": pytest.approx(np.sqrt(0.5)),
+    }
+    assert gradients(features, labels) == {
+        "probe/kernel": pytest.approx(1.0),
+        "probe/bias": pytest.approx(np.sqrt(2.0)),
+    }
+
+
+def test_a_factory_is_called_once_for_the_model():
+    built = []
+
+    def factory():
+        keras.utils.set_random_seed(0)  # The initializers' seeds are drawn when made.
+        built.append(_model(keras.layers.Dense(4, name="hidden")))
+        return built[-1]
+
+    from_factory = calibrate(factory, _data(), LOSS, steps=1)
+    from_model = calibrate(factory(), _data(), LOSS, steps=1)
+
+    assert len(built) == 2  # One by calibrate, one here.
+    assert from_factory.statistics["model"] == built[0].name
+    assert from_factory.statistics["layers"] == from_model.statistics["layers"]
+    assert from_factory.manifest == from_model.manifest
+
+
+def _gpt2():
+    return keras_hub.models.GPT2Backbone(
+        vocabulary_size=64,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=16,
+    )
+
+
+def test_a_wrapped_keras_hub_backbone_is_measured_layer_by_layer():
+    built = []
+
+    def causal_lm():
+        # As keras_hub's GPT2CausalLM: the token embedding also gives the logits.
+        backbone = _gpt2()
+        built.append(backbone)
+        logits = backbone.token_embedding(backbone(backbone.input), reverse=True)
+        return keras.Model(backbone.input, logits, name="causal_lm")
+
+    tokens = np.random.default_rng(0).integers(0, 64, size=(8, 8)).astype("int32")
+    features = {"token_ids": tokens, "padding_mask": np.ones_like(tokens)}
+    dataset = tf.data.Dataset.from_tensor_slices((features, np.roll(tokens, -1, axis=1)))
+    result = calibrate(causal_lm, dataset.batch(4), LOSS, steps=2)
+
+    layers = result.statistics["layers"]
+    assert {path: (layer["class"], layer["policy"]) for path, layer in layers.items()} == {
+        "gpt2_backbone/token_embedding": ("ReversibleEmbedding", "float32"),
+        "gpt2_backbone/position_embedding": ("PositionEmbedding", "mixed_float16"),
+        "gpt2_backbone/embeddings_add": ("Add", "mixed_float16"),
+        "gpt2_backbone/embeddings_dropout": ("Dropout", "mixed_float16"),
+        "gpt2_backbone/transformer_layer_0": ("TransformerDecoder", "mixed_float16"),
+        "gpt2_backbone/transformer_layer_1": ("TransformerDecoder", "mixed_float16"),
+        "gpt2_backbone/layer_norm": ("LayerNormalization", "float32"),
+    }
+    # The token embedding was measured on both of its calls: the logits too.
+    embedding = built[0].token_embedding
+    lookups = embedding(tokens)
+    logits = embedding(built[0](features), reverse=True)
+    assert float(np.max(np.abs(logits))) > float(np.max(np.abs(lookups)))
+    assert layers["gpt2_backbone/token_embedding"]["activations"]["max"] == pytest.approx(
+        float(np.max(np.abs(logits)))
+    )
+    block = layers["gpt2_backbone/transformer_layer_0"]
+    key_bias = result.statistics["gradients"]["transformer_layer_0/self_attention/key/bias"]
+    # Zero but for rounding: whatever of it flushes, the block loses nothing.
+    assert key_bias["layer"] == "gpt2_backbone/transformer_layer_0"
+    assert key_bias["norm"] < 1e-6 * block["gradients"]["norm"]
+    assert block["gradients"]["flushed_norm_fraction"] < 1e-6
+    assert result.manifest == PrecisionManifest("mixed_float16")
+
+
+def test_a_wrapped_keras_applications_model_is_measured_layer_by_layer():
+    built = []
+
+    def classifier():
+        mobilenet = keras.applications.MobileNetV2(
+            input_shape=(32, 32, 3), weights=None, alpha=0.35, classes=10
+        )
+        inputs = keras.Input((32, 32, 3), name="image")
+        built.append(keras.Model(inputs, mobilenet(inputs), name="classifier"))
+        return built[-1]
+
+    rng = np.random.default_rng(0)
+    images = rng.normal(size=(8, 32, 32, 3)).astype("float32")
+    loss = keras.losses.SparseCategoricalCrossentropy()  # MobileNetV2 ends in a softmax.
+    result = calibrate(classifier, (images, rng.integers(0, 10, 8)), loss, steps=1, batch_size=8)
+
+    mobilenet = built[0].get_layer("mobilenetv2_0.35_32")
+    layers = result.statistics["layers"]
+    assert list(layers) == [f"{mobilenet.name}/{layer.name}" for layer in mobilenet.layers[1:]]
+    assert len(layers) == 155
+    assert layers["mobilenetv2_0.35_32/predictions"]["reason"] == "safe default: model output"
+    # The manifest gives every measured layer the policy decided for it.
+    report = result.manifest.apply(built[0])
+    assert report.unmatched_rules == ()
+    assert {path: report.policies[path] for path in layers} == {
+        path: layer["policy"] for path, layer in layers.items()
+    }
+
+
+def test_a_rule_for_a_layer_is_kept_from_a_nested_models_layer_with_its_name():
+    # Keras' path of the nested model's "big" is "big", as the model's own.
+    inputs = keras.Input((4,))
+    inner = keras.Model(inputs, Times(1.0, name="big")(inputs), name="inner")
+    model = _model(inner, Times(1e5, name="big"))
+    result = calibrate(model, _data(), LOSS, steps=1)
+
+    layers = result.statistics["layers"]
+    assert {path: layer["policy"] for path, layer in layers.items()} == {
+        "first": "mixed_float16",
+        "inner/big": "mixed_float16",
+        "big": "mixed_bfloat16",
+        "logits": "float32",
+    }
+    assert result.manifest.rules == (
+        Rule("mixed_float16", path="functional/inner/big", reason=layers["inner/big"]["reason"]),
+        Rule("mixed_bfloat16", path="big", reason=layers["big"]["reason"]),
+    )
+    assert result.manifest.apply(model).policies == {
+        "first": "mixed_float16",
+        "inner": "mixed_float16",
+        "inner/big": "mixed_float16",
+        "big": "mixed_bfloat16",
+        "logits": "float32",
+    }
 
 
 def test_too_large_errors_in_both_low_precisions_give_float32():
@@ -218,23 +460,50 @@ class _Subclassed(keras.Model):
         ({"steps": 0}, "steps: must be an integer >= 1, received 0"),
         ({"initial_scale": -1.0}, "initial_scale: must be a number > 0, received -1.0"),
         ({"batch_size": 0}, "batch_size: must be an integer >= 1, received 0"),
-        (
-            {"data": [1, 2]},
-            "data: received list. Allowed: a tf.data.Dataset of (x, y) batches or a tuple "
-            "(x, y) of arrays",
-        ),
+        ({"data": [1, 2]}, f"data: received list. {DATA_ALLOWED}"),
         (
             {"data": (np.zeros((3, 4)), np.zeros(2))},
             "data: received 3 examples and 2 labels. Allowed: as many labels as examples, "
             "at least one",
         ),
+        (
+            {"data": (np.zeros((3, 4)), np.zeros(3), np.ones(2))},
+            "data: received 3 examples and 2 sample weights. Allowed: one weight per example",
+        ),
+        (
+            {"data": ({"token_ids": np.zeros((3, 4)), "padding_mask": np.zeros((2, 4))}, [0] * 3)},
+            "data: the arrays of x hold 2 and 3 examples. Allowed: as many in each",
+        ),
+        (
+            {"data": tf.data.Dataset.from_tensor_slices({"x": np.zeros((4, 4))}).batch(2)},
+            f"data: the dataset yields dict. {DATA_ALLOWED}",
+        ),
+        (
+            {"data": tf.data.Dataset.from_tensor_slices((np.zeros((4, 4)),) * 4).batch(2)},
+            f"data: the dataset yields 4-tuples. {DATA_ALLOWED}",
+        ),
+        (
+            {"data": tf.data.Dataset.from_tensor_slices(_data()).batch(2).take(0)},
+            f"data: the dataset yielded no batch. {DATA_ALLOWED}",
+        ),
+        (
+            {"loss": "sparse_categorical_crossentropy"},
+            "loss: received str. Allowed: a keras.losses.Loss or a function loss(y_true, y_pred)",
+        ),
+        (
+            {"model_or_factory": "model.keras"},
+            f"model_or_factory: received str. {MODEL_ALLOWED}",
+        ),
+        (
+            {"model_or_factory": lambda: None},
+            f"model_or_factory: the factory returned NoneType. {MODEL_ALLOWED}",
+        ),
     ],
 )
 def test_bad_arguments_are_one_line_errors(kwargs, message):
-    model = _model()
-    arguments = {"data": _data(), "loss": LOSS, **kwargs}
+    arguments = {"model_or_factory": _model(), "data": _data(), "loss": LOSS, **kwargs}
     with pytest.raises(UserInputError) as raised:
-        calibrate(model, **arguments)
+        calibrate(**arguments)
     assert str(raised.value) == message
 
 
@@ -254,6 +523,11 @@ def test_bad_thresholds_are_one_line_errors():
         CalibrationThresholds(max_float16_error=0)
     assert str(raised.value) == (
         "CalibrationThresholds.max_float16_error: must be a number > 0, received 0"
+    )
+    with pytest.raises(UserInputError) as raised:
+        CalibrationThresholds(max_flushed_norm_fraction=-1)
+    assert str(raised.value) == (
+        "CalibrationThresholds.max_flushed_norm_fraction: must be a number > 0, received -1"
     )
     with pytest.raises(UserInputError) as raised:
         CalibrationThresholds(float16_headroom=0.5)

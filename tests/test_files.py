@@ -56,3 +56,29 @@ def test_too_little_free_space(tmp_path, monkeypatch):
     assert str(raised.value) == f"model_dir {tmp_path}: only 12 MiB free, need at least 64 MiB"
     Full.f_bavail = files.MIN_FREE_BYTES // 4096
     files.check_writable_dir(tmp_path, what="model_dir")  # Exactly the minimum is enough.
+
+
+def test_checking_a_directory_to_be_creates_nothing(tmp_path):
+    directory = tmp_path / "a" / "run"
+    files.check_creatable_dir(directory, what="model_dir")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_directory_to_be_under_a_regular_file_is_refused(tmp_path):
+    (tmp_path / "file").write_text("")
+    directory = tmp_path / "file" / "a" / "run"
+    with pytest.raises(UserInputError) as raised:
+        files.check_creatable_dir(directory, what="model_dir")
+    assert str(raised.value) == f"model_dir {directory}: cannot be created (Not a directory)"
+
+
+def test_a_directory_to_be_in_a_read_only_place_is_refused(tmp_path, monkeypatch):
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(files.tempfile, "mkstemp", read_only)
+    with pytest.raises(UserInputError) as raised:
+        files.check_creatable_dir(tmp_path / "run", what="model_dir")
+    assert str(raised.value) == (
+        f"model_dir {tmp_path / 'run'}: cannot be created (Read-only file system)"
+    )

@@ -463,8 +463,8 @@ def test_one_manifest_gives_every_instance_bare_or_wrapped_the_same_policies():
             "version": 1,
             "default": "mixed_float16",
             "rules": [
-                # With the first instance's name in front, as Keras would path
-                # the backbone's layers had it been called once built.
+                # The first instance's name in front, as Keras paths the layers
+                # of a Sequential or subclassed model built by calling it.
                 {
                     "match": {"path": "gpt2_backbone/transformer_layer_1/feedforward_.*_dense"},
                     "policy": "mixed_bfloat16",
@@ -683,6 +683,18 @@ def test_bundled_manifests_apply_cleanly(name, model_name, options, dimensions, 
     assert all(rule.reason for rule in manifest.rules)
     with open(path, encoding="utf-8") as file:
         assert file.read() == manifest.to_json()
+
+
+# The docs page -------------------------------------------------------------------
+
+
+def test_the_examples_of_the_precision_docs_run():
+    with open(os.path.join(REPO, "docs", "precision.md"), encoding="utf-8") as file:
+        blocks = re.findall(r"```python\n(.*?)```", file.read(), flags=re.DOTALL)
+    assert len(blocks) == 3
+    namespace = {}
+    for block in blocks:  # One session, as a reader runs them.
+        exec(block, namespace)
 
 
 # Parsing -------------------------------------------------------------------------

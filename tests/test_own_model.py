@@ -167,3 +167,33 @@ def test_help_shows_the_launchers_own_flags_grouped_with_defaults(launcher, grou
     assert [line for line in lines if line.endswith(":") and not line.startswith(" ")] == groups
     assert "  --config: Run config file (JSON). (required)" in lines
     assert not any("test_tmpdir" in line or "--verbosity" in line for line in lines)
+
+
+def test_a_subclassed_model_trains_mirrored_with_xla_and_resumes(tfds_dir, tmp_path):
+    config = os.path.join(REPO, "examples", "configs", "small_cnn_digits.json")
+    model_dir = str(tmp_path / "run")
+    override = json.dumps(
+        {"checkpoint_every": 2, "eval_every": 2, "data": {"batch_size": 8, "eval_examples": 16}}
+    )
+    flags = [
+        f"--config={config}",
+        f"--model_dir={model_dir}",
+        f"--config_override={override}",
+        "--strategy=mirrored",
+        "--virtual_cpus=2",
+        "--jit_compile=true",
+    ]
+    first = _launch("train", *flags, "--steps=2")
+    assert first.returncode == 0, first.stderr
+    resumed = _launch("train", *flags, "--steps=4")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "Training steps 3..4" in resumed.stderr
+    metrics = _read(os.path.join(model_dir, "metrics.json"))
+    assert (metrics["step"], metrics["precision"]) == (4, "mixed_bfloat16")
+    report = _read(os.path.join(model_dir, "precision_report.json"))
+    assert report["jit_compile"] is True
+    assert {layer["path"]: layer["policy"] for layer in report["layers"]} == {
+        "conv2d": "mixed_bfloat16",
+        "global_average_pooling2d": "mixed_bfloat16",
+        "dense": "float32",
+    }

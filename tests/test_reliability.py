@@ -19,7 +19,6 @@ import tensorflow as tf
 from tensorflow.python.framework import config as tf_config
 
 from mpt_keras import data
-from mpt_keras import training as training_module
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import RunStoppedError
 from mpt_keras.training import Runtime, run_training
@@ -72,7 +71,7 @@ def _poison(monkeypatch, tfds_dir, bad_steps, seed=0):
             return loaded
         return dataclasses.replace(loaded, features=features)
 
-    monkeypatch.setattr(training_module.data, "classification_arrays", poisoned)
+    monkeypatch.setattr(data, "classification_arrays", poisoned)
 
 
 @pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16", "mixed_float16"])

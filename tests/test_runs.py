@@ -46,6 +46,9 @@ def user_code(tmp_path, monkeypatch):
             def not_data():
                 return [1, 2]
 
+            def broken_data():
+                raise RuntimeError("the disk is gone")
+
             def squared_error(y_true, y_pred):
                 return keras.ops.mean((keras.ops.cast(y_true, "float32") - y_pred) ** 2)
             """
@@ -144,6 +147,16 @@ def test_bad_components_are_one_line_errors_before_anything_is_built(user_code, 
     with pytest.raises(UserInputError) as raised:
         runs.resolve_components(config).data()
     assert str(raised.value) == message
+
+
+def test_a_data_factory_that_fails_is_reported_with_its_file_and_line(user_code):
+    config = _blobs_config().merged({"data": {"factory": "user_code:broken_data"}})
+    with pytest.raises(UserInputError) as raised:
+        runs.resolve_components(config).data()
+    assert str(raised.value) == (
+        "data.factory user_code:broken_data failed: RuntimeError: the disk is gone "
+        f"({user_code / 'user_code.py'}, line 30)"
+    )
 
 
 def test_a_loss_from_the_users_code_is_used_as_given(user_code):

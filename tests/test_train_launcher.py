@@ -58,6 +58,8 @@ def test_each_precision_trains_end_to_end(tfds_dir, tmp_path, precision):
         "metrics.json",
         "model.keras",
         "precision_report.json",
+        "saved_model",
+        "serving.keras",
     ]
     assert "Traceback" not in result.stderr
 
