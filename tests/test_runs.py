@@ -1,13 +1,11 @@
 """Tests of `mpt_keras.runs`: components from a config or the user's objects, and their data."""
 
-import json
 import sys
 import textwrap
 
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from mpt_keras import runs
 from mpt_keras.config import TrainConfig
@@ -153,9 +151,11 @@ def test_a_data_factory_that_fails_is_reported_with_its_file_and_line(user_code)
     config = _blobs_config().merged({"data": {"factory": "user_code:broken_data"}})
     with pytest.raises(UserInputError) as raised:
         runs.resolve_components(config).data()
+    source = (user_code / "user_code.py").read_text().splitlines()
+    line = 1 + next(i for i, text in enumerate(source) if "the disk is gone" in text)
     assert str(raised.value) == (
         "data.factory user_code:broken_data failed: RuntimeError: the disk is gone "
-        f"({user_code / 'user_code.py'}, line 30)"
+        f"({user_code / 'user_code.py'}, line {line})"
     )
 
 
