@@ -10,40 +10,31 @@ factory, manifest, optimizer, loss and compiled train step (`xla.compile_model`)
     run = assemble(config, components, data)  # under a strategy's scope, if any
 
 `Components` are where the model, data, loss and metrics come from, resolved
-from a config (`resolve_components`) or given as the user's own objects
-(`components_from_objects`), so the library's `validate`, `run_canary` and
-`calibrate` take a model factory, datasets and a loss with no config at all.
-
-Data. The embedded datasets (and the reference shapes of TFDS datasets) come as
-in-memory arrays, batched by `data.train_batches`: exactly resumable at any
-step. Data from a factory, or from a TFDS dataset through `data.features`, is a
-`tf.data.Dataset` of unbatched elements, batched here: shuffled with the
-config's seed (`data.shuffle_buffer` elements), repeated, cut into full
-batches; a resumed run skips the batches before its step (reading them: a
-cost that grows with the step, paid once per resume).
+from a config (`resolve_components`: `components` binds the user's factories,
+`keras_objects` resolves losses, metrics and model files, `data.sources`
+loads the data) or given as the user's own objects (`components_from_objects`),
+so the library's `validate` and `run_canary` take a model factory, datasets and
+a loss with no config at all.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
-import json
 import logging
 import os
-import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from mpt_keras import components as components_lib
 from mpt_keras import data as data_lib
-from mpt_keras import models, xla
+from mpt_keras import keras_objects, models, xla
 from mpt_keras.calibration import CalibrationResult, CalibrationThresholds, calibrate
-from mpt_keras.config import ComponentConfig, OptimizerConfig, TrainConfig
+from mpt_keras.config import OptimizerConfig, TrainConfig
+from mpt_keras.data import RunData
 from mpt_keras.errors import UserInputError
 from mpt_keras.files import write_text_atomic
 from mpt_keras.guards import ScaledLearningRate
@@ -52,50 +43,8 @@ from mpt_keras.manifest import PrecisionManifest
 from mpt_keras.policies import global_policy, resolve_auto_policy
 
 _LOGGER = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class RunData:
-    """A run's train and evaluation data, unbatched, and what it decides about a model.
-
-    Attributes:
-        train: A tuple of arrays `(x, y)` (examples along axis 0) or a
-            `tf.data.Dataset` of `(x, y)` or `(x, y, sample_weight)` elements.
-        eval: The same, for validation.
-        dimensions: What the data decides (`components.DATA_DIMENSIONS`):
-            `input_shape`, `num_classes`, `vocab_size`, `sequence_length`,
-            `None` where it does not say.
-    """
-
-    train: tuple[np.ndarray, ...] | tf.data.Dataset
-    eval: tuple[np.ndarray, ...] | tf.data.Dataset
-    dimensions: Mapping[str, Any]
-
-    def train_batches(
-        self, batch_size: int, seed: int, start_step: int = 0, shuffle_buffer: int = 10_000
-    ) -> tf.data.Dataset:
-        """The endless stream of full train batches from `start_step` on; see the module doc."""
-        if isinstance(self.train, tf.data.Dataset):
-            return (
-                self.train.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-                .repeat()
-                .batch(batch_size, drop_remainder=True)
-                .skip(start_step)
-                .prefetch(tf.data.AUTOTUNE)
-            )
-        return data_lib.train_batches(*self.train, batch_size, seed=seed, start_step=start_step)
-
-    def eval_batches(self, batch_size: int) -> tf.data.Dataset:
-        """One in-order pass over the evaluation data, the last batch partial."""
-        if isinstance(self.eval, tf.data.Dataset):
-            return self.eval.batch(batch_size).prefetch(tf.data.AUTOTUNE)
-        return data_lib.eval_batches(*self.eval, batch_size)
-
-    def subset(self, train_examples: int, eval_examples: int) -> RunData:
-        """The first examples of each split (the canary's small run)."""
-        return RunData(
-            _first(self.train, train_examples), _first(self.eval, eval_examples), self.dimensions
-        )
+# The data shape each reference task reads a dataset in.
+_SHAPES = {models.CLASSIFICATION: "image", models.LANGUAGE_MODEL: "text"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,10 +113,10 @@ def resolve_components(config: TrainConfig) -> Components:
             provided=components_lib.DATA_DIMENSIONS,
         )
     else:
-        model = functools.partial(_load_model_file, source.file)
-    compiled = _compiled_with(source.file) if source.file else {}
-    loss = _loss(config.loss, source, compiled)
-    metrics = _metrics(config.metrics, source, compiled)
+        model = functools.partial(keras_objects.load_model_file, source.file)
+    compiled = keras_objects.compiled_with(source.file) if source.file else {}
+    loss = keras_objects.loss_from(config.loss, source, compiled)
+    metrics = keras_objects.metrics_from(config.metrics, source, compiled)
     data_factory = None
     if config.data.factory is not None:
         data_factory = components_lib.bind_factory(
@@ -175,7 +124,9 @@ def resolve_components(config: TrainConfig) -> Components:
         )
     return Components(
         model=model,
-        data=functools.partial(_load_data, config, task, data_factory),
+        data=functools.partial(
+            data_lib.load_run_data, config.data, config.seed, _SHAPES.get(task), data_factory
+        ),
         loss=loss,
         metrics=metrics,
         task=task,
@@ -207,7 +158,7 @@ def components_from_objects(
 
         def model(**dimensions: Any) -> keras.Model:
             del dimensions
-            return _clone(original)
+            return keras_objects.clone_model(original)
 
     elif callable(model):
         factory = model
@@ -226,7 +177,9 @@ def components_from_objects(
             f"data: received {type(data).__name__}. Allowed: a tuple (train, eval) of "
             "tf.data.Datasets or of (x, y) array tuples"
         )
-    run_data = RunData(_checked_split(data[0], "data[0]"), _checked_split(data[1], "data[1]"), {})
+    run_data = RunData(
+        data_lib.checked_split(data[0], "data[0]"), data_lib.checked_split(data[1], "data[1]"), {}
+    )
     return Components(model, lambda: run_data, loss, tuple(metrics))
 
 
@@ -465,247 +418,6 @@ def _learning_rate(
         warmup_target=settings.learning_rate if warmup else None,
         warmup_steps=warmup,
     )
-
-
-# ----------------------------------------------------------------------------- data
-
-
-def _load_data(
-    config: TrainConfig, task: str | None, factory: components_lib.BoundFactory | None
-) -> RunData:
-    source = config.data
-    if factory is not None:
-        loaded = _from_data_factory(factory, config.seed)
-    elif source.features is not None:
-        loaded = _from_tfds_features(source)
-    else:
-        loaded = _from_reference_shapes(source, task)
-    if source.eval_examples:
-        loaded = dataclasses.replace(loaded, eval=_first(loaded.eval, source.eval_examples))
-    return loaded
-
-
-def _from_reference_shapes(source, task: str | None) -> RunData:
-    """An embedded (or TFDS) dataset in the reference shapes: images and labels, or text."""
-    if task is None:
-        shape = data_lib.reference_shape(source.name, source.train_split, source.data_dir)
-        task = models.CLASSIFICATION if shape == "image" else models.LANGUAGE_MODEL
-    if task == models.CLASSIFICATION:
-        train = data_lib.classification_arrays(source.name, source.train_split, source.data_dir)
-        evaluation = data_lib.classification_arrays(source.name, source.eval_split, source.data_dir)
-        return RunData(
-            (train.features, train.labels),
-            (evaluation.features, evaluation.labels),
-            {"input_shape": train.features.shape[1:], "num_classes": train.num_classes},
-        )
-    windows = functools.partial(
-        data_lib.language_model_windows,
-        source.name,
-        data_dir=source.data_dir,
-        sequence_length=source.sequence_length,
-    )
-    return RunData(
-        windows(split=source.train_split),
-        windows(split=source.eval_split),
-        {"vocab_size": data_lib.VOCAB_SIZE, "sequence_length": source.sequence_length},
-    )
-
-
-def _from_tfds_features(source) -> RunData:
-    """A TFDS dataset of any shape, through the config's `data.features` mapping."""
-    splits = [
-        data_lib.feature_pairs(source.name, split, source.data_dir, source.features)
-        for split in (source.train_split, source.eval_split)
-    ]
-    (train, dimensions), (evaluation, _) = splits
-    return RunData(train, evaluation, {**_spec_dimensions(train), **dimensions})
-
-
-def _from_data_factory(factory: components_lib.BoundFactory, seed: int) -> RunData:
-    what = f"data.factory {factory.reference}"
-    try:
-        returned = factory(seed=seed)
-    except UserInputError:
-        raise
-    except Exception as error:  # The user's code: its error, in one line.
-        raise UserInputError(f"{what} failed: {components_lib.describe_error(error)}") from None
-    if not (isinstance(returned, tuple) and len(returned) in (2, 3)):
-        raise UserInputError(
-            f"{what} returned {type(returned).__name__}. Allowed: (train, eval) tf.data.Datasets, "
-            "optionally with a third element, a dict of dimensions such as {'num_classes': 10}"
-        )
-    train = _checked_split(returned[0], f"{what}: train")
-    evaluation = _checked_split(returned[1], f"{what}: eval")
-    declared = returned[2] if len(returned) == 3 else {}
-    unknown = sorted(set(declared) - set(components_lib.DATA_DIMENSIONS))
-    if not isinstance(declared, Mapping) or unknown:
-        raise UserInputError(
-            f"{what}: its dimensions {declared!r} hold an unknown name. "
-            f"Allowed: {', '.join(components_lib.DATA_DIMENSIONS)}"
-        )
-    return RunData(train, evaluation, {**_spec_dimensions(train), **declared})
-
-
-def _checked_split(split: Any, what: str) -> tuple[np.ndarray, ...] | tf.data.Dataset:
-    if isinstance(split, tf.data.Dataset):
-        spec = split.element_spec
-        if isinstance(spec, tuple) and len(spec) in (2, 3):
-            return split
-        raise UserInputError(
-            f"{what}: elements are {spec}. Allowed: unbatched (x, y) or (x, y, sample_weight) "
-            "tuples"
-        )
-    if isinstance(split, tuple) and len(split) == 2 and len(split[0]) == len(split[1]):
-        return tuple(np.asarray(array) for array in split)
-    raise UserInputError(
-        f"{what}: received {type(split).__name__}. Allowed: a tf.data.Dataset of unbatched "
-        "(x, y) elements, or a tuple (x, y) of arrays of equal length"
-    )
-
-
-def _spec_dimensions(dataset: tf.data.Dataset) -> dict[str, Any]:
-    """What an element's input says: its shape, and a token sequence's length."""
-    x = dataset.element_spec[0]
-    if not isinstance(x, tf.TensorSpec):
-        return {}
-    dimensions: dict[str, Any] = {"input_shape": tuple(x.shape)}
-    if x.dtype.is_integer and x.shape.rank == 1:
-        dimensions["sequence_length"] = x.shape[0]
-    return dimensions
-
-
-def _first(split: tuple[np.ndarray, ...] | tf.data.Dataset, count: int):
-    if isinstance(split, tf.data.Dataset):
-        return split.take(count)
-    return tuple(array[:count] for array in split)
-
-
-# ------------------------------------------------------------------ models, losses
-
-
-def _load_model_file(path: str, **dimensions: Any) -> keras.Model:
-    del dimensions  # A file decides its own.
-    try:
-        return keras.saving.load_model(path, compile=False)
-    except (ValueError, TypeError, OSError, zipfile.BadZipFile) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        raise UserInputError(
-            f"model.file {path}: cannot be loaded ({type(error).__name__}: {first_line}). "
-            "Allowed: a .keras file saved by model.save, its custom classes registered "
-            "(config key 'imports')"
-        ) from None
-
-
-def _compiled_with(path: str) -> dict[str, Any]:
-    """The loss and metrics a `.keras` file was compiled with (`{}` if none)."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            config = json.loads(archive.read("config.json"))
-    except (OSError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as error:
-        raise UserInputError(
-            f"model.file {path}: not a Keras archive ({error}). Allowed: a .keras file saved "
-            "by model.save"
-        ) from None
-    compile_config = dict(config.get("compile_config") or {})
-    compile_config.pop("optimizer", None)
-    if not compile_config:
-        return {}
-    compiled = keras.saving.deserialize_keras_object(compile_config)
-    return {key: compiled.get(key) for key in ("loss", "metrics")}
-
-
-def _loss(config: ComponentConfig | None, model_source, compiled: Mapping[str, Any]) -> Any:
-    if config is not None:
-        return _keras_component(config, keras.losses, "loss")
-    if model_source.name is not None:
-        return models.REFERENCE_LOSS
-    if compiled.get("loss") is None:
-        raise UserInputError(
-            f"model.file {model_source.file} was saved without a compiled loss. "
-            "Allowed: name one with the config key 'loss'"
-        )
-    return compiled["loss"]
-
-
-def _metrics(
-    configs: tuple[ComponentConfig, ...] | None, model_source, compiled: Mapping[str, Any]
-) -> tuple[Any, ...]:
-    if configs is not None:
-        return tuple(
-            _keras_component(config, keras.metrics, f"metrics[{index}]")
-            for index, config in enumerate(configs)
-        )
-    if model_source.name is not None:
-        return models.REFERENCE_METRICS
-    if model_source.file is not None:
-        return tuple(keras.tree.flatten(compiled.get("metrics") or []))
-    return ()
-
-
-def _keras_component(config: ComponentConfig, module: Any, key: str) -> Any:
-    """A loss or metric from a Keras identifier or the user's factory."""
-    kind = module.__name__.rpartition(".")[2]
-    if config.factory is not None:
-        function = components_lib.resolve_factory(config.factory, f"{key}.factory")
-        if isinstance(function, type) or config.options:
-            bound = components_lib.bind_factory(config.factory, config.options, f"{key}.factory")
-            return bound()
-        return function
-    if not config.options:
-        try:
-            module.get(config.name)
-        except ValueError:
-            raise UserInputError(
-                f"key '{key}.name': unknown {_SINGULAR[kind]} {config.name!r}. Allowed: a name of "
-                f"keras.{kind} (such as {_examples(kind)}) or a factory"
-            ) from None
-        # Keras resolves names itself, and picks the right accuracy for the loss.
-        return config.name
-    class_name = config.name if config.name[:1].isupper() else _camel(config.name)
-    cls = getattr(module, class_name, None)
-    if not isinstance(cls, type):
-        raise UserInputError(
-            f"key '{key}.name': {config.name!r} with options needs a class of keras.{kind}; "
-            f"there is no keras.{kind}.{class_name}. Allowed: a class name such as "
-            f"{_examples(kind, classes=True)}"
-        )
-    unknown = sorted(set(config.options) - set(_parameters(cls)))
-    if unknown:
-        raise UserInputError(
-            f"unknown option '{key}.options.{unknown[0]}' for keras.{kind}.{class_name}. "
-            f"Allowed: {', '.join(_parameters(cls))}"
-        )
-    return cls(**config.options)
-
-
-_SINGULAR = {"losses": "loss", "metrics": "metric"}
-
-
-def _parameters(cls: type) -> list[str]:
-    return [name for name in inspect.signature(cls).parameters if name not in ("args", "kwargs")]
-
-
-def _camel(name: str) -> str:
-    return "".join(part.capitalize() for part in name.split("_"))
-
-
-def _examples(kind: str, classes: bool = False) -> str:
-    if kind == "losses":
-        return "SparseCategoricalCrossentropy" if classes else "sparse_categorical_crossentropy"
-    return "SparseCategoricalAccuracy" if classes else "accuracy"
-
-
-def _clone(model: keras.Model) -> keras.Model:
-    """A fresh copy of a functional or Sequential model, weights included."""
-    try:
-        clone = keras.models.clone_model(model)
-    except (NotImplementedError, TypeError, ValueError) as error:
-        raise UserInputError(
-            f"model {model.name!r} ({type(model).__name__}) cannot be cloned for each "
-            f"precision ({error}). Allowed: a function returning a fresh model"
-        ) from None
-    clone.set_weights(model.get_weights())
-    return clone
 
 
 def resolve(

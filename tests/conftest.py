@@ -47,6 +47,24 @@ def loopback_workers():
     return addresses
 
 
+@pytest.fixture
+def tiny_gpt2():
+    """Builds tiny keras_hub GPT-2 backbones from arguments (no preset, no network)."""
+    import keras_hub
+
+    def build(num_layers: int = 2) -> keras.Model:
+        return keras_hub.models.GPT2Backbone(
+            vocabulary_size=64,
+            num_layers=num_layers,
+            num_heads=2,
+            hidden_dim=16,
+            intermediate_dim=32,
+            max_sequence_length=16,
+        )
+
+    return build
+
+
 @pytest.fixture(autouse=True)
 def _restore_keras_state():
     """Each test starts from Keras' defaults: float32 policy, fresh name scopes."""

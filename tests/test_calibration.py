@@ -3,7 +3,6 @@
 import json
 
 import keras
-import keras_hub
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -262,23 +261,12 @@ def test_a_factory_is_called_once_for_the_model():
     assert from_factory.manifest == from_model.manifest
 
 
-def _gpt2():
-    return keras_hub.models.GPT2Backbone(
-        vocabulary_size=64,
-        num_layers=2,
-        num_heads=2,
-        hidden_dim=16,
-        intermediate_dim=32,
-        max_sequence_length=16,
-    )
-
-
-def test_a_wrapped_keras_hub_backbone_is_measured_layer_by_layer():
+def test_a_wrapped_keras_hub_backbone_is_measured_layer_by_layer(tiny_gpt2):
     built = []
 
     def causal_lm():
         # As keras_hub's GPT2CausalLM: the token embedding also gives the logits.
-        backbone = _gpt2()
+        backbone = tiny_gpt2()
         built.append(backbone)
         logits = backbone.token_embedding(backbone(backbone.input), reverse=True)
         return keras.Model(backbone.input, logits, name="causal_lm")

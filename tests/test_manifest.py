@@ -5,7 +5,6 @@ import os
 import re
 
 import keras
-import keras_hub
 import numpy as np
 import pytest
 
@@ -371,17 +370,6 @@ def test_subclassed_model_output_is_its_last_layer_with_weights():
 # Real models: layers Keras gives no path, path forms, instances --------------------
 
 
-def _gpt2():
-    return keras_hub.models.GPT2Backbone(
-        vocabulary_size=64,
-        num_layers=2,
-        num_heads=2,
-        hidden_dim=16,
-        intermediate_dim=32,
-        max_sequence_length=16,
-    )
-
-
 def _gpt2_inputs():
     tokens = np.random.default_rng(0).integers(0, 64, size=(2, 8)).astype("int32")
     return {"token_ids": tokens, "padding_mask": np.ones_like(tokens)}
@@ -399,7 +387,7 @@ def _keras_attention():
     "build_model, inputs, softmax_paths",
     [
         (
-            _gpt2,
+            "tiny_gpt2",
             _gpt2_inputs,
             [
                 "transformer_layer_0/self_attention/_softmax",
@@ -407,7 +395,7 @@ def _keras_attention():
             ],
         ),
         (
-            _keras_attention,
+            "keras_attention",
             lambda: np.random.default_rng(0).normal(size=(2, 8, 16)).astype("float32"),
             ["self_attention/_softmax"],
         ),
@@ -418,10 +406,10 @@ def _keras_attention():
     "match", [{"class": "Softmax"}, {"path": ".*/_softmax"}], ids=["by_class", "by_path"]
 )
 def test_a_rule_keeps_every_attention_softmax_float32_inside_float16_layers(
-    build_model, inputs, softmax_paths, match, monkeypatch
+    build_model, inputs, softmax_paths, match, monkeypatch, tiny_gpt2
 ):
     keras.config.set_dtype_policy("mixed_float16")
-    model = build_model()
+    model = tiny_gpt2() if build_model == "tiny_gpt2" else _keras_attention()
     keras.config.set_dtype_policy("float32")
     manifest = PrecisionManifest.from_dict(
         {"version": 1, "default": "mixed_float16", "rules": [{"match": match, "policy": "float32"}]}
@@ -457,7 +445,7 @@ def test_a_rule_keeps_every_attention_softmax_float32_inside_float16_layers(
     assert seen == {path: ("float16", "float32") for path in softmax_paths}
 
 
-def test_one_manifest_gives_every_instance_bare_or_wrapped_the_same_policies():
+def test_one_manifest_gives_every_instance_bare_or_wrapped_the_same_policies(tiny_gpt2):
     manifest = PrecisionManifest.from_dict(
         {
             "version": 1,
@@ -478,7 +466,7 @@ def test_one_manifest_gives_every_instance_bare_or_wrapped_the_same_policies():
             ],
         }
     )
-    first, second, third = _gpt2(), _gpt2(), _gpt2()
+    first, second, third = tiny_gpt2(), tiny_gpt2(), tiny_gpt2()
     wrapper = keras.Model(third.input, third(third.input))
     assert [model.name for model in (first, second, third)] == [
         "gpt2_backbone",
@@ -528,9 +516,9 @@ def test_rules_match_the_keras_paths_of_a_sequential_called_once():
     assert report.unmatched_rules == ("rules[0] (path 'mlp/up')",)
 
 
-def test_a_layer_at_two_paths_is_tried_in_the_forms_of_both():
+def test_a_layer_at_two_paths_is_tried_in_the_forms_of_both(tiny_gpt2):
     # As keras_hub's GPT2CausalLM: the backbone's token embedding also gives the logits.
-    backbone = _gpt2()
+    backbone = tiny_gpt2()
     model = keras.Model(
         backbone.input, backbone.token_embedding(backbone(backbone.input), reverse=True)
     )
@@ -578,8 +566,8 @@ def test_saved_model_reloads_with_the_same_per_layer_policies_but_pathless_ones(
     assert precision_report(loaded) == described
 
 
-def test_a_loaded_keras_hub_backbone_needs_the_manifest_applied_again(tmp_path):
-    backbone = _gpt2()
+def test_a_loaded_keras_hub_backbone_needs_the_manifest_applied_again(tiny_gpt2, tmp_path):
+    backbone = tiny_gpt2()
     manifest = PrecisionManifest.from_dict(
         {
             "version": 1,

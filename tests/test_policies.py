@@ -2,7 +2,6 @@
 and of mpt_keras.layer_paths (the paths in it, and their forms)."""
 
 import keras
-import keras_hub
 import pytest
 
 from mpt_keras import models
@@ -136,16 +135,9 @@ def test_attention_layers_made_for_themselves_are_named_by_attribute():
     assert layers["block_0/attention/query"].path == "block_0/attention/query"
 
 
-def test_path_forms_of_a_layer_of_a_wrapped_backbone():
+def test_path_forms_of_a_layer_of_a_wrapped_backbone(tiny_gpt2):
     def gpt2():
-        return keras_hub.models.GPT2Backbone(
-            vocabulary_size=64,
-            num_layers=1,
-            num_heads=2,
-            hidden_dim=16,
-            intermediate_dim=32,
-            max_sequence_length=16,
-        )
+        return tiny_gpt2(num_layers=1)
 
     gpt2()  # Takes the name "gpt2_backbone".
     first_wrapper_inputs = keras.Input((1,))

@@ -63,7 +63,7 @@ def _poison(monkeypatch, tfds_dir, bad_steps, seed=0):
     features = clean.features.copy()
     for position, step in enumerate(bad_steps):
         features[indices[step - 1][position % BATCH]].flat[position] = np.nan
-    original = data.classification_arrays
+    original = data.loading.classification_arrays
 
     def poisoned(name, split, data_dir):
         loaded = original(name, split, data_dir)
@@ -71,7 +71,7 @@ def _poison(monkeypatch, tfds_dir, bad_steps, seed=0):
             return loaded
         return dataclasses.replace(loaded, features=features)
 
-    monkeypatch.setattr(data, "classification_arrays", poisoned)
+    monkeypatch.setattr(data.loading, "classification_arrays", poisoned)
 
 
 @pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16", "mixed_float16"])

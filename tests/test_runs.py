@@ -6,6 +6,7 @@ import textwrap
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from mpt_keras import runs
 from mpt_keras.config import TrainConfig
@@ -213,3 +214,35 @@ def test_a_functional_model_of_ones_own_is_cloned_with_its_weights():
     assert clone is not model
     np.testing.assert_array_equal(clone.get_weights()[0], model.get_weights()[0])
     assert config == TrainConfig()
+
+
+def test_a_tfds_dataset_of_any_shape_is_read_through_a_feature_mapping(tfds_dir):
+    config = _config(
+        model={"name": "mlp"},
+        data={
+            "name": "mpt_digits",
+            "data_dir": tfds_dir,
+            "features": {"x": {"pixels": "image"}, "y": "label"},
+        },
+    )
+    data = runs.resolve_components(config).data()
+    assert data.dimensions == {"num_classes": 10}  # A dict x: no single input shape.
+    x, y = next(iter(data.train_batches(4, seed=0)))
+    assert (sorted(x), x["pixels"].dtype, x["pixels"].shape, y.shape) == (
+        ["pixels"],
+        tf.uint8,
+        (4, 8, 8, 1),
+        (4,),
+    )
+
+
+def test_a_feature_mapping_naming_a_missing_feature_is_one_line(tfds_dir):
+    config = _config(
+        data={"name": "mpt_digits", "data_dir": tfds_dir, "features": {"x": "img", "y": "label"}}
+    )
+    with pytest.raises(UserInputError) as raised:
+        runs.resolve_components(config).data()
+    assert str(raised.value) == (
+        "data.features: dataset 'mpt_digits' has no feature 'img'. "
+        "Allowed: image (Image), label (ClassLabel)"
+    )

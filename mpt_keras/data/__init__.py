@@ -1,4 +1,4 @@
-"""Datasets: offline TFDS loading into memory, and deterministic batching.
+"""Datasets: offline TFDS loading, a run's data sources, and deterministic batching.
 
 Importing this package registers the embedded TFDS builders `mpt_digits` and
 `mpt_python_source`.
@@ -17,15 +17,19 @@ from mpt_keras.data.loading import (
     reference_shape,
 )
 from mpt_keras.data.pipeline import eval_batches, train_batches
+from mpt_keras.data.sources import RunData, checked_split, load_run_data
 
 __all__ = [
     "EMBEDDED_DATASETS",
+    "RunData",
     "VOCAB_SIZE",
     "ClassificationData",
+    "checked_split",
     "classification_arrays",
     "eval_batches",
     "feature_pairs",
     "language_model_windows",
+    "load_run_data",
     "load_split",
     "reference_shape",
     "train_batches",

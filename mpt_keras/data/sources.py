@@ -1,0 +1,199 @@
+"""Where a run's data comes from, unbatched: a data factory, a TFDS mapping or a name.
+
+`RunData` is a run's train and evaluation data with what it decides about the
+model (`components.DATA_DIMENSIONS`), and it cuts them into batches:
+
+- The embedded datasets, and TFDS datasets in their shapes (an `image` and a
+  `label`, or a `text`), come as in-memory arrays, batched by
+  `pipeline.train_batches`: exactly resumable at any step, by index.
+- Data from a `data.factory`, or from a TFDS dataset of any shape through
+  `data.features`, is a `tf.data.Dataset` of unbatched elements, batched here:
+  shuffled with the run's seed (`data.shuffle_buffer` elements), repeated, cut
+  into full batches. A resumed run skips the batches before its step (reading
+  them: a cost that grows with the step, paid once per resume).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from mpt_keras.components import DATA_DIMENSIONS, BoundFactory, describe_error
+from mpt_keras.config import DataConfig
+from mpt_keras.data import loading, pipeline
+from mpt_keras.errors import UserInputError
+
+
+@dataclasses.dataclass(frozen=True)
+class RunData:
+    """A run's train and evaluation data, unbatched, and what it decides about a model.
+
+    Attributes:
+        train: A tuple of arrays `(x, y)` (examples along axis 0) or a
+            `tf.data.Dataset` of `(x, y)` or `(x, y, sample_weight)` elements.
+        eval: The same, for validation.
+        dimensions: What the data decides (`components.DATA_DIMENSIONS`):
+            `input_shape`, `num_classes`, `vocab_size`, `sequence_length`,
+            `None` where it does not say.
+    """
+
+    train: tuple[np.ndarray, ...] | tf.data.Dataset
+    eval: tuple[np.ndarray, ...] | tf.data.Dataset
+    dimensions: Mapping[str, Any]
+
+    def train_batches(
+        self, batch_size: int, seed: int, start_step: int = 0, shuffle_buffer: int = 10_000
+    ) -> tf.data.Dataset:
+        """The endless stream of full train batches from `start_step` on; see the module doc."""
+        if isinstance(self.train, tf.data.Dataset):
+            return (
+                self.train.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+                .repeat()
+                .batch(batch_size, drop_remainder=True)
+                .skip(start_step)
+                .prefetch(tf.data.AUTOTUNE)
+            )
+        return pipeline.train_batches(*self.train, batch_size, seed=seed, start_step=start_step)
+
+    def eval_batches(self, batch_size: int) -> tf.data.Dataset:
+        """One in-order pass over the evaluation data, the last batch partial."""
+        if isinstance(self.eval, tf.data.Dataset):
+            return self.eval.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+        return pipeline.eval_batches(*self.eval, batch_size)
+
+    def subset(self, train_examples: int, eval_examples: int) -> RunData:
+        """The first examples of each split (the canary's small run)."""
+        return RunData(
+            _first(self.train, train_examples), _first(self.eval, eval_examples), self.dimensions
+        )
+
+
+def load_run_data(
+    source: DataConfig, seed: int, shape: str | None, factory: BoundFactory | None
+) -> RunData:
+    """Loads a run's data from where its config says: a factory, a mapping, or a name.
+
+    Args:
+        source: The config's `data` section.
+        seed: The run's seed, passed to a data factory that takes it.
+        shape: For a dataset read by name with no `features` mapping: `"image"`
+            (images and labels, as arrays) or `"text"` (byte windows); `None`:
+            the dataset's own (`loading.reference_shape`).
+        factory: The bound `data.factory`, if the config names one.
+
+    Raises:
+        UserInputError: Naming what was wrong with the data and what is allowed.
+    """
+    if factory is not None:
+        loaded = _from_data_factory(factory, seed)
+    elif source.features is not None:
+        loaded = _from_tfds_features(source)
+    else:
+        loaded = _from_reference_shapes(source, shape)
+    if source.eval_examples:
+        loaded = dataclasses.replace(loaded, eval=_first(loaded.eval, source.eval_examples))
+    return loaded
+
+
+def _from_reference_shapes(source: DataConfig, shape: str | None) -> RunData:
+    """An embedded (or TFDS) dataset in the reference shapes: images and labels, or text."""
+    if shape is None:
+        shape = loading.reference_shape(source.name, source.train_split, source.data_dir)
+    if shape == "image":
+        train = loading.classification_arrays(source.name, source.train_split, source.data_dir)
+        evaluation = loading.classification_arrays(source.name, source.eval_split, source.data_dir)
+        return RunData(
+            (train.features, train.labels),
+            (evaluation.features, evaluation.labels),
+            {"input_shape": train.features.shape[1:], "num_classes": train.num_classes},
+        )
+    windows = functools.partial(
+        loading.language_model_windows,
+        source.name,
+        data_dir=source.data_dir,
+        sequence_length=source.sequence_length,
+    )
+    return RunData(
+        windows(split=source.train_split),
+        windows(split=source.eval_split),
+        {"vocab_size": loading.VOCAB_SIZE, "sequence_length": source.sequence_length},
+    )
+
+
+def _from_tfds_features(source: DataConfig) -> RunData:
+    """A TFDS dataset of any shape, through the config's `data.features` mapping."""
+    splits = [
+        loading.feature_pairs(source.name, split, source.data_dir, source.features)
+        for split in (source.train_split, source.eval_split)
+    ]
+    (train, dimensions), (evaluation, _) = splits
+    return RunData(train, evaluation, {**_spec_dimensions(train), **dimensions})
+
+
+def _from_data_factory(factory: BoundFactory, seed: int) -> RunData:
+    what = f"data.factory {factory.reference}"
+    try:
+        returned = factory(seed=seed)
+    except UserInputError:
+        raise
+    except Exception as error:  # The user's code: its error, in one line.
+        raise UserInputError(f"{what} failed: {describe_error(error)}") from None
+    if not (isinstance(returned, tuple) and len(returned) in (2, 3)):
+        raise UserInputError(
+            f"{what} returned {type(returned).__name__}. Allowed: (train, eval) tf.data.Datasets, "
+            "optionally with a third element, a dict of dimensions such as {'num_classes': 10}"
+        )
+    train = checked_split(returned[0], f"{what}: train")
+    evaluation = checked_split(returned[1], f"{what}: eval")
+    declared = returned[2] if len(returned) == 3 else {}
+    unknown = sorted(set(declared) - set(DATA_DIMENSIONS))
+    if not isinstance(declared, Mapping) or unknown:
+        raise UserInputError(
+            f"{what}: its dimensions {declared!r} hold an unknown name. "
+            f"Allowed: {', '.join(DATA_DIMENSIONS)}"
+        )
+    return RunData(train, evaluation, {**_spec_dimensions(train), **declared})
+
+
+def checked_split(split: Any, what: str) -> tuple[np.ndarray, ...] | tf.data.Dataset:
+    """`split` if it is data a run takes: a dataset of `(x, y[, sample_weight])` or `(x, y)` arrays.
+
+    Raises:
+        UserInputError: Naming `what` and what is allowed.
+    """
+    if isinstance(split, tf.data.Dataset):
+        spec = split.element_spec
+        if isinstance(spec, tuple) and len(spec) in (2, 3):
+            return split
+        raise UserInputError(
+            f"{what}: elements are {spec}. Allowed: unbatched (x, y) or (x, y, sample_weight) "
+            "tuples"
+        )
+    if isinstance(split, tuple) and len(split) == 2 and len(split[0]) == len(split[1]):
+        return tuple(np.asarray(array) for array in split)
+    raise UserInputError(
+        f"{what}: received {type(split).__name__}. Allowed: a tf.data.Dataset of unbatched "
+        "(x, y) elements, or a tuple (x, y) of arrays of equal length"
+    )
+
+
+def _spec_dimensions(dataset: tf.data.Dataset) -> dict[str, Any]:
+    """What an element's input says: its shape, and a token sequence's length."""
+    x = dataset.element_spec[0]
+    if not isinstance(x, tf.TensorSpec):
+        return {}
+    dimensions: dict[str, Any] = {"input_shape": tuple(x.shape)}
+    if x.dtype.is_integer and x.shape.rank == 1:
+        dimensions["sequence_length"] = x.shape[0]
+    return dimensions
+
+
+def _first(split: tuple[np.ndarray, ...] | tf.data.Dataset, count: int):
+    if isinstance(split, tf.data.Dataset):
+        return split.take(count)
+    return tuple(array[:count] for array in split)
