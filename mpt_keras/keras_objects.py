@@ -8,13 +8,15 @@ architecture and weights, and the loss and metrics it was compiled with.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import keras
+import tensorflow as tf
 
 from mpt_keras import models
 from mpt_keras.components import bind_factory, resolve_factory
@@ -41,7 +43,10 @@ def load_model_file(path: str, **dimensions: Any) -> keras.Model:
 
 
 def compiled_with(path: str) -> dict[str, Any]:
-    """The loss and metrics a `.keras` file was compiled with (`{}` if none)."""
+    """The loss a `.keras` file was compiled with, and its metrics as serialized (`{}`: none).
+
+    The metrics stay serialized: `metrics_from` makes them for each model.
+    """
     try:
         with zipfile.ZipFile(path) as archive:
             config = json.loads(archive.read("config.json"))
@@ -50,12 +55,12 @@ def compiled_with(path: str) -> dict[str, Any]:
             f"model.file {path}: not a Keras archive ({error}). Allowed: a .keras file saved "
             "by model.save"
         ) from None
-    compile_config = dict(config.get("compile_config") or {})
-    compile_config.pop("optimizer", None)
-    if not compile_config:
-        return {}
-    compiled = keras.saving.deserialize_keras_object(compile_config)
-    return {key: compiled.get(key) for key in ("loss", "metrics")}
+    compile_config = config.get("compile_config") or {}
+    loss = compile_config.get("loss")
+    return {
+        "loss": None if loss is None else keras.saving.deserialize_keras_object(loss),
+        "metrics": compile_config.get("metrics"),
+    }
 
 
 def loss_from(
@@ -67,7 +72,7 @@ def loss_from(
         UserInputError: For an unknown name or option, or a file with no loss.
     """
     if config is not None:
-        return _keras_component(config, keras.losses, "loss")
+        return _keras_component(config, keras.losses, "loss")()
     if model_source.name is not None:
         return models.REFERENCE_LOSS
     if compiled.get("loss") is None:
@@ -82,8 +87,11 @@ def metrics_from(
     configs: tuple[ComponentConfig, ...] | None,
     model_source: ModelConfig,
     compiled: Mapping[str, Any],
-) -> tuple[Any, ...]:
-    """The run's metrics: the config's, else the reference models' or a model file's.
+) -> tuple[Callable[[], Any], ...]:
+    """The run's metrics, as makers: the config's, else the reference models' or a file's.
+
+    A metric object holds its state in variables, so each model compiled gets
+    its own from these makers (and none is made before the run's strategy).
 
     Raises:
         UserInputError: For an unknown name or option.
@@ -94,31 +102,45 @@ def metrics_from(
             for index, config in enumerate(configs)
         )
     if model_source.name is not None:
-        return models.REFERENCE_METRICS
+        return tuple(functools.partial(str, name) for name in models.REFERENCE_METRICS)
     if model_source.file is not None:
-        return tuple(keras.tree.flatten(compiled.get("metrics") or []))
+        return tuple(
+            functools.partial(keras.saving.deserialize_keras_object, metric)
+            for metric in keras.tree.flatten(compiled.get("metrics") or [])
+        )
     return ()
 
 
-def _keras_component(config: ComponentConfig, module: Any, key: str) -> Any:
-    """A loss or metric from a Keras identifier or the user's factory."""
+def fresh_metric(metric: Any) -> Any:
+    """`metric` for another model: a copy of a metric object, any other metric as it is."""
+    if isinstance(metric, keras.metrics.Metric):
+        return type(metric).from_config(metric.get_config())
+    return metric
+
+
+def _keras_component(config: ComponentConfig, module: Any, key: str) -> Callable[[], Any]:
+    """The maker of a loss or metric from a Keras identifier or the user's factory."""
     kind = module.__name__.rpartition(".")[2]
     if config.factory is not None:
         function = resolve_factory(config.factory, f"{key}.factory")
         if isinstance(function, type) or config.options:
-            bound = bind_factory(config.factory, config.options, f"{key}.factory")
-            return bound()
-        return function
+            return bind_factory(config.factory, config.options, f"{key}.factory")
+        return lambda: function
     if not config.options:
+        if kind == "metrics" and config.name in _COMPILE_METRIC_NAMES:
+            return functools.partial(str, config.name)
         try:
-            module.get(config.name)
+            # In a graph of its own: a metric made here (to check the name)
+            # must not start TensorFlow's runtime before the run's strategy.
+            with tf.Graph().as_default():
+                module.get(config.name)
         except ValueError:
             raise UserInputError(
                 f"key '{key}.name': unknown {_SINGULAR[kind]} {config.name!r}. Allowed: a name of "
                 f"keras.{kind} (such as {_examples(kind)}) or a factory"
             ) from None
         # Keras resolves names itself, and picks the right accuracy for the loss.
-        return config.name
+        return functools.partial(str, config.name)
     class_name = config.name if config.name[:1].isupper() else _camel(config.name)
     cls = getattr(module, class_name, None)
     if not isinstance(cls, type):
@@ -133,10 +155,12 @@ def _keras_component(config: ComponentConfig, module: Any, key: str) -> Any:
             f"unknown option '{key}.options.{unknown[0]}' for keras.{kind}.{class_name}. "
             f"Allowed: {', '.join(_parameters(cls))}"
         )
-    return cls(**config.options)
+    return functools.partial(cls, **config.options)
 
 
 _SINGULAR = {"losses": "loss", "metrics": "metric"}
+# Names `Model.compile` resolves itself (by the loss) that `keras.metrics.get` does not know.
+_COMPILE_METRIC_NAMES = ("acc", "crossentropy", "ce")
 
 
 def _parameters(cls: type) -> list[str]:

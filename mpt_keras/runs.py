@@ -57,7 +57,8 @@ class Components:
             dtype policy and seed.
         data: Loads the `RunData` (called once the run's strategy exists).
         loss: A Keras loss: an object, a function or an identifier.
-        metrics: Keras metrics, as `model.compile` takes them.
+        metrics: Makers of Keras metrics (as `model.compile` takes them): a
+            metric object holds its state, so each model gets its own.
         task: `classification` or `language_model` for the reference models
             (the language models also report perplexity), else `None`.
     """
@@ -65,7 +66,7 @@ class Components:
     model: Callable[..., keras.Model]
     data: Callable[[], RunData]
     loss: Any
-    metrics: tuple[Any, ...]
+    metrics: tuple[Callable[[], Any], ...]
     task: str | None = None
 
 
@@ -180,7 +181,8 @@ def components_from_objects(
     run_data = RunData(
         data_lib.checked_split(data[0], "data[0]"), data_lib.checked_split(data[1], "data[1]"), {}
     )
-    return Components(model, lambda: run_data, loss, tuple(metrics))
+    makers = tuple(functools.partial(keras_objects.fresh_metric, metric) for metric in metrics)
+    return Components(model, lambda: run_data, loss, makers)
 
 
 def build_model(
@@ -278,13 +280,7 @@ def assemble(
         model,
         optimizer=optimizer,
         loss=components.loss,
-        # A metric object holds its state: each model gets its own.
-        metrics=[
-            type(metric).from_config(metric.get_config())
-            if isinstance(metric, keras.metrics.Metric)
-            else metric
-            for metric in components.metrics
-        ],
+        metrics=[make() for make in components.metrics],
         jit_compile=jit_compile,
     )
     optimizer.build(model.trainable_variables)

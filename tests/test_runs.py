@@ -1,5 +1,6 @@
 """Tests of `mpt_keras.runs`: components from a config or the user's objects, and their data."""
 
+import subprocess
 import sys
 import textwrap
 
@@ -179,7 +180,7 @@ def test_a_model_file_brings_its_weights_and_compiled_loss(user_code, tmp_path):
     components = runs.resolve_components(config)
     assert isinstance(components.loss, keras.losses.SparseCategoricalCrossentropy)
     assert components.loss.get_config()["from_logits"] is True
-    assert components.metrics == ("accuracy",)
+    assert [make() for make in components.metrics] == ["accuracy"]
     model, _, report = runs.build_model(config, components, components.data())
     np.testing.assert_array_equal(model.get_weights()[0], saved.get_weights()[0])
     assert report["precision"] == "float32"
@@ -246,3 +247,38 @@ def test_a_feature_mapping_naming_a_missing_feature_is_one_line(tfds_dir):
         "data.features: dataset 'mpt_digits' has no feature 'img'. "
         "Allowed: image (Image), label (ClassLabel)"
     )
+
+
+def test_each_model_gets_its_own_metrics(user_code):
+    config = _blobs_config().merged(
+        {"metrics": ["accuracy", "auc", {"name": "AUC", "options": {"num_thresholds": 10}}]}
+    )
+    components = runs.resolve_components(config)
+    first, second = ([make() for make in components.metrics] for _ in range(2))
+    assert first[:2] == second[:2] == ["accuracy", "auc"]
+    assert first[2].num_thresholds == 10 and first[2] is not second[2]
+
+
+def test_resolving_a_config_starts_no_tensorflow_runtime(user_code):
+    # The run's strategy (virtual CPUs, workers) must come before TensorFlow's runtime,
+    # so a fresh process tells: this one's runtime runs already.
+    script = textwrap.dedent(
+        """
+        from tensorflow.python.eager import context
+        from mpt_keras import runs
+        from mpt_keras.config import TrainConfig
+
+        config = TrainConfig.from_dict({
+            "model": {"factory": "user_code:dense_model"},
+            "data": {"factory": "user_code:blobs"},
+            "loss": {"name": "sparse_categorical_crossentropy", "options": {"from_logits": True}},
+            "metrics": ["accuracy", {"name": "AUC", "options": {"num_thresholds": 10}}],
+        })
+        runs.resolve_components(config)
+        print(context.context()._context_handle is None)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=user_code, capture_output=True, text=True, timeout=300
+    )
+    assert result.stdout == "True\n", result.stderr
