@@ -77,8 +77,6 @@ class SmallCNN(keras.Model):
         return {**super().get_config(), "num_classes": self.num_classes, "filters": self.filters}
 
 
-def small_cnn(input_shape: Sequence[int], num_classes: int, filters: int = 16) -> keras.Model:
-    """`SmallCNN`, built for `input_shape`."""
-    model = SmallCNN(num_classes=num_classes, filters=filters)
-    model.build((None, *input_shape))
-    return model
+def small_cnn(num_classes: int, filters: int = 16) -> keras.Model:
+    """`SmallCNN`, unbuilt: it makes its variables on its first call."""
+    return SmallCNN(num_classes=num_classes, filters=filters)
