@@ -1,12 +1,13 @@
 """FLOPs of a train step, counted from the model's traced forward graph.
 
-The forward pass is traced once (`training=True`, the batch's static shape)
-and its matrix products counted from their static shapes, 2 FLOPs per
-multiply-add:
+The forward pass is traced once (`training=True`, on the batch's input spec,
+a tensor's or a dict's of them, static shapes) and its matrix products
+counted from their static shapes, 2 FLOPs per multiply-add:
 
     MatMul, BatchMatMulV2/V3   2 * (output elements) * (contracted size)
     Einsum (two operands)      2 * product of the sizes of every distinct index
-    Conv2D                     2 * (output elements) * kernel height * width * input channels
+    Conv2D, Conv3D             2 * (output elements) * kernel size * input channels (per group)
+    DepthwiseConv2dNative      2 * (output elements) * kernel height * width
 
 A train step is counted as 3x the forward pass (the backward pass computes a
 gradient for the inputs and one for the weights of each product: 2x), the
@@ -20,28 +21,35 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import keras
 import tensorflow as tf
 
 TRAIN_STEP_FORWARD_MULTIPLE = 3
 METHOD = (
-    "3 x the forward pass's matrix-product FLOPs (MatMul, BatchMatMul, Einsum, Conv2D; "
+    "3 x the forward pass's matrix-product FLOPs (MatMul, BatchMatMul, Einsum, Conv2D, Conv3D, "
+    "DepthwiseConv2dNative; "
     "2 per multiply-add), counted from the static shapes of its traced graph; "
     "elementwise ops and the optimizer update not counted"
 )
 
 
-def train_step_flops(model: keras.Model, batch_shape: tuple[int, ...], dtype: str) -> int:
-    """FLOPs of one train step of `model` on a batch of `batch_shape` inputs.
+def train_step_flops(model: keras.Model, input_spec: Any) -> int:
+    """FLOPs of one train step of `model` on a batch of inputs of `input_spec`.
 
     Args:
-        model: A built model with one input.
-        batch_shape: The input batch's shape, batch dimension included.
-        dtype: The input's dtype (`int32` for token ids).
+        model: A built model.
+        input_spec: Its input batch: a `tf.TensorSpec` (batch dimension
+            included), or a dict, list or tuple of them for a model of several
+            inputs, as a batched dataset's `element_spec` holds them.
+
+    Raises:
+        ValueError: If a product's shape is not static, or an einsum is not
+            one this module counts.
     """
     forward = tf.function(lambda inputs: model(inputs, training=True))
-    graph = forward.get_concrete_function(tf.TensorSpec(batch_shape, dtype)).graph
+    graph = forward.get_concrete_function(input_spec).graph
     return TRAIN_STEP_FORWARD_MULTIPLE * product_flops(graph.get_operations())
 
 
@@ -60,9 +68,13 @@ def _flops(operation: tf.Operation) -> int:
         left = _shape(operation.inputs[0])
         contracted = left[-2] if operation.get_attr("adj_x") else left[-1]
         return 2 * _elements(operation.outputs[0]) * contracted
-    if kind == "Conv2D":
-        height, width, channels, _ = _shape(operation.inputs[1])
-        return 2 * _elements(operation.outputs[0]) * height * width * channels
+    if kind in ("Conv2D", "Conv3D"):
+        # The kernel: spatial sizes, input channels (of a group), output channels.
+        return 2 * _elements(operation.outputs[0]) * math.prod(_shape(operation.inputs[1])[:-1])
+    if kind == "DepthwiseConv2dNative":
+        # Each output element reads one input channel: height * width products.
+        height, width, _, _ = _shape(operation.inputs[1])
+        return 2 * _elements(operation.outputs[0]) * height * width
     if kind == "Einsum":
         return _einsum_flops(operation)
     return 0

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from absl import app, flags
 
-from benchmarks import common_flags, harness, stacks, suite
+from benchmarks import common_flags, harness, stacks, suite, workloads
 from mpt_keras.policies import global_policy
 
 VARIANTS = ("stock", *(f"+{piece}" for piece in stacks.PIECES))
@@ -52,15 +52,21 @@ def measure(
 
     `batch_size` is in sequences for the Transformer LM, in images otherwise.
     """
+    workload = workloads.reference(model_name, batch_size, sequence_length, num_layers, d_model)
     loops = {}
     with tempfile.TemporaryDirectory() as log_dir, global_policy(precision):
         for count, name in enumerate(VARIANTS):
-            model = harness.reference_model(model_name, sequence_length, num_layers, d_model)
+            model = workload.build()
             callbacks = stacks.compile_stack(
-                model, precision, jit_compile, stacks.PIECES[:count], log_dir, batch_size
+                model,
+                precision,
+                jit_compile,
+                stacks.PIECES[:count],
+                log_dir,
+                batch_size,
+                loss=workload.loss,
             )
-            batches = harness.reference_batches(model_name, batch_size, sequence_length)
-            loops[name] = harness.FitLoop(model, iter(batches), callbacks)
+            loops[name] = harness.FitLoop(model, iter(workload.batches()), callbacks)
         # After every variant is built, as in mpt-bench.
         for loop in loops.values():
             loop(warmup_steps)

@@ -15,16 +15,18 @@ and the pieces of ours, in the order `benchmarks.stack_ablation` adds them:
                             defaults (normalization and the output layer in float32)
     monitor                 a `MixedPrecisionMonitor` at its default `update_freq`
 
-With every piece it is the stack `mpt-bench` calls `ours`.
+With every piece it is the stack `mpt-bench` calls `ours`. Every stack trains with
+AdamW(1e-3) and the loss it is given (the reference models': `models.REFERENCE_LOSS`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Any
 
 import keras
 
-from mpt_keras import models, xla
+from mpt_keras import xla
 from mpt_keras.errors import UserInputError
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 from mpt_keras.manifest import PrecisionManifest
@@ -40,16 +42,20 @@ def compile_stack(
     pieces: Collection[str],
     log_dir: str,
     examples_per_step: int,
+    *,
+    loss: Any,
 ) -> list[keras.callbacks.Callback]:
     """Compiles `model` (built in the global policy `precision`) with stock Keras and `pieces`.
 
     Args:
-        model: A reference model, not yet compiled.
+        model: A built model, not yet compiled.
         precision: The global dtype policy it was built in.
         jit_compile: Whether to compile with XLA.
         pieces: Which of `PIECES` to use: none is stock Keras, all is ours.
         log_dir: The monitor's TensorBoard directory.
         examples_per_step: The batch size, for the monitor's throughput.
+        loss: The loss to train with, as `model.compile` takes it
+            (`models.REFERENCE_LOSS` for the reference models).
 
     Returns:
         The callbacks to train with.
@@ -75,11 +81,9 @@ def compile_stack(
     else:
         optimizer = inner
     if "train_step" in pieces:
-        xla.compile_model(
-            model, optimizer=optimizer, loss=models.REFERENCE_LOSS, jit_compile=jit_compile
-        )
+        xla.compile_model(model, optimizer=optimizer, loss=loss, jit_compile=jit_compile)
     else:
-        model.compile(optimizer=optimizer, loss=models.REFERENCE_LOSS, jit_compile=jit_compile)
+        model.compile(optimizer=optimizer, loss=loss, jit_compile=jit_compile)
     if "monitor" not in pieces:
         return []
     return [MixedPrecisionMonitor(log_dir, examples_per_step=examples_per_step)]

@@ -1,8 +1,24 @@
 """The benchmark suite behind `mpt-bench`: every variant side by side, against the machine's limit.
 
-A variant is a reference model (the Transformer LM, the 8x8 CNN and MLP), a precision
-(`float32`, `mixed_bfloat16`, `mixed_float16`), XLA (`off`, `on`) and a stack
-(`benchmarks.stacks`):
+A variant is a model, a precision (`float32`, `mixed_bfloat16`,
+`mixed_float16`), XLA (`off`, `on`) and a stack (`benchmarks.stacks`). The
+model (`benchmarks.workloads`) is either
+
+    a reference model   the Transformer LM, the 8x8 CNN or MLP (`models`), on
+                        random batches sized by the settings (`batch_size`,
+                        `image_batch_size`, `sequence_length`, `num_layers`,
+                        `d_model`), trained with `models.REFERENCE_LOSS`
+    a run config's      (`config`) whatever model, data and loss it names,
+                        assembled as `mpt-train` assembles them
+                        (`runs.resolve_components`): a reference model, a
+                        `model.factory` or a `model.file`; its data's train
+                        batches (`data.batch_size`, `data.shuffle_buffer`,
+                        `seed`; the settings' sizes do not apply) and its loss;
+                        named by `config_name` (`mpt-bench`: the file's stem).
+                        Its precision, manifest, optimizer, metrics, strategy
+                        and XLA setting are not used: the variants decide those
+
+and the stacks are
 
     ours    the global policy, `PrecisionManifest(default=precision)` (the safe
             defaults: normalization and the output layer in float32) applied,
@@ -15,14 +31,18 @@ A variant is a reference model (the Transformer LM, the 8x8 CNN and MLP), a prec
             `mixed_float16` and the plain optimizer otherwise,
             `model.compile(jit_compile=...)`, no callback
 
-Both stacks train with AdamW(1e-3) from the same initial weights on the same
-batches, with the train-step loop of `model.fit` (`harness.FitLoop`). All
+Both stacks train with AdamW(1e-3), without metrics, from the same initial
+weights (a reference model is built from seed 0; a config's model once in
+float32, its weights then copied into every variant) on the same batches,
+with the train-step loop of `model.fit` (`harness.FitLoop`). All
 variants are built and warmed up, then timed in ONE process, interleaved
 round by round (`harness.interleave`), so machine drift cancels. Before them,
 the matmul peak per dtype is measured the same way (`matmul_peak`).
 
-Per variant: the median step time over the rounds, examples (and tokens) per
-second, the train step's FLOPs (`flops`) and FLOP/s, their fraction of the
+Per variant: the median step time over the rounds, examples (and tokens, for
+a model of token sequences) per second, the train step's FLOPs (`flops`,
+traced on the batch's input spec, dict inputs included; None where they
+cannot be counted, e.g. a dynamic shape) and FLOP/s, their fraction of the
 matmul peak of the variant's compute dtype, peak memory, and speed ratios
 (examples/s of one variant over another's; above 1: faster), each as the
 ratio of the medians and the median of the per-round ratios:
@@ -35,21 +55,23 @@ Memory is read from TensorFlow's allocator statistics of the device
 (`tf.config.experimental.get_memory_info`, reset before each variant's
 reading), one variant at a time right after its first step, over
 `memory_steps` train steps without callbacks (the monitor resets those
-statistics at its writes): `peak_memory_bytes` is the peak minus what was
-allocated before the variant was built (what it keeps, weights, optimizer
-state and input buffers, plus a step's working memory), `step_memory_bytes` the
-peak minus what was allocated when the steps began (activations, gradients,
-temporaries). On CPU, TensorFlow 2.21 keeps these statistics with its BFC
-allocator (`TF_CPU_ALLOCATOR_USE_BFC=true`, which `mpt-bench` sets), counting
-every allocation, or else with oneDNN's allocator (CPUs with AVX512 and newer),
-counting only allocations of 256 KiB and more; its default CPU allocator keeps
-none, and the figures are then None. Nothing allocated outside TensorFlow's
+statistics at its writes), for a config's model as for a reference model:
+`peak_memory_bytes` is the peak minus what was allocated before the variant
+was built, its dataset made but not yet read (what it keeps, weights,
+optimizer state and input buffers, plus a step's working memory; not the
+data's arrays), `step_memory_bytes` the peak minus what was allocated when
+the steps began (activations, gradients, temporaries). On CPU, TensorFlow
+2.21 keeps these statistics with its BFC allocator
+(`TF_CPU_ALLOCATOR_USE_BFC=true`, which `mpt-bench` sets), counting every
+allocation, or else with oneDNN's allocator (CPUs with AVX512 and newer),
+counting only allocations of 256 KiB and more; its default CPU allocator
+keeps none, and the figures are then None. Nothing allocated outside TensorFlow's
 allocator (oneDNN's and XLA's own buffers) is counted: the figures are lower
 bounds, comparable between variants of one model at one size.
 `variable_bytes` is exact: the bytes of the model's and optimizer's variables.
 
-With `profile_steps`, each variant with XLA off is then run that many more
-steps under the TensorFlow profiler (`op_profile`): its op time per step by
+With `profile_steps`, each variant with XLA off, of any model, is then run
+that many more steps under the TensorFlow profiler (`op_profile`): its op time per step by
 category (matmuls and convolutions, casts, the rest) and the top op types;
 for a lower precision also its matmuls' and its whole op time's speed-up over
 float32's, and the speed-up its step would have if its matmuls ran at the
@@ -63,18 +85,23 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import logging
 import os
 import statistics
 import tempfile
+from collections.abc import Mapping
 from typing import Any
 
 import keras
 import tensorflow as tf
 
-from benchmarks import flops, harness, matmul_peak, op_profile, stacks, suite_report
+from benchmarks import flops, harness, matmul_peak, op_profile, stacks, suite_report, workloads
 from mpt_keras import xla
+from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError
 from mpt_keras.policies import global_policy
+
+_LOGGER = logging.getLogger(__name__)
 
 MODELS = ("transformer_lm", "cnn", "mlp")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
@@ -104,7 +131,12 @@ class Settings:
     """What the suite measures, and how long.
 
     Attributes:
-        models: Reference models, of `MODELS`.
+        models: Reference models, of `MODELS`; `None`: all of them, or none
+            with `config`.
+        config: A resolved run config whose model, data and loss to measure
+            instead of the reference models (`benchmarks.workloads`).
+        config_name: The config's model's name in the variants' names and
+            the result (no `/`).
         precisions: Global dtype policies, of `PRECISIONS`.
         xla: XLA settings, of `XLA_SETTINGS`.
         stacks: `ours` and/or `stock` (see the module docstring).
@@ -112,11 +144,12 @@ class Settings:
         steps_per_round: Train steps per variant and round.
         warmup_steps: Untimed steps per variant before the rounds.
         memory_steps: Train steps per variant of the memory measurement.
-        batch_size: LM sequences per batch.
-        sequence_length: LM tokens per sequence.
-        num_layers: LM Transformer blocks.
-        d_model: LM width.
-        image_batch_size: CNN images per batch.
+        batch_size: LM sequences per batch (reference models only: a config
+            has its `data.batch_size`).
+        sequence_length: LM tokens per sequence (reference).
+        num_layers: LM Transformer blocks (reference).
+        d_model: LM width (reference).
+        image_batch_size: CNN and MLP images per batch (reference).
         matmul_size: Rows of the square matrices of the matmul peak.
         matmul_rounds: Interleaved rounds of the matmul peak.
         profile_steps: Steps per XLA-off variant under the TensorFlow
@@ -126,9 +159,15 @@ class Settings:
 
         result = measure(Settings(models=("cnn",), precisions=("float32",), rounds=3))
         result["variants"]["cnn/float32/xla_off/ours"]["median_step_seconds"]
+
+        config = mpt_keras.config.resolve_config("examples/configs/small_cnn_digits.json")
+        result = measure(Settings(config=config, config_name="small_cnn_digits"))
+        result["variants"]["small_cnn_digits/mixed_bfloat16/xla_on/ours"]["speed"]
     """
 
-    models: tuple[str, ...] = MODELS
+    models: tuple[str, ...] | None = None
+    config: TrainConfig | None = None
+    config_name: str = "config"
     precisions: tuple[str, ...] = PRECISIONS
     xla: tuple[str, ...] = XLA_SETTINGS
     stacks: tuple[str, ...] = STACKS
@@ -146,6 +185,24 @@ class Settings:
     profile_steps: int = 0
 
     def __post_init__(self):
+        if self.config is not None:
+            if not isinstance(self.config, TrainConfig):
+                raise UserInputError(
+                    f"config: received {type(self.config).__name__}. Allowed: a TrainConfig "
+                    "(mpt_keras.config.resolve_config)"
+                )
+            if self.models:
+                raise UserInputError(
+                    "models and config: received both. Allowed: reference models or a run "
+                    "config, not both"
+                )
+            if not self.config_name or "/" in self.config_name:
+                raise UserInputError(
+                    f"config_name: received {self.config_name!r}. Allowed: a name without '/'"
+                )
+            object.__setattr__(self, "models", ())
+        elif self.models is None:
+            object.__setattr__(self, "models", MODELS)
         for name, allowed in (
             ("models", MODELS),
             ("precisions", PRECISIONS),
@@ -155,7 +212,8 @@ class Settings:
             values = tuple(getattr(self, name))
             object.__setattr__(self, name, values)
             unknown = [value for value in values if value not in allowed]
-            if unknown or not values or len(set(values)) != len(values):
+            empty = not values and not (name == "models" and self.config is not None)
+            if unknown or empty or len(set(values)) != len(values):
                 problem = f"unknown '{unknown[0]}'" if unknown else f"received {list(values)}"
                 raise UserInputError(
                     f"{name}: {problem}. Allowed: one or more of {', '.join(allowed)}, each once"
@@ -170,6 +228,11 @@ class Settings:
             raise UserInputError(
                 f"d_model: must be divisible by the 4 attention heads. Received: {self.d_model}"
             )
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """The names of the models measured: the reference models, or `config_name`."""
+        return self.models if self.config is None else (self.config_name,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,7 +253,7 @@ def variants(settings: Settings) -> list[Variant]:
     """The variants `settings` selects, in measurement order."""
     return [
         Variant(model, precision, xla_setting, stack)
-        for model in settings.models
+        for model in settings.model_names
         for precision in settings.precisions
         for xla_setting in settings.xla
         for stack in settings.stacks
@@ -203,21 +266,28 @@ def measure(settings: Settings, profile_dir: str | None = None) -> dict[str, Any
     `profile_dir` keeps the profiler traces (with `settings.profile_steps`);
     None discards them after reading.
 
-    The keys: `benchmark`, `settings`, `models` (their sizes), `machine`,
-    `methods` (how time, FLOPs and memory were measured), `matmul_peak` (see
-    `matmul_peak.measure_matmul_peak`), `variants` (by `Variant.name`) and
-    `auto_jit_compile` (by `<model>/<precision>`).
+    The keys: `benchmark`, `settings`, `models` (how each is sized: a
+    config's model, its source, loss, batch size, inputs and parameters),
+    `machine`, `methods` (how time, FLOPs and memory were measured),
+    `matmul_peak` (see `matmul_peak.measure_matmul_peak`), `variants` (by
+    `Variant.name`) and `auto_jit_compile` (by `<model>/<precision>`).
+
+    Raises:
+        UserInputError: For a config whose model, data or loss cannot be
+            resolved, loaded or built (before anything is measured).
     """
+    measured_models = workloads_of(settings)
     peak = matmul_peak.measure_matmul_peak(settings.matmul_size, settings.matmul_rounds)
-    measured = measure_variants(settings, profile_dir)
+    measured = measure_variants(settings, measured_models, profile_dir)
     memory_device = _memory_device()
     records = {
-        variant.name: _record(variant, settings, measured, peak) for variant in variants(settings)
+        variant.name: _record(variant, measured_models[variant.model], measured, peak)
+        for variant in variants(settings)
     }
     return {
         "benchmark": "suite",
         "settings": dataclasses.asdict(settings),
-        "models": {name: _dimensions(name, settings) for name in settings.models},
+        "models": {name: dict(model.description) for name, model in measured_models.items()},
         "machine": harness.machine(),
         "methods": {
             "step_time": _STEP_TIME_METHOD,
@@ -235,7 +305,27 @@ def measure(settings: Settings, profile_dir: str | None = None) -> dict[str, Any
         },
         "matmul_peak": peak,
         "variants": records,
-        "auto_jit_compile": _auto_choices(settings, measured.step_seconds),
+        "auto_jit_compile": _auto_choices(settings, measured_models, measured.step_seconds),
+    }
+
+
+def workloads_of(settings: Settings) -> dict[str, workloads.Workload]:
+    """The models `settings` selects, by name: the reference models, or the config's.
+
+    Raises:
+        UserInputError: As `workloads.from_config`.
+    """
+    if settings.config is not None:
+        return {settings.config_name: workloads.from_config(settings.config, settings.config_name)}
+    return {
+        name: workloads.reference(
+            name,
+            settings.batch_size if name == workloads.LANGUAGE_MODEL else settings.image_batch_size,
+            settings.sequence_length,
+            settings.num_layers,
+            settings.d_model,
+        )
+        for name in settings.models
     }
 
 
@@ -247,7 +337,8 @@ class Measurements:
         step_seconds: Per variant name, seconds per step in each round.
         memory: Per variant name, `peak_bytes`, `step_bytes` (None where the
             device tracks no memory) and `variable_bytes`.
-        train_step_flops: Per model name, FLOPs of a train step (`flops`).
+        train_step_flops: Per model name, FLOPs of a train step (`flops`), or
+            None where they cannot be counted.
         op_seconds: Per profiled variant name, seconds per step per op type
             (`op_profile.op_seconds`).
         traces: Per profiled variant name, its trace file (None once deleted).
@@ -255,22 +346,34 @@ class Measurements:
 
     step_seconds: dict[str, list[float]]
     memory: dict[str, dict[str, int | None]]
-    train_step_flops: dict[str, int]
+    train_step_flops: dict[str, int | None]
     op_seconds: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     traces: dict[str, str | None] = dataclasses.field(default_factory=dict)
 
 
-def measure_variants(settings: Settings, profile_dir: str | None = None) -> Measurements:
+def measure_variants(
+    settings: Settings,
+    measured_models: Mapping[str, workloads.Workload],
+    profile_dir: str | None = None,
+) -> Measurements:
     """Builds every variant `settings` selects and times them interleaved, in this process.
 
     Then profiles the XLA-off variants (`settings.profile_steps`), keeping
     the traces under `profile_dir` if given.
+
+    Args:
+        settings: What to measure.
+        measured_models: The models, by name (`workloads_of(settings)`).
+        profile_dir: Where the profiler traces stay; None: deleted.
     """
     memory_device = _memory_device()
     selected = variants(settings)
     with tempfile.TemporaryDirectory() as log_root:
         prepared = {
-            variant: _prepare(variant, settings, log_root, memory_device) for variant in selected
+            variant: _prepare(
+                variant, measured_models[variant.model], settings, log_root, memory_device
+            )
+            for variant in selected
         }
         # After every variant is built: a variant's first steps after others
         # were built are slow (hundreds of ms, measured), so warm-up comes now.
@@ -297,9 +400,7 @@ def measure_variants(settings: Settings, profile_dir: str | None = None) -> Meas
     train_flops = {}
     for variant, ready in prepared.items():
         if variant.model not in train_flops:
-            train_flops[variant.model] = flops.train_step_flops(
-                ready.model, *_input_spec(variant.model, settings)
-            )
+            train_flops[variant.model] = _train_step_flops(variant.model, ready)
     return Measurements(
         step_seconds=step_seconds,
         memory={variant.name: ready.memory for variant, ready in prepared.items()},
@@ -311,33 +412,38 @@ def measure_variants(settings: Settings, profile_dir: str | None = None) -> Meas
 
 @dataclasses.dataclass(frozen=True)
 class _Prepared:
-    """A variant ready to be timed: its fit loop, model, and memory figures (or None)."""
+    """A variant ready to be timed: its fit loop, model, input spec, and memory figures."""
 
     loop: harness.FitLoop
     model: keras.Model
+    input_spec: Any
     memory: dict[str, int | None]
 
 
 def _prepare(
-    variant: Variant, settings: Settings, log_root: str, memory_device: str | None
+    variant: Variant,
+    workload: workloads.Workload,
+    settings: Settings,
+    log_root: str,
+    memory_device: str | None,
 ) -> _Prepared:
     """Builds and compiles a variant, runs its first step (tracing), measures its memory."""
     # Frees what earlier work left in reference cycles (the matmul peak's
     # matrices), which would otherwise be freed during this variant's build.
     gc.collect()
+    # Made before the reading: a dataset's tensors are the data's, not the variant's.
+    dataset = workload.batches()
     memory_before = _memory_current(memory_device)
     with global_policy(variant.precision):
-        model = _build(variant.model, settings)
-        dataset = harness.reference_batches(
-            variant.model, _batch_size(variant.model, settings), settings.sequence_length
-        )
+        model = workload.build()
         callbacks = stacks.compile_stack(
             model,
             variant.precision,
             variant.xla == "on",
             stacks.PIECES if variant.stack == "ours" else (),
             os.path.join(log_root, variant.name.replace("/", "-")),
-            _batch_size(variant.model, settings),
+            workload.batch_size,
+            loss=workload.loss,
         )
         iterator = iter(dataset)
         loop = harness.FitLoop(model, iterator, callbacks)
@@ -347,7 +453,19 @@ def _prepare(
         variable.numpy().nbytes
         for variable in {id(v): v for v in (*model.weights, *model.optimizer.variables)}.values()
     )
-    return _Prepared(loop, model, memory)
+    input_spec = keras.utils.unpack_x_y_sample_weight(dataset.element_spec)[0]
+    return _Prepared(loop, model, input_spec, memory)
+
+
+def _train_step_flops(name: str, ready: _Prepared) -> int | None:
+    """The train step's FLOPs, or None (and a warning) where they cannot be counted."""
+    try:
+        return flops.train_step_flops(ready.model, ready.input_spec)
+    except Exception as error:  # Any model's tracing: a count missing, never a crash.
+        _LOGGER.warning(
+            "%s: train step FLOPs not counted (%s: %s)", name, type(error).__name__, error
+        )
+        return None
 
 
 def _memory_device() -> str | None:
@@ -381,15 +499,15 @@ def _step_memory(
 
 
 def _record(
-    variant: Variant, settings: Settings, measured: Measurements, peak: dict[str, Any]
+    variant: Variant, workload: workloads.Workload, measured: Measurements, peak: dict[str, Any]
 ) -> dict[str, Any]:
     step_seconds = measured.step_seconds
     memory = measured.memory[variant.name]
-    train_flops = measured.train_step_flops
+    train_flops = measured.train_step_flops[variant.model]
     seconds = step_seconds[variant.name]
     median = statistics.median(seconds)
-    batch_size = _batch_size(variant.model, settings)
-    flops_per_second = train_flops[variant.model] / median
+    batch_size = workload.batch_size
+    flops_per_second = None if train_flops is None else train_flops / median
     compute_dtype = COMPUTE_DTYPES[variant.precision]
 
     def speed_over(**changes: str) -> dict[str, float] | None:
@@ -408,13 +526,17 @@ def _record(
         "median_step_seconds": median,
         "examples_per_second": batch_size / median,
         "tokens_per_second": (
-            batch_size * settings.sequence_length / median
-            if variant.model == "transformer_lm"
+            batch_size * workload.tokens_per_example / median
+            if workload.tokens_per_example
             else None
         ),
-        "train_step_flops": train_flops[variant.model],
+        "train_step_flops": train_flops,
         "flops_per_second": flops_per_second,
-        "fraction_of_matmul_peak": flops_per_second / peak["flops_per_second"][compute_dtype],
+        "fraction_of_matmul_peak": (
+            None
+            if flops_per_second is None
+            else flops_per_second / peak["flops_per_second"][compute_dtype]
+        ),
         "peak_memory_bytes": memory["peak_bytes"],
         "step_memory_bytes": memory["step_bytes"],
         "variable_bytes": memory["variable_bytes"],
@@ -458,13 +580,17 @@ def _op_profile(
     return profile
 
 
-def _auto_choices(settings: Settings, step_seconds: dict[str, list[float]]) -> dict[str, Any]:
+def _auto_choices(
+    settings: Settings,
+    measured_models: Mapping[str, workloads.Workload],
+    step_seconds: dict[str, list[float]],
+) -> dict[str, Any]:
     """Per (model, precision): what `auto` picks, and its step time over the better choice."""
     stack = "ours" if "ours" in settings.stacks else settings.stacks[0]
     strategy = tf.distribute.get_strategy()
     choices = {}
-    for model in settings.models:
-        built = _build(model, settings)
+    for model, workload in measured_models.items():
+        built = workload.build()
         for precision in settings.precisions:
             jit_compile, reason = xla.resolve_jit_compile("auto", strategy, precision, built)
             times = {
@@ -488,35 +614,6 @@ def _auto_choices(settings: Settings, step_seconds: dict[str, list[float]]) -> d
                 entry["within_tolerance"] = entry["step_time_over_best"] <= AUTO_TOLERANCE
             choices[f"{model}/{precision}"] = entry
     return choices
-
-
-def _build(model: str, settings: Settings) -> keras.Model:
-    """The reference model `model`, from seed 0, in the global policy."""
-    return harness.reference_model(
-        model, settings.sequence_length, settings.num_layers, settings.d_model
-    )
-
-
-def _batch_size(model: str, settings: Settings) -> int:
-    return settings.batch_size if model == "transformer_lm" else settings.image_batch_size
-
-
-def _input_spec(model: str, settings: Settings) -> tuple[tuple[int, ...], str]:
-    if model == "transformer_lm":
-        return (settings.batch_size, settings.sequence_length), "int32"
-    return (settings.image_batch_size, *harness.IMAGE_SHAPE), "float32"
-
-
-def _dimensions(model: str, settings: Settings) -> dict[str, Any]:
-    if model == "transformer_lm":
-        return harness.transformer_lm_description(
-            settings.num_layers, settings.d_model, settings.sequence_length, settings.batch_size
-        )
-    return {
-        "name": model,
-        "input_shape": list(harness.IMAGE_SHAPE),
-        "batch_size": settings.image_batch_size,
-    }
 
 
 def run(settings: Settings, output_dir: str | None = None) -> dict[str, Any]:

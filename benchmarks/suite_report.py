@@ -26,7 +26,8 @@ def table(result: dict[str, Any]) -> str:
         lines.append(
             f"{name:<{width}} {row['median_step_seconds'] * 1e3:>8.2f} "
             f"{row['examples_per_second']:>8.0f} {_number(row['tokens_per_second'], 8, 0)} "
-            f"{row['flops_per_second'] / 1e9:>8.2f} {row['fraction_of_matmul_peak'] * 100:>5.1f}% "
+            f"{_number(_scaled(row['flops_per_second'], 1e-9), 8, 2)} "
+            f"{_percent(row['fraction_of_matmul_peak'])} "
             f"{_number(_mib(row['peak_memory_bytes']), 8, 1)} "
             f"{_number(_ratio(speed['vs_float32']), 5, 2)} "
             f"{'(' + format(ceilings[row['compute_dtype']], '.2f') + ')':>6} "
@@ -99,7 +100,10 @@ def _profile_lines(result: dict[str, Any]) -> list[str]:
 
 
 def plot(result: dict[str, Any]) -> bytes:
-    """The result's achieved GFLOP/s per variant against the matmul peaks, as PNG bytes."""
+    """The result's achieved GFLOP/s per variant against the matmul peaks, as PNG bytes.
+
+    A variant whose model's FLOPs were not counted has no bar.
+    """
     short = {
         "transformer_lm": "lm",
         "float32": "f32",
@@ -113,6 +117,7 @@ def plot(result: dict[str, Any]) -> bytes:
             row["flops_per_second"] / 1e9,
         )
         for name, row in result["variants"].items()
+        if row["flops_per_second"] is not None  # FLOPs not counted for this model.
     ]
     peaks = {
         dtype: value / 1e9 for dtype, value in result["matmul_peak"]["flops_per_second"].items()
@@ -129,4 +134,12 @@ def _ratio(speed: dict[str, float] | None) -> float | None:
 
 
 def _mib(value: int | None) -> float | None:
-    return None if value is None else value / 2**20
+    return _scaled(value, 2**-20)
+
+
+def _scaled(value: float | None, factor: float) -> float | None:
+    return None if value is None else value * factor
+
+
+def _percent(fraction: float | None) -> str:
+    return f"{'-':>6}" if fraction is None else f"{fraction * 100:>5.1f}%"

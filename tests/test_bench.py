@@ -5,6 +5,7 @@ what it writes, never how fast anything was.
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -15,8 +16,10 @@ import pytest
 import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-from benchmarks import chart, flops, op_profile, suite
+from benchmarks import chart, flops, op_profile, suite, suite_report, workloads
+from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError
+from mpt_keras.policies import global_policy
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUMBER = (int, float)
@@ -198,6 +201,169 @@ def test_memory_is_none_where_the_device_keeps_no_statistics():
     assert result["methods"]["memory"] == "not measured: TensorFlow tracks no device's memory here"
 
 
+def test_a_model_whose_flops_cannot_be_counted_is_measured_without_them(monkeypatch):
+    def uncountable(model, input_spec):
+        raise ValueError("FLOPs need static shapes. Received: x of shape (None, 8)")
+
+    monkeypatch.setattr(flops, "train_step_flops", uncountable)
+    settings = suite.Settings(
+        models=("mlp",),
+        precisions=("float32",),
+        xla=("off",),
+        stacks=("stock",),
+        rounds=1,
+        steps_per_round=1,
+        warmup_steps=1,
+        memory_steps=1,
+        image_batch_size=4,
+        matmul_size=8,
+        matmul_rounds=1,
+    )
+    result = suite.measure(settings)
+    row = result["variants"]["mlp/float32/xla_off/stock"]
+    assert row["train_step_flops"] is row["flops_per_second"] is None
+    assert row["fraction_of_matmul_peak"] is None
+    assert suite_report.table(result).splitlines()[1].split()[4:6] == ["-", "-"]  # GFLOP/s, %peak
+    assert tf.io.decode_png(suite_report.plot(result)).shape[2] == 3  # No bar for it.
+
+
+USER_CODE = """
+import keras
+import numpy as np
+import tensorflow as tf
+
+
+def pixels_and_counts(num_classes):
+    pixels = keras.Input((4, 4, 1), name="pixels")
+    counts = keras.Input((3,), name="counts")
+    features = keras.layers.Conv2D(2, 3, padding="same", activation="relu")(pixels)
+    features = keras.layers.Concatenate()([keras.layers.Flatten()(features), counts])
+    logits = keras.layers.Dense(num_classes, name="logits")(features)
+    return keras.Model({"pixels": pixels, "counts": counts}, logits)
+
+
+def pixels_and_counts_data(seed=0):
+    rng = np.random.default_rng(seed)
+    x = {
+        "pixels": rng.normal(size=(32, 4, 4, 1)).astype("float32"),
+        "counts": rng.normal(size=(32, 3)).astype("float32"),
+    }
+    y = rng.integers(0, 3, size=32).astype("int32")
+    dataset = tf.data.Dataset.from_tensor_slices((x, y))
+    return dataset, dataset.take(8), {"num_classes": 3}
+"""
+
+
+@pytest.fixture
+def user_config(tmp_path, monkeypatch):
+    """A run config of the user's own model (two named inputs), data and loss, and its directory."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bench_user_code.py").write_text(USER_CODE)
+    yield TrainConfig.from_dict(
+        {
+            "model": {"factory": "bench_user_code:pixels_and_counts"},
+            "data": {"factory": "bench_user_code:pixels_and_counts_data", "batch_size": 4},
+            "loss": {"name": "sparse_categorical_crossentropy", "options": {"from_logits": True}},
+        }
+    )
+    sys.modules.pop("bench_user_code", None)
+
+
+def test_a_configs_own_model_data_and_loss_are_measured_side_by_side(user_config):
+    settings = suite.Settings(
+        config=user_config,
+        config_name="pixels_and_counts",
+        precisions=("float32", "mixed_bfloat16"),
+        xla=("off",),
+        stacks=("ours", "stock"),
+        rounds=2,
+        steps_per_round=1,
+        warmup_steps=1,
+        memory_steps=1,
+        matmul_size=8,
+        matmul_rounds=1,
+    )
+    result = suite.measure(settings)
+    names = [
+        f"pixels_and_counts/{precision}/xla_off/{stack}"
+        for precision in ("float32", "mixed_bfloat16")
+        for stack in ("ours", "stock")
+    ]
+    assert list(result["variants"]) == names
+    # Per example: the convolution, 2 * (4*4*2) * (3*3*1), and the logits, 2 * (32+3) * 3.
+    forward_per_example = 2 * 32 * 9 + 2 * 35 * 3
+    for name, row in result["variants"].items():
+        assert len(row["step_seconds"]) == 2, name
+        assert all(math.isfinite(seconds) and seconds > 0 for seconds in row["step_seconds"])
+        assert row["examples_per_second"] == 4 / row["median_step_seconds"]
+        assert row["tokens_per_second"] is None
+        assert row["train_step_flops"] == 3 * 4 * forward_per_example
+        assert row["variable_bytes"] > 0
+    for stack in ("ours", "stock"):
+        speed = result["variants"][f"pixels_and_counts/mixed_bfloat16/xla_off/{stack}"]["speed"]
+        assert {key: type(value) for key, value in speed["vs_float32"].items()} == RATIO
+        assert all(math.isfinite(value) for value in speed["vs_float32"].values())
+    assert result["models"] == {
+        "pixels_and_counts": {
+            "name": "pixels_and_counts",
+            "model": {"factory": "bench_user_code:pixels_and_counts"},
+            "loss": "SparseCategoricalCrossentropy",
+            "batch_size": 4,
+            "inputs": {
+                "counts": {"shape": [4, 3], "dtype": "float32"},
+                "pixels": {"shape": [4, 4, 4, 1], "dtype": "float32"},
+            },
+            "dimensions": {"num_classes": 3},
+            "parameters": (3 * 3 * 1 * 2 + 2) + (35 * 3 + 3),
+        }
+    }
+    assert list(result["auto_jit_compile"]) == [
+        "pixels_and_counts/float32",
+        "pixels_and_counts/mixed_bfloat16",
+    ]
+    assert json.loads(json.dumps(result))["settings"]["config"]["model"]["factory"] == (
+        "bench_user_code:pixels_and_counts"
+    )
+    rows = suite_report.table(result).splitlines()[1 : 1 + len(names)]
+    assert [row.split()[0] for row in rows] == names
+
+
+def test_every_variant_of_a_configs_model_starts_from_the_same_weights(user_config):
+    workload = workloads.from_config(user_config, "pixels_and_counts")
+    float32 = workload.build()
+    with global_policy("mixed_bfloat16"):
+        bfloat16 = workload.build()
+    assert bfloat16.get_layer("logits").compute_dtype == "bfloat16"
+    for built in (float32, bfloat16):
+        assert [weights.tolist() for weights in built.get_weights()] == [
+            weights.tolist() for weights in float32.get_weights()
+        ]
+
+
+def test_a_model_files_layers_compute_in_each_variants_policy(user_config, tmp_path):
+    saved = workloads.from_config(user_config, "pixels_and_counts").build()
+    saved.compile(loss="sparse_categorical_crossentropy")
+    saved.save(tmp_path / "pixels.keras")
+    config = user_config.merged({"model": {"file": "pixels.keras"}})
+    with global_policy("mixed_bfloat16"):
+        loaded = workloads.from_config(config, "pixels").build()
+    # Saved in float32, its layers would keep float32 whatever the global policy.
+    computing = [layer.compute_dtype for layer in loaded.layers if layer.weights]
+    assert computing == ["bfloat16", "bfloat16"]  # The convolution and the logits.
+    assert [w.tolist() for w in loaded.get_weights()] == [w.tolist() for w in saved.get_weights()]
+
+
+def test_config_and_models_together_are_one_line_naming_both_flags():
+    result = _launch("--config=examples/configs/small_cnn_digits.json", "--models=cnn")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        "mpt-bench: error: --config and --models: received both. Allowed: one of them; with "
+        "--config the config decides (its model.name, model.factory or model.file: edit it or "
+        "use --config_override)"
+    )
+    assert result.stdout == ""
+
+
 def test_a_bad_flag_is_one_line_on_stderr_and_status_2():
     # One launch: each pays TensorFlow's import (absl's own flag checks, such
     # as --rounds=0, go the same way through trainers.cli).
@@ -219,6 +385,15 @@ def test_a_bad_flag_is_one_line_on_stderr_and_status_2():
         ({"rounds": 0}, "rounds: must be a positive integer. Received: 0"),
         ({"profile_steps": -1}, "profile_steps: must be a non-negative integer. Received: -1"),
         ({"d_model": 10}, "d_model: must be divisible by the 4 attention heads. Received: 10"),
+        (
+            {"models": ("cnn",), "config": TrainConfig()},
+            "models and config: received both. Allowed: reference models or a run config, not both",
+        ),
+        (
+            {"config": TrainConfig(), "config_name": "digits/cnn"},
+            "config_name: received 'digits/cnn'. Allowed: a name without '/'",
+        ),
+        ({"config": {"model": "cnn"}}, "config: received dict. Allowed: a TrainConfig"),
     ],
 )
 def test_settings_name_the_bad_field_and_what_is_allowed(changes, message):
@@ -230,11 +405,12 @@ def test_settings_name_the_bad_field_and_what_is_allowed(changes, message):
 def test_train_step_flops_are_3x_the_forward_products():
     inputs = keras.Input((4, 4, 2))
     x = keras.layers.Conv2D(3, 3, padding="same")(inputs)  # 2 * (4*4*3) * (3*3*2) per image
+    x = keras.layers.DepthwiseConv2D(3, padding="same")(x)  # 2 * (4*4*3) * (3*3) per image
     x = keras.layers.Flatten()(x)
     outputs = keras.layers.Dense(5)(x)  # 2 * 48 * 5 per image
     model = keras.Model(inputs, outputs)
-    per_image = 2 * 48 * 18 + 2 * 48 * 5
-    assert flops.train_step_flops(model, (2, 4, 4, 2), "float32") == 3 * 2 * per_image
+    per_image = 2 * 48 * 18 + 2 * 48 * 9 + 2 * 48 * 5
+    assert flops.train_step_flops(model, tf.TensorSpec((2, 4, 4, 2))) == 3 * 2 * per_image
 
 
 def test_einsum_flops_count_every_distinct_index():

@@ -1,5 +1,6 @@
 """Tests of `mpt_keras.runs`: components from a config or the user's objects, and their data."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -282,3 +283,24 @@ def test_resolving_a_config_starts_no_tensorflow_runtime(user_code):
         [sys.executable, "-c", script], cwd=user_code, capture_output=True, text=True, timeout=300
     )
     assert result.stdout == "True\n", result.stderr
+
+
+def test_the_example_manifest_keeps_the_gpt2_softmax_float32(tfds_dir, monkeypatch):
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    monkeypatch.chdir(repo)
+    config = TrainConfig.from_json(os.path.join(repo, "examples/configs/gpt2_python_source.json"))
+    config = config.merged(
+        {
+            "manifest": os.path.join(repo, "examples/manifests/gpt2_float16.json"),
+            "data": {"data_dir": tfds_dir, "options": {"sequence_length": 8}},
+        }
+    )
+    layers = {layer["path"]: layer for layer in runs.plan_precision(config)["layers"]}
+    softmaxes = [path for path in layers if path.endswith("/_softmax")]
+    assert softmaxes == [
+        "gpt2_backbone/transformer_layer_0/self_attention/_softmax",
+        "gpt2_backbone/transformer_layer_1/self_attention/_softmax",
+    ]
+    assert {layers[path]["compute_dtype"] for path in softmaxes} == {"float32"}
+    query = layers["gpt2_backbone/transformer_layer_0/self_attention/query"]
+    assert query["compute_dtype"] == "float16"

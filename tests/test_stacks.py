@@ -4,7 +4,7 @@ import keras
 import pytest
 
 from benchmarks import harness, stacks
-from mpt_keras import xla
+from mpt_keras import models, xla
 from mpt_keras.errors import UserInputError
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 from mpt_keras.monitor import MixedPrecisionMonitor
@@ -14,7 +14,9 @@ from mpt_keras.policies import global_policy
 def _compiled(precision: str, pieces, tmp_path) -> tuple[keras.Model, list]:
     with global_policy(precision):
         model = harness.reference_model("mlp", 8, 1, 8)
-        callbacks = stacks.compile_stack(model, precision, False, pieces, str(tmp_path), 64)
+        callbacks = stacks.compile_stack(
+            model, precision, False, pieces, str(tmp_path), 64, loss=models.REFERENCE_LOSS
+        )
     return model, callbacks
 
 
@@ -31,6 +33,7 @@ def test_stock_is_keras_alone(tmp_path, precision, optimizer_type, scale):
     assert getattr(model.optimizer, "initial_scale", None) == scale
     assert "train_step" not in vars(model)
     assert callbacks == []
+    assert model.loss is models.REFERENCE_LOSS
     # No safe defaults: the output layer computes in the global policy.
     assert model.layers[-1].dtype_policy.name == precision
 
@@ -55,3 +58,13 @@ def test_an_unknown_piece_is_named(tmp_path):
     assert str(error.value) == (
         "unknown stack piece 'ema'. Allowed: train_step, loss_scale_optimizer, manifest, monitor"
     )
+
+
+@pytest.mark.parametrize("pieces", [(), stacks.PIECES])
+def test_every_stack_trains_with_the_loss_it_is_given(tmp_path, pieces):
+    with global_policy("float32"):
+        model = harness.reference_model("mlp", 8, 1, 8)
+        stacks.compile_stack(
+            model, "float32", False, pieces, str(tmp_path), 4, loss="mean_squared_error"
+        )
+    assert model.loss == "mean_squared_error"

@@ -2,19 +2,33 @@
 
     mpt-bench --output=bench_results
     mpt-bench --models=cnn --precisions=float32,mixed_bfloat16 --xla=off --rounds=5
+    mpt-bench --config=examples/configs/mobilenet_v2_digits.json --xla=off
 
 Measures in one process, interleaved: the matmul peak per dtype, then each
 variant (model x precision x XLA x stack: ours or stock Keras) of the
-reference models (see `benchmarks.suite`). Prints the table on stdout;
-`--output` is a directory that gets `bench.json` and `bench.png`.
+reference models, or with `--config` of the run config's own model, data and
+loss, built as `mpt-train` builds them (see `benchmarks.suite`). Prints the
+table on stdout; `--output` is a directory that gets `bench.json` and
+`bench.png`.
+
+With `--config` the variants are named after the file (`mobilenet_v2_digits/
+mixed_float16/xla_off/ours`), the batches are the config's (`data.batch_size`;
+change it with `--config_override='{"data": {"batch_size": 64}}'`), and
+`--models` and the reference models' sizes (`--batch_size`,
+`--image_batch_size`, `--sequence_length`, `--num_layers`, `--d_model`) are
+errors. The config's precision, manifest, optimizer and XLA setting are not
+used: the variants decide those.
 """
 
 from __future__ import annotations
 
+import pathlib
 from collections.abc import Sequence
 
 from absl import flags
 
+from mpt_keras import config as config_lib
+from mpt_keras.errors import UserInputError
 from trainers import cli
 
 # The suite's flags take their defaults from it, which imports TensorFlow: quietly.
@@ -23,6 +37,14 @@ from benchmarks import suite  # noqa: E402
 
 _DEFAULTS = suite.Settings()
 
+_CONFIG = flags.DEFINE_string(
+    "config",
+    None,
+    "Run config (JSON) whose model, data and loss to measure, instead of the reference models.",
+)
+_CONFIG_OVERRIDE = flags.DEFINE_string(
+    "config_override", None, "JSON object merged into --config's (needs --config)."
+)
 _MODELS = flags.DEFINE_list(
     "models", list(suite.MODELS), f"Reference models, of {', '.join(suite.MODELS)}."
 )
@@ -82,10 +104,34 @@ _OUTPUT = flags.DEFINE_string(
 )
 
 
+# The reference models' flags, which a config decides for itself: where it does.
+_CONFIG_DECIDES = {
+    "models": "its model.name, model.factory or model.file",
+    "batch_size": "data.batch_size",
+    "image_batch_size": "data.batch_size",
+    "sequence_length": "data.sequence_length or data.options",
+    "num_layers": "model.options",
+    "d_model": "model.options",
+}
+
+
 def main(argv: Sequence[str]) -> None:
     del argv  # Checked by cli.run.
+    config = None
+    if _CONFIG.value is not None:
+        for name, key in _CONFIG_DECIDES.items():
+            if flags.FLAGS[name].present:
+                raise UserInputError(
+                    f"--config and --{name}: received both. Allowed: one of them; with --config "
+                    f"the config decides ({key}: edit it or use --config_override)"
+                )
+        config = config_lib.resolve_config(_CONFIG.value, _CONFIG_OVERRIDE.value)
+    elif _CONFIG_OVERRIDE.value is not None:
+        raise UserInputError("--config_override: received without --config. Allowed: with --config")
     settings = suite.Settings(
-        models=tuple(_MODELS.value),
+        models=None if config else tuple(_MODELS.value),
+        config=config,
+        config_name=pathlib.Path(_CONFIG.value).stem if config else "config",
         precisions=tuple(_PRECISIONS.value),
         xla=tuple(_XLA.value),
         stacks=tuple(_STACKS.value),
@@ -107,7 +153,37 @@ def main(argv: Sequence[str]) -> None:
 
 def run() -> None:
     """Console-script entry point of `mpt-bench`."""
-    cli.run(main, program="mpt-bench")
+    cli.run(
+        main,
+        program="mpt-bench",
+        help_groups={
+            "What is compared": (
+                "config",
+                "config_override",
+                "models",
+                "precisions",
+                "xla",
+                "stacks",
+                "output",
+            ),
+            "How it is measured": (
+                "rounds",
+                "steps_per_round",
+                "warmup_steps",
+                "memory_steps",
+                "profile_steps",
+                "matmul_size",
+                "matmul_rounds",
+            ),
+            "The models' sizes": (
+                "batch_size",
+                "image_batch_size",
+                "sequence_length",
+                "num_layers",
+                "d_model",
+            ),
+        },
+    )
 
 
 if __name__ == "__main__":
