@@ -323,7 +323,7 @@ def validate(
 
 
 def run_validation(
-    config: TrainConfig | keras.Model | Callable[[], keras.Model],
+    model: TrainConfig | keras.Model | Callable[[], keras.Model],
     candidate: str | os.PathLike,
     output: str | os.PathLike,
     thresholds: Thresholds = Thresholds(),
@@ -339,7 +339,7 @@ def run_validation(
     `log_dir/candidate` (`log_dir` defaults to `<output stem>_logs`).
 
     Args:
-        config: As `validate`.
+        model: As `validate`: a run config, or a model of one's own.
         candidate: As `validate`.
         output: Path of the report JSON; its directory is created.
         thresholds: As `validate`.
@@ -360,7 +360,7 @@ def run_validation(
         os.makedirs(os.path.dirname(output) or ".", exist_ok=True)
     except OSError as error:
         raise UserInputError(f"--output {output}: cannot be created ({error.strerror})") from None
-    report = validate(config, candidate, thresholds, steps, **objects)
+    report = validate(model, candidate, thresholds, steps, **objects)
     write_json_atomic(output, report.to_dict())
     write_text_atomic(stem + ".txt", report.table())
     with open(stem + ".png", "wb") as file:

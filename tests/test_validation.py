@@ -201,3 +201,48 @@ def test_the_readme_validates_a_keras_applications_model_with_no_config(capsys):
     )
     assert "block_1_expand" in {layer.path for layer in report.layers}
     assert capsys.readouterr().out.startswith("candidate mixed_bfloat16 vs float32: ")
+
+
+def test_a_subclassed_model_is_compared_by_its_outputs():
+    import keras
+
+    class Mlp(keras.Model):
+        def __init__(self):
+            super().__init__(name="mlp")
+            self.hidden = keras.layers.Dense(8, activation="relu")
+            self.logits = keras.layers.Dense(3)
+
+        def call(self, inputs):
+            return self.logits(self.hidden(inputs))
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    y = (x[:, 0] > 0).astype("int32")
+    report = validation.validate(
+        Mlp,
+        "mixed_bfloat16",
+        steps=2,
+        data=((x, y), (x[:16], y[:16])),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        config=mpt_keras.TrainConfig.from_dict({"data": {"batch_size": 16}}),
+    )
+    assert [(layer.path, layer.compute_dtype) for layer in report.layers] == [("mlp", "bfloat16")]
+    assert report.outputs == report.layers
+    assert 0 < report.outputs[0].relative_error < 0.05
+    # No accuracy metric: no accuracy check.
+    assert [check.name for check in report.checks] == [
+        "output_relative_error",
+        "top1_agreement",
+        "kl_divergence",
+        "final_loss_gap",
+        "skipped_fraction",
+    ]
+
+
+def test_a_config_takes_no_objects_besides():
+    with pytest.raises(mpt_keras.UserInputError) as raised:
+        validation.validate(mpt_keras.TrainConfig(), "mixed_float16", loss="mse")
+    assert str(raised.value) == (
+        "a TrainConfig names its own components: received it with data, loss, metrics or "
+        "config too. Allowed: a TrainConfig alone, or a model with data and loss"
+    )

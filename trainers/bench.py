@@ -11,13 +11,14 @@ loss, built as `mpt-train` builds them (see `benchmarks.suite`). Prints the
 table on stdout; `--output` is a directory that gets `bench.json` and
 `bench.png`.
 
-With `--config` the variants are named after the file (`mobilenet_v2_digits/
-mixed_float16/xla_off/ours`), the batches are the config's (`data.batch_size`;
-change it with `--config_override='{"data": {"batch_size": 64}}'`), and
-`--models` and the reference models' sizes (`--batch_size`,
-`--image_batch_size`, `--sequence_length`, `--num_layers`, `--d_model`) are
-errors. The config's precision, manifest, optimizer and XLA setting are not
-used: the variants decide those.
+With `--config` the variants are named after the file's stem
+(`mobilenet_v2_digits/mixed_float16/xla_off/ours`) and train on the config's
+batches (`data.batch_size`: change it in the file or with
+`--config_override='{"data": {"batch_size": 64}}'`); `--models` and the
+reference models' sizes (`--batch_size`, `--image_batch_size`,
+`--sequence_length`, `--num_layers`, `--d_model`) are errors with it. The
+config's precision, manifest, optimizer, metrics and XLA setting are not used:
+the variants decide those. Memory and `--profile_steps` work for any model.
 """
 
 from __future__ import annotations
@@ -72,19 +73,25 @@ _MEMORY_STEPS = flags.DEFINE_integer(
     "memory_steps", _DEFAULTS.memory_steps, "Train steps of the memory reading.", lower_bound=1
 )
 _BATCH_SIZE = flags.DEFINE_integer(
-    "batch_size", _DEFAULTS.batch_size, "LM sequences per batch.", lower_bound=1
+    "batch_size", _DEFAULTS.batch_size, "Sequences per batch of the reference LM.", lower_bound=1
 )
 _SEQUENCE_LENGTH = flags.DEFINE_integer(
-    "sequence_length", _DEFAULTS.sequence_length, "LM tokens per sequence.", lower_bound=2
+    "sequence_length",
+    _DEFAULTS.sequence_length,
+    "Tokens per sequence of the reference LM.",
+    lower_bound=2,
 )
 _NUM_LAYERS = flags.DEFINE_integer(
-    "num_layers", _DEFAULTS.num_layers, "LM Transformer blocks.", lower_bound=1
+    "num_layers", _DEFAULTS.num_layers, "Transformer blocks of the reference LM.", lower_bound=1
 )
 _D_MODEL = flags.DEFINE_integer(
-    "d_model", _DEFAULTS.d_model, "LM width (a multiple of 4).", lower_bound=4
+    "d_model", _DEFAULTS.d_model, "Width of the reference LM (a multiple of 4).", lower_bound=4
 )
 _IMAGE_BATCH_SIZE = flags.DEFINE_integer(
-    "image_batch_size", _DEFAULTS.image_batch_size, "CNN images per batch.", lower_bound=1
+    "image_batch_size",
+    _DEFAULTS.image_batch_size,
+    "Images per batch of the reference CNN and MLP.",
+    lower_bound=1,
 )
 _MATMUL_SIZE = flags.DEFINE_integer(
     "matmul_size", _DEFAULTS.matmul_size, "Rows of the matmul peak's matrices.", lower_bound=1
