@@ -129,10 +129,7 @@ def from_config(config: TrainConfig, name: str) -> Workload:
     def build() -> keras.Model:
         keras.utils.set_random_seed(config.seed)
         built = components.model(**data.dimensions)
-        if not built.built:
-            # As the run assembly builds it: a subclassed model on a first batch.
-            features = keras.utils.unpack_x_y_sample_weight(next(iter(data.eval_batches(1))))[0]
-            built(features)
+        runs.build_on_data(built, data)  # As the run assembly builds it.
         if config.model.file is not None:
             policy = keras.config.dtype_policy().name
             PrecisionManifest(default=policy, safe_defaults=False).apply(built)

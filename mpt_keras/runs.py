@@ -235,11 +235,8 @@ def build_model(
             raise UserInputError(
                 f"the model factory returned {type(model).__name__}. Allowed: a keras.Model"
             )
-        if not model.built:
-            # A subclassed model makes its variables on its first call: before
-            # the manifest and the optimizer, which need them all.
-            features = keras.utils.unpack_x_y_sample_weight(next(iter(data.eval_batches(1))))[0]
-            model(features)
+        # Before the manifest and the optimizer, which need every variable.
+        build_on_data(model, data)
         applied = manifest.apply(model)
     for rule in applied.unmatched_rules:
         _LOGGER.warning("Manifest rule %s matched no layer.", rule)
@@ -252,6 +249,15 @@ def build_model(
         **applied.to_dict(),
     }
     return model, manifest, report
+
+
+def build_on_data(model: keras.Model, data: RunData) -> None:
+    """Builds `model` on one evaluation example, unless it is built already.
+
+    A subclassed model makes its variables on its first call.
+    """
+    if not model.built:
+        model(keras.utils.unpack_x_y_sample_weight(next(iter(data.eval_batches(1))))[0])
 
 
 def assemble(

@@ -181,3 +181,111 @@ def test_override_errors_name_the_override(tmp_path):
 def test_config_is_frozen():
     with pytest.raises(AttributeError):
         TrainConfig().steps = 3
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (
+            {"model": {"factory": "my_models.build"}},
+            "key 'model.factory' must be 'package.module:attribute', received \"my_models.build\"",
+        ),
+        (
+            {"model": {"name": "cnn", "file": "model.keras"}},
+            "model: exactly one source is allowed: 'name', 'factory', 'file'; received 'name' "
+            "and 'file'",
+        ),
+        (
+            {"model": {"name": "resnet"}},
+            "key 'model.name' must be one of mlp, cnn, transformer_lm; received \"resnet\"",
+        ),
+        (
+            {"model": {"file": "model.h5"}},
+            "key 'model.file' must be the path of a .keras file, received \"model.h5\"",
+        ),
+        (
+            {"model": {"file": "model.keras", "options": {"a": 1}}},
+            "key 'model.options' must be empty for model.file, received {\"a\": 1}",
+        ),
+        (
+            {"model": {"factory": "my_models:build"}},
+            "key 'loss' must be a loss (a Keras name or a factory) when the model comes from "
+            "model.factory, received null",
+        ),
+        (
+            {"data": {"name": "mnist", "factory": "my_data:load"}},
+            "data: exactly one source is allowed: 'name', 'factory'; received 'name' and 'factory'",
+        ),
+        (
+            {"data": {"name": "mnist", "options": {"a": 1}}},
+            "key 'data.options' must be empty unless data.factory is given (TFDS datasets take "
+            'no options), received {"a": 1}',
+        ),
+        (
+            {"data": {"factory": "my_data:load", "features": {"x": "image", "y": "label"}}},
+            "key 'data.features' must be null, or with data.name an object {\"x\": FEATURE or "
+            '{INPUT: FEATURE, ...}, "y": FEATURE}, received {"x": "image", "y": "label"}',
+        ),
+        (
+            {"data": {"shuffle_buffer": 0}},
+            "key 'data.shuffle_buffer' must be an integer >= 1, received 0",
+        ),
+        (
+            {"loss": {"name": "mse", "factory": "my_losses:huber"}},
+            "loss: exactly one source is allowed: 'name', 'factory'; received 'name' and 'factory'",
+        ),
+        (
+            {"metrics": "accuracy"},
+            "key 'metrics' must be a JSON array or null, received \"accuracy\"",
+        ),
+        (
+            {"metrics": [{}]},
+            "metrics[0]: exactly one source is allowed: 'name', 'factory'; received none",
+        ),
+        (
+            {"metrics": [{"factory": "auc"}]},
+            "metrics[0]: key 'factory' must be 'package.module:attribute', received \"auc\"",
+        ),
+        (
+            {"imports": ["my project"]},
+            "key 'imports[0]' must be a dotted module name such as 'my_project.layers', "
+            'received "my project"',
+        ),
+    ],
+)
+def test_bad_component_sources_name_the_key_and_what_is_allowed(tmp_path, values, message):
+    path = _write(tmp_path, values)
+    with pytest.raises(UserInputError) as raised:
+        TrainConfig.from_json(path)
+    assert str(raised.value) == f"{path}: {message}"
+
+
+def test_components_round_trip_and_a_new_source_replaces_the_old_one():
+    config = TrainConfig.from_dict(
+        {
+            "imports": ["my_project.layers"],
+            "model": {"factory": "my_models:build", "options": {"width": 4}},
+            "data": {"factory": "my_data:load", "options": {"size": 8}},
+            "loss": "mse",
+            "metrics": ["accuracy", {"name": "AUC", "options": {"num_thresholds": 10}}],
+        }
+    )
+    assert TrainConfig.from_dict(json.loads(config.to_json())) == config
+    assert (config.loss.name, [metric.name for metric in config.metrics]) == (
+        "mse",
+        ["accuracy", "AUC"],
+    )
+    merged = config.merged({"model": {"name": "mlp"}, "data": {"name": "mpt_digits"}})
+    assert (merged.model.name, merged.model.factory, merged.model.options) == ("mlp", None, {})
+    assert (merged.data.name, merged.data.factory, merged.data.options) == ("mpt_digits", None, {})
+    # Without a source, the defaults: the cnn on the embedded digits.
+    assert (TrainConfig().model.name, TrainConfig().data.name) == ("cnn", "mpt_digits")
+
+
+def test_a_missing_model_file_is_named_before_anything_runs(tmp_path):
+    path = _write(tmp_path, {"model": {"file": str(tmp_path / "gone.keras")}})
+    with pytest.raises(UserInputError) as raised:
+        resolve_config(path)
+    assert (
+        str(raised.value) == f"{path}: key 'model.file': no such file '{tmp_path / 'gone.keras'}'"
+    )

@@ -198,3 +198,47 @@ def test_a_subclassed_model_trains_mirrored_with_xla_and_resumes(tfds_dir, tmp_p
         "global_average_pooling2d": "mixed_bfloat16",
         "dense": "float32",
     }
+
+
+def test_a_model_from_a_keras_file_trains_with_its_compiled_loss(tmp_path):
+    import keras
+
+    inputs = keras.Input((8, 8, 3))
+    hidden = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(inputs)
+    logits = keras.layers.Dense(10, name="logits")(keras.layers.Flatten()(hidden))
+    mine = keras.Model(inputs, logits)
+    mine.compile(
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"]
+    )
+    mine.save(tmp_path / "mine.keras")
+    config = tmp_path / "from_file.json"
+    config.write_text(
+        json.dumps(
+            {
+                "precision": "mixed_bfloat16",
+                "checkpoint_every": 2,
+                "eval_every": 2,
+                "model": {"file": str(tmp_path / "mine.keras")},
+                "data": {
+                    "factory": "examples.user_data:digits_rgb",
+                    "options": {"image_size": 8},
+                    "batch_size": 8,
+                    "eval_examples": 16,
+                },
+            }
+        )
+    )
+    model_dir = tmp_path / "run"
+    trained = _launch("train", f"--config={config}", f"--model_dir={model_dir}", "--steps=2")
+    assert trained.returncode == 0, trained.stderr
+    metrics = _read(model_dir / "metrics.json")
+    assert (metrics["step"], sorted(metrics)[-2:]) == (2, ["val_accuracy", "val_loss"])
+    policies = {
+        layer["path"]: layer["policy"]
+        for layer in _read(model_dir / "precision_report.json")["layers"]
+    }
+    assert policies == {
+        "conv": "mixed_bfloat16",
+        "flatten": "mixed_bfloat16",
+        "logits": "float32",
+    }
