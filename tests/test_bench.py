@@ -179,9 +179,9 @@ def test_the_launcher_prints_the_table_and_writes_every_field(tmp_path):
     assert image.shape[2] == 3 and image.shape[1] == 900
 
 
-@pytest.mark.usefixtures("no_memory_statistics")
-def test_memory_is_none_where_the_device_keeps_no_statistics():
-    settings = suite.Settings(
+def _one_tiny_variant() -> suite.Settings:
+    """The MLP in float32, stock, without XLA: one variant, measured as briefly as can be."""
+    return suite.Settings(
         models=("mlp",),
         precisions=("float32",),
         xla=("off",),
@@ -194,7 +194,11 @@ def test_memory_is_none_where_the_device_keeps_no_statistics():
         matmul_size=8,
         matmul_rounds=1,
     )
-    result = suite.measure(settings)
+
+
+@pytest.mark.usefixtures("no_memory_statistics")
+def test_memory_is_none_where_the_device_keeps_no_statistics():
+    result = suite.measure(_one_tiny_variant())
     row = result["variants"]["mlp/float32/xla_off/stock"]
     assert row["peak_memory_bytes"] is None and row["step_memory_bytes"] is None
     assert row["variable_bytes"] > 0
@@ -206,20 +210,7 @@ def test_a_model_whose_flops_cannot_be_counted_is_measured_without_them(monkeypa
         raise ValueError("FLOPs need static shapes. Received: x of shape (None, 8)")
 
     monkeypatch.setattr(flops, "train_step_flops", uncountable)
-    settings = suite.Settings(
-        models=("mlp",),
-        precisions=("float32",),
-        xla=("off",),
-        stacks=("stock",),
-        rounds=1,
-        steps_per_round=1,
-        warmup_steps=1,
-        memory_steps=1,
-        image_batch_size=4,
-        matmul_size=8,
-        matmul_rounds=1,
-    )
-    result = suite.measure(settings)
+    result = suite.measure(_one_tiny_variant())
     row = result["variants"]["mlp/float32/xla_off/stock"]
     assert row["train_step_flops"] is row["flops_per_second"] is None
     assert row["fraction_of_matmul_peak"] is None
