@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numbers
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
@@ -110,7 +110,8 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         growth_factor: Factor (> 1) applied after `growth_interval` finite
             steps.
         backoff_factor: Factor in (0, 1) applied on an overflow.
-        growth_interval: Consecutive finite steps (int >= 1) between growths.
+        growth_interval: Consecutive finite steps (int >= 1) between growths;
+            2000 unless given (or given as `dynamic_growth_steps`).
         hysteresis: Overflows since the last growth (int >= 1) before the scale
             backs off.
         min_scale: Lower bound of the scale (> 0).
@@ -120,6 +121,9 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             `None` (the gradients' own, float32 for float32 variables),
             `"float32"`, `"bfloat16"` or `"float16"`.
         name: Optimizer name.
+        dynamic_growth_steps: Keras' name of `growth_interval` (the stock
+            class's argument and config key); giving both with different
+            values is an error.
         **kwargs: Accepted for deserialization compatibility with the stock
             class only; base optimizer arguments belong on `inner_optimizer`.
 
@@ -141,15 +145,17 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         initial_scale: float = 2.0**15,
         growth_factor: float = 2.0,
         backoff_factor: float = 0.5,
-        growth_interval: int = 2000,
+        growth_interval: int | None = None,
         hysteresis: int = 1,
         min_scale: float = 1.0,
         max_scale: float = 2.0**24,
         dynamic: bool = True,
         all_reduce_dtype: str | None = None,
         name: str | None = None,
+        dynamic_growth_steps: int | None = None,
         **kwargs: Any,
     ) -> None:
+        growth_interval = _growth_interval(growth_interval, dynamic_growth_steps)
         _validate_arguments(
             inner_optimizer=inner_optimizer,
             initial_scale=initial_scale,
@@ -301,19 +307,34 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
     def scale_loss(self, loss: tf.Tensor) -> tf.Tensor:
         return ops.multiply(loss, self.dynamic_scale)
 
-    def get_scaled_loss(self, loss: tf.Tensor) -> tf.Tensor:
-        """Keras 2 name of `scale_loss`."""
+    def get_scaled_loss(
+        self, loss: tf.Tensor | Callable[[], tf.Tensor]
+    ) -> tf.Tensor | Callable[[], tf.Tensor]:
+        """Keras 2 (tf-keras) API: the loss times the scale.
+
+        Args:
+            loss: A loss tensor, or a callable returning one.
+
+        Returns:
+            The scaled loss; for a callable, a callable returning it (read at
+            call time), as tf-keras' `LossScaleOptimizer` does.
+        """
+        if callable(loss):
+            return lambda: self.scale_loss(loss())
         return self.scale_loss(loss)
 
     def get_unscaled_gradients(self, grads: Sequence[tf.Tensor | None]) -> list[tf.Tensor | None]:
-        """Keras 2 style: unscales `grads` for a custom loop.
+        """Keras 2 (tf-keras) API: unscales `grads` for a custom loop.
 
-        The next `apply`/`apply_gradients` in the same thread (replica) then
-        takes its gradients as already unscaled, as in the TF mixed-precision
-        guide; they may be transformed (e.g. clipped) in between.
+        Each gradient keeps its dtype (a float16 gradient stays float16, as in
+        tf-keras; the division is done in float32) and `None` entries stay
+        `None`. The next `apply`/`apply_gradients` in the same thread
+        (replica) then takes its gradients as already unscaled, as in the TF
+        mixed-precision guide; they may be transformed (e.g. clipped) in
+        between.
         """
         self._caller_unscaled.pending = True
-        return [None if g is None else _unscale(g, self.dynamic_scale) for g in grads]
+        return [None if g is None else _unscaled_like(g, self.dynamic_scale) for g in grads]
 
     def apply(
         self,
@@ -559,8 +580,9 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             )
 
     def get_config(self) -> dict[str, Any]:
+        # The stock keys (`dynamic_growth_steps` among them, equal to
+        # `growth_interval`), so a reader of Keras' config finds them, then ours.
         config = super().get_config()
-        del config["dynamic_growth_steps"]
         config.update(
             growth_factor=self.growth_factor,
             backoff_factor=self.backoff_factor,
@@ -661,6 +683,29 @@ def _unscale(gradient: tf.Tensor, scale: tf.Tensor | keras.Variable) -> tf.Tenso
     # ops.divide promotes float16 to float32 (the scale's dtype), so small
     # unscaled gradients do not flush to zero.
     return ops.divide(gradient, scale)
+
+
+def _unscaled_like(
+    gradient: tf.Tensor | tf.IndexedSlices, scale: tf.Tensor | keras.Variable
+) -> tf.Tensor | tf.IndexedSlices:
+    """`gradient / scale` (computed in float32) in the gradient's dtype and form."""
+    if isinstance(gradient, tf.IndexedSlices):
+        values = _unscaled_like(gradient.values, scale)
+        return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape)
+    return ops.cast(_unscale(gradient, scale), gradient.dtype)
+
+
+def _growth_interval(growth_interval: int | None, dynamic_growth_steps: int | None) -> Any:
+    """One growth interval from our argument and Keras' name for it."""
+    if growth_interval is None:
+        return 2000 if dynamic_growth_steps is None else dynamic_growth_steps
+    if dynamic_growth_steps is not None and dynamic_growth_steps != growth_interval:
+        raise UserInputError(
+            "growth_interval and dynamic_growth_steps are one setting (Keras' name for it) and "
+            f"differ. Received: growth_interval={growth_interval!r}, "
+            f"dynamic_growth_steps={dynamic_growth_steps!r}; give one of them"
+        )
+    return growth_interval
 
 
 def _sum_of_squares(gradient: tf.Tensor | tf.IndexedSlices) -> tf.Tensor:

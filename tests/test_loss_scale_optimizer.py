@@ -577,8 +577,10 @@ def test_get_config_round_trips_every_argument():
         keras.optimizers.AdamW(1e-3, global_clipnorm=1.0), name="lso", **_CUSTOM
     )
     config = opt.get_config()
-    assert set(config) == {"name", "inner_optimizer", *_CUSTOM}
+    # Keras' own key for the growth interval too (a drop-in's config).
+    assert set(config) == {"name", "inner_optimizer", "dynamic_growth_steps", *_CUSTOM}
     assert {k: config[k] for k in _CUSTOM} == _CUSTOM
+    assert config["dynamic_growth_steps"] == _CUSTOM["growth_interval"]
     restored = LossScaleOptimizer.from_config(copy.deepcopy(config))
     assert restored.get_config() == config
     serialized = keras.saving.serialize_keras_object(opt)
@@ -1146,3 +1148,72 @@ def _distributed_results() -> dict[str, Any]:
         },
     }
     return results
+
+
+# Drop-in for Keras 3.15's LossScaleOptimizer: its arguments and config keys -----------
+
+
+def test_dynamic_growth_steps_is_keras_name_for_the_growth_interval():
+    ours = LossScaleOptimizer(keras.optimizers.SGD(0.1), dynamic_growth_steps=7)
+    assert ours.growth_interval == ours.dynamic_growth_steps == 7
+    same = LossScaleOptimizer(keras.optimizers.SGD(0.1), growth_interval=7, dynamic_growth_steps=7)
+    assert same.growth_interval == 7
+    assert LossScaleOptimizer(keras.optimizers.SGD(0.1)).growth_interval == 2000
+
+
+def test_growth_interval_and_dynamic_growth_steps_that_differ_are_one_line():
+    with pytest.raises(ValueError) as raised:
+        LossScaleOptimizer(keras.optimizers.SGD(0.1), growth_interval=3, dynamic_growth_steps=5)
+    assert str(raised.value) == (
+        "growth_interval and dynamic_growth_steps are one setting (Keras' name for it) and "
+        "differ. Received: growth_interval=3, dynamic_growth_steps=5; give one of them"
+    )
+
+
+def test_a_config_of_the_stock_class_makes_ours_with_the_same_settings():
+    stock = StockLossScaleOptimizer(
+        keras.optimizers.AdamW(0.01, weight_decay=0.1),
+        initial_scale=64.0,
+        dynamic_growth_steps=5,
+        name="from_stock",
+    )
+    ours = LossScaleOptimizer.from_config(stock.get_config())
+    assert type(ours) is LossScaleOptimizer
+    assert (ours.initial_scale, ours.growth_interval, ours.name) == (64.0, 5, "from_stock")
+    assert type(ours.inner_optimizer) is keras.optimizers.AdamW
+    assert ours.inner_optimizer.weight_decay == 0.1
+
+
+def test_every_stock_config_key_is_in_ours_with_the_same_value():
+    inner = keras.optimizers.SGD(0.1)
+    stock = StockLossScaleOptimizer(inner, initial_scale=64.0, dynamic_growth_steps=5, name="lso")
+    ours = LossScaleOptimizer(inner, initial_scale=64.0, dynamic_growth_steps=5, name="lso")
+    stock_config, our_config = stock.get_config(), ours.get_config()
+    assert {key: our_config[key] for key in stock_config} == stock_config
+    assert LossScaleOptimizer.from_config(copy.deepcopy(our_config)).get_config() == our_config
+
+
+def test_get_scaled_loss_takes_a_callable_as_tf_keras_does():
+    optimizer = LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=8.0)
+    losses = iter([2.0, 3.0])
+    scaled = optimizer.get_scaled_loss(lambda: tf.constant(next(losses)))
+    assert callable(scaled)
+    assert (float(scaled()), float(scaled())) == (16.0, 24.0)
+    assert float(optimizer.get_scaled_loss(tf.constant(0.5))) == 4.0
+
+
+def test_get_unscaled_gradients_keeps_each_gradients_dtype_form_and_none():
+    optimizer = LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=1024.0)
+    sparse = tf.IndexedSlices(
+        tf.constant([[2048.0, 4096.0]], tf.float16), tf.constant([1]), tf.constant([3, 2])
+    )
+    dense16, missing, dense32, unscaled_sparse = optimizer.get_unscaled_gradients(
+        [tf.constant([3.0, 1.0], tf.float16), None, tf.constant([512.0]), sparse]
+    )
+    assert (dense16.dtype, dense16.numpy().tolist()) == (tf.float16, [3.0 / 1024, 1.0 / 1024])
+    assert missing is None
+    assert (dense32.dtype, dense32.numpy().tolist()) == (tf.float32, [0.5])
+    assert isinstance(unscaled_sparse, tf.IndexedSlices)
+    assert unscaled_sparse.values.dtype == tf.float16
+    assert unscaled_sparse.values.numpy().tolist() == [[2.0, 4.0]]
+    assert unscaled_sparse.indices.numpy().tolist() == [1]
