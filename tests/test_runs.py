@@ -47,6 +47,16 @@ def user_code(tmp_path, monkeypatch):
             def not_data():
                 return [1, 2]
 
+            def odd_dimensions():
+                train, evaluation, _ = blobs()
+                return train, evaluation, {"classes": 2}
+
+            def no_model(input_shape, num_classes):
+                return "a model"
+
+            def failing_model(input_shape, num_classes):
+                raise ValueError("width must be even")
+
             def broken_data():
                 raise RuntimeError("the disk is gone")
 
@@ -122,6 +132,12 @@ def test_sample_weights_of_a_data_factory_reach_the_batches(user_code):
             "{'num_classes': 10}",
         ),
         (
+            {"data": {"factory": "user_code:odd_dimensions"}},
+            "data.factory user_code:odd_dimensions: its dimensions {'classes': 2} are not a dict "
+            "of known names. Allowed: a dict with keys among input_shape, num_classes, "
+            "vocab_size, sequence_length",
+        ),
+        (
             {"loss": "sparse_categorical_crossentropi"},
             "key 'loss.name': unknown loss 'sparse_categorical_crossentropi'. Allowed: a name of "
             "keras.losses (such as sparse_categorical_crossentropy) or a factory",
@@ -159,6 +175,32 @@ def test_a_data_factory_that_fails_is_reported_with_its_file_and_line(user_code)
     assert str(raised.value) == (
         "data.factory user_code:broken_data failed: RuntimeError: the disk is gone "
         f"({user_code / 'user_code.py'}, line {line})"
+    )
+
+
+@pytest.mark.parametrize(
+    "factory, message",
+    [
+        ("user_code:no_model", "the model factory returned str. Allowed: a keras.Model"),
+        ("user_code:failing_model", "the model factory failed: ValueError: width must be even"),
+    ],
+)
+def test_a_model_factory_that_fails_or_returns_no_model_is_one_line(user_code, factory, message):
+    config = _blobs_config().merged({"model": {"factory": factory, "options": {}}})
+    components = runs.resolve_components(config)
+    with pytest.raises(UserInputError) as raised:
+        runs.build_model(config, components, components.data())
+    assert str(raised.value).startswith(message)
+
+
+def test_a_model_file_that_is_no_keras_archive_is_one_line(user_code, tmp_path):
+    (tmp_path / "notes.keras").write_text("not a zip")
+    config = _config(model={"file": str(tmp_path / "notes.keras")})
+    with pytest.raises(UserInputError) as raised:
+        runs.resolve_components(config)
+    assert str(raised.value) == (
+        f"model.file {tmp_path / 'notes.keras'}: not a Keras archive (File is not a zip file). "
+        "Allowed: a .keras file saved by model.save"
     )
 
 

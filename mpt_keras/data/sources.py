@@ -151,11 +151,10 @@ def _from_data_factory(factory: BoundFactory, seed: int) -> RunData:
     train = checked_split(returned[0], f"{what}: train")
     evaluation = checked_split(returned[1], f"{what}: eval")
     declared = returned[2] if len(returned) == 3 else {}
-    unknown = sorted(set(declared) - set(DATA_DIMENSIONS))
-    if not isinstance(declared, Mapping) or unknown:
+    if not isinstance(declared, Mapping) or set(declared) - set(DATA_DIMENSIONS):
         raise UserInputError(
-            f"{what}: its dimensions {declared!r} hold an unknown name. "
-            f"Allowed: {', '.join(DATA_DIMENSIONS)}"
+            f"{what}: its dimensions {declared!r} are not a dict of known names. "
+            f"Allowed: a dict with keys among {', '.join(DATA_DIMENSIONS)}"
         )
     return RunData(train, evaluation, {**_spec_dimensions(train), **declared})
 
