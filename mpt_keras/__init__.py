@@ -8,9 +8,11 @@ Each public name is imported from its module on first use (PEP 562), so that
 `mpt_keras.config` and `mpt_keras.components` load, and a bad config fails,
 without importing TensorFlow. Keras finds the classes our files hold (the
 `LossScaleOptimizer` in a `model.keras`, the reference models' layers) once
-they are registered: `import mpt_keras` registers them when Keras is imported
-already (`import keras` first, as usual), and so does the first use of any
-public name that imports Keras.
+they are registered, and compiles a model with float16 layers with our
+`LossScaleOptimizer` once `mpt_keras.autoscale` hooks `model.compile`:
+`import mpt_keras` does both when Keras is imported already (`import keras`
+first, as usual), and so does the first use of any public name that imports
+Keras.
 """
 
 import importlib
@@ -68,18 +70,20 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'mpt_keras' has no attribute {name!r}")
     value = getattr(importlib.import_module(f"mpt_keras.{_HOMES[name]}"), name)
     if "keras" in sys.modules:
-        _register_serializables()
+        _hook_into_keras()
     globals()[name] = value
     return value
 
 
-def _register_serializables() -> None:
+def _hook_into_keras() -> None:
+    """Registers our serializable classes and installs the loss-scaling compile hook."""
     for module in _SERIALIZABLES:
         importlib.import_module(module)
+    importlib.import_module("mpt_keras.autoscale").install()
 
 
 if "keras" in sys.modules:
-    _register_serializables()
+    _hook_into_keras()
 
 
 def __dir__() -> list[str]:

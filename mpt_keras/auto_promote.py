@@ -39,6 +39,7 @@ import tensorflow as tf
 from mpt_keras.callbacks import GlobalStepCallback
 from mpt_keras.errors import UserInputError
 from mpt_keras.files import write_text_atomic
+from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 from mpt_keras.manifest import PrecisionManifest, Rule
 from mpt_keras.policies import iter_layers, precision_report
 
@@ -106,7 +107,7 @@ class AutoPromote(GlobalStepCallback):
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
         optimizer = self.model.optimizer
-        if not hasattr(optimizer, "nonfinite_counts"):
+        if not isinstance(optimizer, LossScaleOptimizer):
             raise UserInputError(
                 f"AutoPromote: the model's optimizer is {type(optimizer).__name__}. "
                 "Allowed: mpt_keras.LossScaleOptimizer"

@@ -36,6 +36,7 @@ import keras
 from mpt_keras.auto_promote import PROMOTIONS
 from mpt_keras.callbacks import GlobalStepCallback
 from mpt_keras.errors import RunStoppedError, UserInputError
+from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 from mpt_keras.manifest import PrecisionManifest, Rule
 from mpt_keras.policies import precision_report
 
@@ -71,7 +72,7 @@ class BadBatchLimit(GlobalStepCallback):
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
         optimizer = self.model.optimizer
-        if not hasattr(optimizer, "bad_batch_steps"):
+        if not isinstance(optimizer, LossScaleOptimizer):
             raise UserInputError(
                 f"BadBatchLimit: the model's optimizer is {type(optimizer).__name__}. "
                 "Allowed: mpt_keras.LossScaleOptimizer"
@@ -90,11 +91,11 @@ class BadBatchLimit(GlobalStepCallback):
 
     def _check(self) -> None:
         self._last_check = self.global_step
-        optimizer = self.model.optimizer
-        count = optimizer.bad_batches
+        health = self.model.optimizer.health()
+        count = health.bad_batches
         if count == self._known:
             return
-        steps = optimizer.bad_batch_steps()[-(count - self._known) :]
+        steps = list(health.bad_batch_steps[-(count - self._known) :])
         self._known = count
         self.reported.extend(steps)
         _LOGGER.warning(

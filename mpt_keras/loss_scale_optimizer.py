@@ -1,14 +1,15 @@
 """Dynamic loss scaling that stays correct under tf.distribute, clipping and XLA.
 
 `LossScaleOptimizer` is a drop-in subclass of
-`keras.optimizers.LossScaleOptimizer` for the TensorFlow backend. See the class
-docstring for what it changes and why.
+`keras.optimizers.LossScaleOptimizer` for the TensorFlow backend. It owns the
+loss-scaling part of a step (unscale, the finite verdict, skip or apply, the
+scale update) and leaves the update itself to the inner optimizer's own
+`apply()`. See the class docstring for what it changes and why.
 """
 
 from __future__ import annotations
 
 import numbers
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,7 +18,9 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
+from mpt_keras import _keras_compat as compat
 from mpt_keras.errors import UserInputError
+from mpt_keras.step_health import BAD_BATCH_MEMORY, StepHealth
 
 _StockLossScaleOptimizer = keras.optimizers.LossScaleOptimizer
 
@@ -26,8 +29,9 @@ _StockLossScaleOptimizer = keras.optimizers.LossScaleOptimizer
 _SCALE_LOW = float(np.finfo(np.float32).tiny)
 _SCALE_HIGH = float(np.finfo(np.float32).max)
 _ALL_REDUCE_DTYPES = (None, "float32", "bfloat16", "float16")
-# How many of the latest bad batches' steps `bad_batch_steps` remembers.
-BAD_BATCH_MEMORY = 64
+_FULL_PRECISION = ("float32", "float64")
+
+compat.install()
 
 
 @keras.saving.register_keras_serializable(package="mpt_keras")
@@ -45,13 +49,20 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
        non-finite when its float32 sum of squares is: a NaN or Inf element,
        or a norm above 1.8e19 (whose square would turn Adam's second moment
        into inf). The same sums give `gradient_norm`;
-    3. clips (`clipnorm`, `global_clipnorm`, `clipvalue` of the inner
-       optimizer) the unscaled, all-reduced gradient, so two replicas give the
-       single-device update;
-    4. applies the inner optimizer's update (weight decay, `update_step`, EMA)
-       only if the step is finite; a skipped step leaves weights and slots
-       untouched but still advances `iterations` (ours and the inner
-       optimizer's, so learning-rate schedules follow the step count).
+    3. if the step is finite, runs the inner optimizer's own `apply()` on the
+       all-reduced, unscaled gradients (it does not sum them again). So
+       everything works as without loss scaling (`MultiOptimizer`, an
+       optimizer that overrides `apply()`, weight decay, EMA, constraints,
+       `loss_scale_factor`), and `clipnorm`, `global_clipnorm` and `clipvalue`
+       clip the all-reduced gradient: two replicas give the single-device
+       update;
+    4. a skipped step leaves weights and slots untouched but still advances
+       the inner optimizer's `iterations` (so learning-rate schedules follow
+       the step count);
+    5. with float16 or bfloat16 variables (a `float16` policy, not a mixed
+       one), an update that writes an Inf or NaN into a variable or a slot
+       (an embedding's duplicated indices, say) is undone and counted as a
+       skipped step and an overflow.
 
     The scale grows by `growth_factor` after `growth_interval` consecutive
     finite steps and backs off by `backoff_factor` on an overflow, clamped to
@@ -62,13 +73,13 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
     for bfloat16 or float32 runs) while still skipping and counting
     non-finite steps.
 
-    With `gradient_accumulation_steps=k` on the inner optimizer, unscaled
-    float32 gradients are accumulated. A non-finite micro-batch is dropped
+    With `gradient_accumulation_steps=k` on the inner optimizer, this class
+    accumulates the unscaled float32 gradients itself (Keras' accumulation
+    cannot run under `MirroredStrategy`). A non-finite micro-batch is dropped
     (counted in `skipped_steps`) and the window goes on; at the end of the
-    window the mean of its finite micro-batches is clipped and applied, as a
-    large batch made of those micro-batches would be. A window without any
-    finite micro-batch applies nothing. Gradients are all-reduced every
-    micro-batch, so that each micro-batch gets one verdict for all replicas.
+    window the inner optimizer applies the mean of its finite micro-batches,
+    as a large batch made of those micro-batches would be. A window without
+    any finite micro-batch applies nothing.
 
     `all_reduce_dtype="bfloat16"` or `"float16"` sums the (scaled) gradients
     across replicas in that dtype, halving the bytes on the wire of multi-host
@@ -79,18 +90,21 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
     per rounding). With one replica nothing is cast. MirroredStrategy's
     default NCCL all-reduce on GPUs has no bfloat16 kernel.
 
-    Bad data is not an overflow: `check_batch(x, y, sample_weight)` before
-    `apply` (the train step of `mpt_keras.xla.compile_model` calls it) makes
-    a batch with a NaN or Inf in any floating input, label or weight, on any
-    replica, skip the step without touching the scale or the per-variable
-    overflow counts. It is counted in `skipped_steps` and `bad_batches`, and
-    its step (1-based, the value of `iterations` after it) recorded in
-    `bad_batch_steps()`. This works in every precision, float32 included.
+    Bad data is not an overflow. A step whose batch (inputs, labels or
+    weights) holds a NaN or Inf on any replica is skipped without touching
+    the scale or the per-variable overflow counts, and counted in
+    `skipped_steps` and `bad_batches` (its step recorded in `health()`); a
+    non-finite loss from a finite batch is a forward-pass overflow. The batch
+    reaches `apply` from the train step: `apply(..., batch=)` in
+    `mpt_keras.xla.compile_model`'s, `hand_over_batch` in Keras' own (which
+    `model.compile` arranges, see `mpt_keras.autoscale`). A loop that hands
+    over only the loss (`scale_loss`) is judged by it: a NaN loss is bad data,
+    an infinite one an overflow. This works in every precision.
 
     All state (scale, growth and overflow counters, skipped steps, bad batches,
-    per-variable non-finite counts) is optimizer variables updated in-graph (no host sync
-    per step; int64 counters), so it is saved by `model.save` and
-    `tf.train.Checkpoint`.
+    per-variable non-finite counts) is optimizer variables updated in-graph (no
+    host sync per step; int64 counters), so it is saved by `model.save` and
+    `tf.train.Checkpoint`; `health()` reads it in one record.
 
     Custom loops written for Keras 2 (`get_scaled_loss`,
     `get_unscaled_gradients`, `apply_gradients`) work unchanged, as do Keras 3
@@ -99,9 +113,9 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
     Limitations: TensorFlow backend only (`stateless_apply` raises). Under a
     tf.distribute strategy, build the optimizer before a custom `tf.function`
     loop (`fit` does); building it lazily inside `strategy.run` fails in TF, as
-    with the stock class. Variables with `overwrite_with_gradient` (float8) are
-    written by the base optimizer before the finiteness check, as plain
-    optimizers do. Adam-style bias correction counts skipped steps, since
+    with the stock class. Variables with `overwrite_with_gradient` (float8
+    scales) are neither unscaled nor judged, and are written only on applied
+    steps. Adam-style bias correction counts skipped steps, since
     `iterations` does.
 
     Args:
@@ -168,6 +182,10 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             dynamic=dynamic,
             all_reduce_dtype=all_reduce_dtype,
         )
+        # The stock class turns the inner optimizer's own loss_scale_factor
+        # off; ours keeps it: `scale_loss` multiplies by it and the inner
+        # `apply()` divides by it, as without loss scaling.
+        loss_scale_factor = inner_optimizer.loss_scale_factor
         super().__init__(
             inner_optimizer,
             initial_scale=float(initial_scale),
@@ -175,6 +193,13 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             name=name,
             **kwargs,
         )
+        inner_optimizer.loss_scale_factor = loss_scale_factor
+        # This class accumulates micro-batches itself (Keras' accumulation
+        # cannot run under MirroredStrategy): it takes the setting over, and
+        # the inner optimizer then counts applied updates in `iterations`, as
+        # Keras' accumulation does. `get_config` puts it back.
+        self._accumulation_steps = inner_optimizer.gradient_accumulation_steps
+        inner_optimizer.gradient_accumulation_steps = None
         self.growth_factor = float(growth_factor)
         self.backoff_factor = float(backoff_factor)
         self.growth_interval = int(growth_interval)
@@ -183,12 +208,10 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         self.max_scale = float(max_scale)
         self.dynamic = dynamic
         self.all_reduce_dtype = all_reduce_dtype
-        # get_unscaled_gradients() marks the next apply() as receiving
-        # unscaled gradients. Per thread: MirroredStrategy runs each replica
-        # in its own thread.
-        self._caller_unscaled = threading.local()
-        # check_batch() marks the next apply() of the same replica (thread).
-        self._pending_batch = threading.local()
+        # What Keras' train step (or a Keras 2 loop) handed over in this
+        # replica's trace before `apply`: the loss given to `scale_loss`, and
+        # whether the caller unscaled the gradients itself.
+        self._handed_over: dict[tuple[int, int], dict[str, Any]] = {}
         # Made here, not in build(): a scale_loss() traced before the first
         # apply() must read the variable, not bake in initial_scale.
         self.dynamic_scale = self.add_variable(
@@ -206,9 +229,9 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         self._last_loss = self.add_variable(
             shape=(), initializer="zeros", dtype="float32", name="last_loss"
         )
-        # For MixedPrecisionMonitor: the global norm of the last step's
-        # unscaled, all-reduced gradients, before clipping (inf or NaN on a
-        # skipped step). Written in-graph, read only when someone asks.
+        # The global norm of the last step's unscaled, all-reduced gradients,
+        # before clipping (inf or NaN on a skipped step). Written in-graph,
+        # read only when someone asks.
         self.gradient_norm = self.add_variable(
             shape=(), initializer="zeros", dtype="float32", name="gradient_norm"
         )
@@ -217,12 +240,26 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         return self.add_variable(shape=shape, dtype="int64", name=name)
 
     def build(self, var_list: Sequence[keras.Variable]) -> None:
-        # Not the stock build: __init__ already made the scale variables.
-        self.inner_optimizer.build(var_list)
+        var_list = list(var_list)
+        inner = self.inner_optimizer
+        inner.build(var_list)
         self._nonfinite_counter = self._add_counter("nonfinite_counter", (len(var_list),))
-        if self.inner_optimizer.gradient_accumulation_steps:
+        if self._accumulation_steps:
+            self._micro_batches = self._add_counter("micro_batches")
             self._accumulated_counter = self._add_counter("accumulated_counter")
-        super(_StockLossScaleOptimizer, self).build(var_list)
+            self._accumulators = [
+                self.add_variable_from_reference(v, name="accumulated_gradient") for v in var_list
+            ]
+        compat.skip_stock_build(self, var_list)
+        self._built_variables = var_list
+        self._positions = {id(v): i for i, v in enumerate(var_list)}
+        # With float16 or bfloat16 variables an update can overflow: those
+        # variables and every floating slot are checked after it.
+        low_precision = [v for v in var_list if v.dtype not in _FULL_PRECISION]
+        self._update_checked = low_precision
+        self._update_restored = low_precision and low_precision + [
+            v for v in inner.variables if v.dtype not in ("int32", "int64")
+        ]
 
     @property
     def loss_scale(self) -> float | tf.Tensor:
@@ -231,69 +268,43 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
 
     @property
     def skipped_steps(self) -> int | tf.Tensor:
-        """Steps (micro-batches) skipped because a gradient was non-finite."""
+        """Steps (micro-batches) skipped: non-finite gradients, updates or batches."""
         return _read(self._skipped_counter, int)
 
     @property
     def bad_batches(self) -> int | tf.Tensor:
-        """Steps skipped because their batch held a NaN or Inf (see `check_batch`)."""
+        """Steps skipped because their loss or batch held a NaN or Inf."""
         return _read(self._bad_batch_counter, int)
 
-    def bad_batch_steps(self) -> list[int]:
-        """The steps of the latest `BAD_BATCH_MEMORY` bad batches, in order.
+    @property
+    def last_loss(self) -> float | tf.Tensor:
+        """The loss of the last step whose batch was finite (summed over replicas)."""
+        return _read(self._last_loss, float)
 
-        Call eagerly: reading them syncs with the device.
+    def health(self) -> StepHealth:
+        """Everything the last steps left in this optimizer, read in one record.
+
+        Call eagerly: reading it syncs with the device.
         """
         count = int(self._bad_batch_counter.numpy())
         ring = self._bad_batch_ring.numpy()
         first = max(0, count - BAD_BATCH_MEMORY)
-        return [int(ring[i % BAD_BATCH_MEMORY]) for i in range(first, count)]
+        return StepHealth(
+            loss_scale=float(self.dynamic_scale.numpy()),
+            skipped_steps=int(self._skipped_counter.numpy()),
+            bad_batches=count,
+            bad_batch_steps=tuple(int(ring[i % BAD_BATCH_MEMORY]) for i in range(first, count)),
+            last_loss=float(self._last_loss.numpy()),
+            gradient_norm=float(self.gradient_norm.numpy()),
+            nonfinite_counts=self.nonfinite_counts(),
+        )
 
-    @property
-    def last_loss(self) -> float | tf.Tensor:
-        """The loss of the last step whose batch was finite, as given to `check_batch`."""
-        return _read(self._last_loss, float)
-
-    def check_batch(self, batch: Any, loss: tf.Tensor | None = None) -> tf.Tensor:
-        """Makes the next `apply` in this replica skip the step if `batch` is not finite.
-
-        Args:
-            batch: A tensor or a nested structure of them (inputs, labels,
-                sample weights); integer and `None` entries are ignored.
-            loss: This replica's loss of the batch, scaled for distribution as
-                Keras' `compute_loss` returns it; the next `apply` records the
-                global loss in `last_loss` (unless the batch is bad).
-
-        Returns:
-            Whether the batch of any replica holds a NaN or Inf (a bool
-            tensor, the same on every replica).
-
-        Call it in a replica context (inside `strategy.run`, as the train
-        step is), in every replica: it all-reduces the verdict.
-        """
-        flags = [
-            ~ops.all(ops.isfinite(t))
-            for t in keras.tree.flatten(batch)
-            if t is not None and tf.as_dtype(t.dtype).is_floating
-        ]
-        bad = ops.any(ops.stack(flags)) if flags else ops.convert_to_tensor(False)
-        loss = ops.zeros((), "float32") if loss is None else ops.cast(loss, "float32")
-        replica_context = tf.distribute.get_replica_context()
-        if replica_context.num_replicas_in_sync > 1:
-            # Every replica must agree, as on the gradients: one all-reduce of
-            # the bad-batch votes and the (distribution-scaled) losses.
-            votes, loss = ops.unstack(
-                replica_context.all_reduce(
-                    tf.distribute.ReduceOp.SUM, ops.stack([ops.cast(bad, "float32"), loss])
-                )
-            )
-            bad = votes > 0
-        self._pending_batch.bad = bad
-        self._pending_batch.loss = loss
-        return self._pending_batch.bad
+    def bad_batch_steps(self) -> list[int]:
+        """The steps of the latest `BAD_BATCH_MEMORY` bad batches, in order."""
+        return list(self.health().bad_batch_steps)
 
     def nonfinite_counts(self) -> dict[str, int]:
-        """Counts, per variable path, the steps whose gradient was non-finite.
+        """Counts, per variable path, the steps whose gradient or update was non-finite.
 
         Call eagerly: reading the counts syncs with the device.
         """
@@ -301,11 +312,23 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             return {}
         counts = self._nonfinite_counter.numpy()
         return {
-            getattr(v, "path", v.name): int(c) for v, c in zip(self._trainable_variables, counts)
+            getattr(v, "path", v.name): int(c) for v, c in zip(self._built_variables, counts)
         }
 
+    def _total_scale(self) -> tf.Tensor:
+        scale = ops.convert_to_tensor(self.dynamic_scale)
+        factor = self.inner_optimizer.loss_scale_factor
+        return scale if factor is None else scale * factor
+
     def scale_loss(self, loss: tf.Tensor) -> tf.Tensor:
-        return ops.multiply(loss, self.dynamic_scale)
+        """The loss times the scale (and the inner optimizer's `loss_scale_factor`).
+
+        Keras' train step calls it with the loss before scaling, and the next
+        `apply` of the same replica judges that loss: a NaN or Inf makes the
+        step a bad batch, not an overflow.
+        """
+        self._hand_over(loss=loss)
+        return ops.multiply(loss, ops.cast(self._total_scale(), loss.dtype))
 
     def get_scaled_loss(
         self, loss: tf.Tensor | Callable[[], tf.Tensor]
@@ -328,27 +351,87 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
 
         Each gradient keeps its dtype (a float16 gradient stays float16, as in
         tf-keras; the division is done in float32) and `None` entries stay
-        `None`. The next `apply`/`apply_gradients` in the same thread
-        (replica) then takes its gradients as already unscaled, as in the TF
-        mixed-precision guide; they may be transformed (e.g. clipped) in
-        between.
+        `None`. The next `apply`/`apply_gradients` of the same replica then
+        takes its gradients as already unscaled, as in the TF mixed-precision
+        guide; they may be transformed (e.g. clipped) in between.
         """
-        self._caller_unscaled.pending = True
+        self._hand_over(unscaled=True)
         return [None if g is None else _unscaled_like(g, self.dynamic_scale) for g in grads]
+
+    def hand_over_batch(self, batch: Any) -> None:
+        """Gives the next `apply` of this replica the batch to judge (see `apply`).
+
+        `model.compile` with this optimizer makes the model's train step call
+        it (`mpt_keras.autoscale`), so a plain `model.compile` tells bad data
+        from an overflow as exactly as `mpt_keras.xla.compile_model`.
+        """
+        self._hand_over(batch=batch)
+
+    def _hand_over(self, **values: Any) -> None:
+        self._handed_over.setdefault(_replica_trace_key(), {}).update(values)
+
+    def _take_handed_over(self) -> dict[str, Any]:
+        values = self._handed_over.pop(_replica_trace_key(), {})
+        graph = _current_graph()
+        for name in ("loss", "batch"):
+            tensors = keras.tree.flatten(values.get(name))
+            if any(getattr(t, "graph", graph) is not graph for t in tensors):
+                values.pop(name)  # From another trace (a nested function's graph).
+        return values
 
     def apply(
         self,
         grads: Sequence[tf.Tensor | None],
         trainable_variables: Sequence[keras.Variable] | None = None,
-    ) -> None:
+        *,
+        loss: tf.Tensor | None = None,
+        batch: Any = None,
+    ) -> tf.Tensor:
+        """Applies one step: unscale, judge, then the inner `apply()` or a skip.
+
+        Args:
+            grads: The gradients of `scale_loss(loss)`, one per variable
+                (`None` for a variable without one).
+            trainable_variables: The variables; the ones built with if omitted.
+            loss: This replica's loss before scaling, if the caller has it
+                (Keras' train step hands it over through `scale_loss`
+                instead). A NaN or Inf makes the step a bad batch.
+            batch: The batch (inputs, labels, sample weights; any nesting),
+                judged like the loss: a NaN or Inf in a floating tensor
+                makes the step a bad batch.
+
+        Returns:
+            Whether the step was a bad batch on any replica (a bool tensor,
+            the same on every replica; False when neither a loss nor a batch
+            was given or handed over).
+        """
         if tf.distribute.in_cross_replica_context():
             raise ValueError(
                 "apply() must be called in a replica context, e.g. inside "
                 "strategy.run(); it was called in a cross-replica context."
             )
-        # The stock apply decides finiteness per replica. BaseOptimizer.apply
-        # builds, filters missing gradients and calls _backend_apply_gradients.
-        super(_StockLossScaleOptimizer, self).apply(grads, trainable_variables)
+        if trainable_variables is None:
+            if not self.built:
+                raise ValueError(
+                    "When passing `grads` without `variables`, the optimizer must already be "
+                    "built: call `optimizer.build(trainable_variables)` first."
+                )
+            trainable_variables = self._built_variables
+        trainable_variables = list(trainable_variables)
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(trainable_variables)
+            self.built = True
+        handed_over = self._take_handed_over()
+        pairs = [(g, v) for g, v in zip(grads, trainable_variables) if g is not None]
+        if not pairs:
+            return ops.convert_to_tensor(False)
+        grads, variables = (list(side) for side in zip(*pairs))
+        if loss is None:
+            loss = handed_over.get("loss")
+        if batch is None:
+            batch = handed_over.get("batch")
+        return self._step(grads, variables, loss, batch, handed_over.get("unscaled", False))
 
     def stateless_apply(
         self,
@@ -362,106 +445,224 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             optimizer_variables, grads, trainable_variables
         )
 
-    def _backend_apply_gradients(
-        self, grads: list[tf.Tensor], trainable_variables: list[keras.Variable]
-    ) -> None:
-        inner = self.inner_optimizer
-        caller_unscaled = getattr(self._caller_unscaled, "pending", False)
-        self._caller_unscaled.pending = False
-        checked = getattr(self._pending_batch, "bad", None) is not None
-        bad_batch = self._pending_batch.bad if checked else ops.convert_to_tensor(False)
-        loss = self._pending_batch.loss if checked else None
-        self._pending_batch.bad = self._pending_batch.loss = None
+    def _step(
+        self,
+        grads: list[Any],
+        variables: list[keras.Variable],
+        loss: tf.Tensor | None,
+        batch: Any,
+        caller_unscaled: bool,
+    ) -> tf.Tensor:
+        """The replica's part: all-reduce, unscale, judge; then the merged write."""
+        checked_batch = loss is not None or batch is not None
+        if checked_batch:
+            bad_batch, loss = _batch_verdict(loss, batch)
+        else:
+            bad_batch, loss = ops.convert_to_tensor(False), ops.zeros((), "float32")
         # Reduce first: from here on every replica holds the same values, so
         # verdict, clipping and state updates agree on all replicas.
-        reduced = self._all_reduce_sum_gradients(zip(grads, trainable_variables))
-        grads = [g for g, _ in reduced]
+        grads = self._all_reduce(grads)
+        # Float8 scales and amax histories are written with their "gradient".
+        overwritten = [bool(getattr(v, "overwrite_with_gradient", False)) for v in variables]
         if not caller_unscaled:
+            # The inner `apply()` divides by its own loss_scale_factor.
             scale = ops.convert_to_tensor(self.dynamic_scale)
-            grads = [_unscale(g, scale) for g in grads]
+            grads = [g if o else _unscale(g, scale) for g, o in zip(grads, overwritten)]
         # One pass over each gradient serves the verdict and the norm: its
         # float32 sum of squares is finite iff every element is finite and the
         # gradient's norm is below 1.8e19 (where Adam's second moment would
-        # overflow). Vectorised over variables: a few ops per step, not per
-        # variable.
-        squares = ops.stack([_sum_of_squares(g) for g in grads])
-        nonfinite = ~ops.isfinite(squares)
-        finite = ~ops.any(nonfinite) & ~bad_batch
+        # overflow). Vectorised over variables: a few ops per step.
+        judged = [i for i, o in enumerate(overwritten) if not o]
+        squares = ops.stack([_sum_of_squares(grads[i]) for i in judged] or [ops.zeros(())])
+        gradient_nonfinite = ~ops.isfinite(squares)
+        finite = ~ops.any(gradient_nonfinite) & ~bad_batch
+        positions = [self._positions[id(variables[i])] for i in judged]
         # A bad batch is not an overflow: no attribution, no change of the scale.
-        nonfinite = nonfinite & ~bad_batch
-        assignments = self._counter_updates(finite, nonfinite, trainable_variables)
-        if checked:
+        nonfinite = self._per_variable(gradient_nonfinite[: len(judged)] & ~bad_batch, positions)
+        norm = ops.sqrt(ops.sum(squares))
+        factor = self.inner_optimizer.loss_scale_factor
+        if factor is not None:
+            norm = norm / factor
+        should_apply, step_ends, accumulation = finite, ops.convert_to_tensor(True), []
+        if self._accumulation_steps:
+            grads, should_apply, step_ends, accumulation = self._accumulate(
+                grads, variables, finite
+            )
+        compat.maybe_merge_call(
+            lambda distribution, *args: self._write_step(
+                distribution, variables, [v for v, _ in accumulation], checked_batch, *args
+            ),
+            tf.distribute.get_strategy(),
+            grads,
+            [value for _, value in accumulation],
+            should_apply,
+            step_ends,
+            finite,
+            nonfinite,
+            bad_batch,
+            loss,
+            norm,
+        )
+        return bad_batch
+
+    def _all_reduce(self, grads: list[Any]) -> list[Any]:
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return grads
+        dtypes = [g.dtype for g in grads]
+        if self.all_reduce_dtype is not None:
+            grads = [tf.cast(g, self.all_reduce_dtype) for g in grads]
+        reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+        return [tf.cast(g, dtype) for g, dtype in zip(reduced, dtypes)]
+
+    def _per_variable(self, flags: tf.Tensor, positions: list[int]) -> tf.Tensor:
+        """`flags` of the given variables, spread over all the built ones (False elsewhere)."""
+        count = len(self._built_variables)
+        if positions == list(range(count)):
+            return flags
+        where = dict(zip(positions, range(len(positions))))
+        padded = ops.concatenate([flags, ops.zeros((1,), "bool")], axis=0)
+        return ops.take(padded, [where.get(i, len(positions)) for i in range(count)])
+
+    def _accumulate(
+        self, grads: list[Any], variables: list[keras.Variable], finite: tf.Tensor
+    ) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor, list[tuple[keras.Variable, tf.Tensor]]]:
+        """Adds a finite micro-batch to the window.
+
+        Returns the mean of the window's finite micro-batches, whether to apply
+        it now (the window ends and holds a finite micro-batch), whether the
+        window ends, and the accumulator and counter updates.
+        """
+        accumulators = [self._accumulators[self._positions[id(v)]] for v in variables]
+        sums = [
+            ops.where(finite, acc + ops.cast(tf.convert_to_tensor(g), acc.dtype), acc)
+            for acc, g in zip(accumulators, grads)
+        ]
+        count = self._accumulated_counter + ops.cast(finite, "int64")
+        micro_batches = self._micro_batches + 1
+        window_ends = micro_batches % self._accumulation_steps == 0
+        means = [s / ops.cast(ops.maximum(count, 1), s.dtype) for s in sums]
+        updates = [
+            (acc, ops.where(window_ends, ops.zeros_like(s), s))
+            for acc, s in zip(accumulators, sums)
+        ]
+        updates.append((self._accumulated_counter, ops.where(window_ends, 0, count)))
+        updates.append((self._micro_batches, micro_batches))
+        return means, window_ends & (count > 0), window_ends, updates
+
+    def _write_step(
+        self,
+        distribution: tf.distribute.Strategy,
+        variables: list[keras.Variable],
+        accumulation_variables: list[keras.Variable],
+        checked_batch: bool,
+        grads: list[Any],
+        accumulation_values: list[Any],
+        should_apply: Any,
+        step_ends: Any,
+        finite: Any,
+        nonfinite: Any,
+        bad_batch: Any,
+        loss: Any,
+        norm: Any,
+    ) -> None:
+        """Writes the step in the cross-replica context.
+
+        A cond whose branch updates mirrored variables must run here, not in a
+        replica context. Every replica computed the same verdict from
+        all-reduced gradients, so the first one speaks for all.
+        """
+        first = distribution.experimental_local_results
+        values = (should_apply, step_ends, finite, nonfinite, bad_batch, loss, norm)
+        should_apply, step_ends, finite, nonfinite, bad_batch, loss, norm = (
+            first(value)[0] for value in values
+        )
+        update_nonfinite = ops.cond(
+            should_apply,
+            lambda: self._apply_inner(distribution, grads, variables),
+            lambda: self._skip_inner(distribution, step_ends),
+        )
+        finite = finite & ~ops.any(update_nonfinite)
+        assignments = [
+            (self._skipped_counter, self._skipped_counter + ops.cast(~finite, "int64")),
+            (
+                self._nonfinite_counter,
+                self._nonfinite_counter + ops.cast(nonfinite | update_nonfinite, "int64"),
+            ),
+            (self.gradient_norm, norm),
+        ]
+        if checked_batch:
             assignments += self._bad_batch_updates(bad_batch, loss)
-        assignments.append((self.gradient_norm, ops.sqrt(ops.sum(squares))))
         if self.dynamic:
             assignments += [
                 (variable, ops.where(bad_batch, variable, value))
                 for variable, value in self._scale_updates(finite)
             ]
-        should_update = finite
-        if inner.gradient_accumulation_steps:
-            grads, should_update, accumulator_updates = self._accumulate(
-                grads, finite, trainable_variables
-            )
-            assignments += accumulator_updates
-        grads = inner._clip_gradients(grads)
-        tf.__internal__.distribute.interim.maybe_merge_call(
-            self._distributed_apply,
-            tf.distribute.get_strategy(),
-            list(zip(grads, map(_tf_variable, trainable_variables))),
-            should_update,
-            inner.learning_rate,
-            [(_tf_variable(v), value) for v, value in assignments],
-        )
+        for variable, value in assignments:
+            distribution.extended.update(_tf_variable(variable), _assign, args=(value,), group=False)
+        for variable, value in zip(accumulation_variables, accumulation_values):
+            distribution.extended.update(_tf_variable(variable), _assign, args=(value,), group=False)
 
-    def _all_reduce_sum_gradients(
-        self, grads_and_vars: Sequence[tuple[tf.Tensor | None, keras.Variable]]
-    ) -> list[tuple[tf.Tensor | None, keras.Variable]]:
-        grads_and_vars = list(grads_and_vars)
-        if self.all_reduce_dtype is None or tf.distribute.get_strategy().num_replicas_in_sync == 1:
-            return super()._all_reduce_sum_gradients(grads_and_vars)
-        dtypes = [None if g is None else g.dtype for g, _ in grads_and_vars]
-        reduced = super()._all_reduce_sum_gradients(
-            [
-                (None if g is None else tf.cast(g, self.all_reduce_dtype), v)
-                for g, v in grads_and_vars
-            ]
-        )
-        return [(None if g is None else tf.cast(g, d), v) for (g, v), d in zip(reduced, dtypes)]
+    def _apply_inner(
+        self, distribution: tf.distribute.Strategy, grads: list[Any], variables: list[keras.Variable]
+    ) -> tf.Tensor:
+        """Runs the inner `apply()`; returns, per variable, whether the update went non-finite."""
+        restored = self._update_restored
+        # tf.identity reads a copy; ops.convert_to_tensor gives the variable back.
+        before = [tf.identity(_tf_variable(v)) for v in restored] if restored else []
+        with compat.gradients_already_reduced():
+            if tf.distribute.in_cross_replica_context():
+                distribution.extended.call_for_each_replica(
+                    self.inner_optimizer.apply, args=(grads, variables)
+                )
+            else:  # No strategy: maybe_merge_call stayed in the replica context.
+                self.inner_optimizer.apply(grads, variables)
+        if not restored:
+            return ops.zeros((len(self._built_variables),), "bool")
+        checked = ops.stack([~ops.all(ops.isfinite(v)) for v in self._update_checked])
+        slots = restored[len(self._update_checked) :]
+        slots_nonfinite = ops.any(ops.stack([~ops.all(ops.isfinite(v)) for v in slots] or [False]))
+        positions = [self._positions[id(v)] for v in self._update_checked]
+        # A slot that overflowed is blamed on every checked variable.
+        per_variable = self._per_variable(checked | slots_nonfinite, positions)
 
-    def _counter_updates(
-        self,
-        finite: tf.Tensor,
-        nonfinite: tf.Tensor,
-        trainable_variables: list[keras.Variable],
-    ) -> list[tuple[keras.Variable, tf.Tensor]]:
-        """Counts the step: iterations, skipped steps, overflows per variable.
+        def restore() -> None:
+            for variable, value in zip(restored, before):
+                distribution.extended.update(
+                    _tf_variable(variable), _assign, args=(value,), group=False
+                )
 
-        `nonfinite` holds one flag per entry of `trainable_variables`; the
-        optimizer's variables without a gradient this step count no overflow.
+        ops.cond(ops.any(per_variable), restore, lambda: None)
+        return per_variable
+
+    def _skip_inner(self, distribution: tf.distribute.Strategy, step_ends: tf.Tensor) -> tf.Tensor:
+        """Advances the inner optimizers' `iterations` as their `apply()` would.
+
+        With accumulation, only where the window ends: `iterations` counts
+        windows.
         """
-        indices = [self._get_variable_index(v) for v in trainable_variables]
-        if indices != list(range(len(self._trainable_variables))):
-            # Index `len(indices)` is an appended False, for the variables
-            # without a gradient.
-            positions = dict(zip(indices, range(len(indices))))
-            nonfinite = tf.gather(
-                tf.concat([nonfinite, [False]], axis=0),
-                [positions.get(i, len(indices)) for i in range(len(self._trainable_variables))],
-            )
-        iterations = self.inner_optimizer._iterations
-        return [
-            (self._skipped_counter, self._skipped_counter + ops.cast(~finite, "int64")),
-            (self._nonfinite_counter, self._nonfinite_counter + ops.cast(nonfinite, "int64")),
-            (iterations, iterations + 1),
+        inner = self.inner_optimizer
+        counters = [inner.iterations] + [
+            sub.iterations for sub in getattr(inner, "optimizers", ()) if sub.built
         ]
+        for counter in counters:
+            distribution.extended.update(
+                _tf_variable(counter),
+                _assign,
+                args=(counter + ops.cast(step_ends, counter.dtype),),
+                group=False,
+            )
+        return ops.zeros((len(self._built_variables),), "bool")
 
     def _bad_batch_updates(
         self, bad_batch: tf.Tensor, loss: tf.Tensor
     ) -> list[tuple[keras.Variable, tf.Tensor]]:
         """Records a checked batch: its loss if good, its step if bad."""
         count = self._bad_batch_counter
-        step = ops.cast(self.inner_optimizer._iterations, "int64") + 1
+        if self._accumulation_steps:
+            step = self._micro_batches + 1  # Written after this.
+        else:
+            step = ops.cast(self.inner_optimizer.iterations, "int64")  # Advanced already.
         slot = ops.arange(BAD_BATCH_MEMORY, dtype="int64") == count % BAD_BATCH_MEMORY
         return [
             (self._last_loss, ops.where(bad_batch, self._last_loss, loss)),
@@ -489,100 +690,13 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             (self._overflow_counter, ops.where(grow, 0, kept_overflows)),
         ]
 
-    def _accumulate(
-        self,
-        grads: list[tf.Tensor],
-        finite: tf.Tensor,
-        trainable_variables: list[keras.Variable],
-    ) -> tuple[list[tf.Tensor], tf.Tensor, list[tuple[keras.Variable, tf.Tensor]]]:
-        """Adds a finite micro-batch to the window.
-
-        Returns the mean of the window's finite micro-batches, whether to apply
-        it now (the window ends and holds a finite micro-batch) and the
-        accumulator updates (reset when the window ends).
-        """
-        inner = self.inner_optimizer
-        accumulators = [
-            inner._accumulated_gradients[inner._get_variable_index(v)] for v in trainable_variables
-        ]
-        sums = [
-            ops.where(finite, acc + ops.cast(tf.convert_to_tensor(g), acc.dtype), acc)
-            for acc, g in zip(accumulators, grads)
-        ]
-        count = self._accumulated_counter + ops.cast(finite, "int64")
-        steps = inner.gradient_accumulation_steps
-        window_ends = (inner._iterations + 1) % steps == 0
-        means = [s / ops.cast(ops.maximum(count, 1), s.dtype) for s in sums]
-        updates = [
-            (acc, ops.where(window_ends, ops.zeros_like(s), s))
-            for acc, s in zip(accumulators, sums)
-        ]
-        updates.append((self._accumulated_counter, ops.where(window_ends, 0, count)))
-        return means, window_ends & (count > 0), updates
-
-    def _distributed_apply(
-        self,
-        distribution: tf.distribute.Strategy,
-        grads_and_vars: list[tuple[tf.Tensor, tf.Variable]],
-        should_update: tf.Tensor,
-        learning_rate: tf.Tensor,
-        assignments: list[tuple[tf.Variable, tf.Tensor]],
-    ) -> None:
-        """Writes the step in the merged (cross-replica) context.
-
-        A cond whose branch updates mirrored variables must run here, not in a
-        replica context. Every replica computed the same `should_update` from
-        all-reduced gradients, so the first one speaks for all.
-        """
-
-        def update() -> None:
-            for grad, var in grads_and_vars:
-                distribution.extended.update(
-                    var, self._update_variable, args=(grad, learning_rate), group=False
-                )
-            self._update_moving_average()
-
-        ops.cond(
-            distribution.experimental_local_results(should_update)[0],
-            update,
-            lambda: None,
-        )
-        # After the cond, so that the update reads the old iterations (Adam's
-        # bias correction, EMA).
-        for var, value in assignments:
-            distribution.extended.update(var, _assign, args=(value,), group=False)
-
-    def _update_variable(
-        self, variable: tf.Variable, gradient: tf.Tensor, learning_rate: tf.Tensor
-    ) -> None:
-        inner = self.inner_optimizer
-        # The inner optimizer's weight decay goes through a merge_call, which
-        # cannot run inside this cond; this is the same decay per variable.
-        if inner.weight_decay is not None and inner._use_weight_decay(variable):
-            decay = ops.cast(inner.weight_decay, variable.dtype) * ops.cast(
-                learning_rate, variable.dtype
-            )
-            variable.assign_sub(variable * decay)
-        inner.update_step(gradient, variable, learning_rate)
-
-    def _update_moving_average(self) -> None:
-        inner = self.inner_optimizer
-        if not inner.use_ema:
-            return
-        inner._update_model_variables_moving_average(inner._trainable_variables)
-        if inner.ema_overwrite_frequency:
-            ops.cond(
-                ops.equal((inner.iterations + 1) % inner.ema_overwrite_frequency, 0),
-                lambda: inner._overwrite_model_variables_with_average_value(
-                    inner._trainable_variables
-                ),
-                lambda: None,
-            )
-
     def get_config(self) -> dict[str, Any]:
         # The stock keys (`dynamic_growth_steps` among them, equal to
         # `growth_interval`), so a reader of Keras' config finds them, then ours.
         config = super().get_config()
+        if self._accumulation_steps:
+            inner_config = config["inner_optimizer"]["config"]
+            inner_config["gradient_accumulation_steps"] = self._accumulation_steps
         config.update(
             growth_factor=self.growth_factor,
             backoff_factor=self.backoff_factor,
@@ -716,6 +830,45 @@ def _sum_of_squares(gradient: tf.Tensor | tf.IndexedSlices) -> tf.Tensor:
 def _values(gradient: tf.Tensor | tf.IndexedSlices) -> tf.Tensor:
     # Check an embedding's sparse gradient without densifying it.
     return gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
+
+
+def _batch_verdict(loss: tf.Tensor | None, batch: Any) -> tuple[tf.Tensor, tf.Tensor]:
+    """Whether any replica's batch (or, without one, loss) is bad data; the global loss.
+
+    With the batch at hand, a NaN or Inf in it is bad data, and a non-finite
+    loss from a finite batch a forward-pass overflow. Without it, a NaN loss
+    is bad data and an infinite one an overflow.
+    """
+    loss = ops.zeros((), "float32") if loss is None else ops.cast(loss, "float32")
+    if batch is None:
+        flags = [ops.isnan(loss)]
+    else:
+        flags = [
+            ~ops.all(ops.isfinite(t))
+            for t in keras.tree.flatten(batch)
+            if t is not None and tf.as_dtype(t.dtype).is_floating
+        ] or [ops.convert_to_tensor(False)]
+    bad = ops.any(ops.stack(flags))
+    context = tf.distribute.get_replica_context()
+    if context is not None and context.num_replicas_in_sync > 1:
+        # Every replica must agree, as on the gradients: one all-reduce of
+        # the bad-batch votes and the (distribution-scaled) losses.
+        votes, loss = ops.unstack(
+            context.all_reduce(
+                tf.distribute.ReduceOp.SUM, ops.stack([ops.cast(bad, "float32"), loss])
+            )
+        )
+        bad = votes > 0
+    return bad, loss
+
+
+def _current_graph() -> Any:
+    return tf.compat.v1.get_default_graph()
+
+
+def _replica_trace_key() -> tuple[int, int]:
+    """This replica in this trace: its graph and its replica context."""
+    return id(_current_graph()), id(tf.distribute.get_replica_context())
 
 
 def _tf_variable(variable: keras.Variable | tf.Variable) -> tf.Variable:

@@ -13,7 +13,7 @@
     nonfinite_gradients         (text) at each such interval: the steps, layers
                                 and variables; also logged as a WARNING
     gradient_norm               global norm of the last step's unscaled
-                                gradients, if the optimizer has `gradient_norm`
+                                gradients (a `mpt_keras.LossScaleOptimizer`)
     step_time_seconds           mean wall time of the interval's train steps
     examples_per_second         `examples_per_step` / step time
     peak_memory_mib/<device>    peak memory of each device over the interval
@@ -241,9 +241,7 @@ class MixedPrecisionMonitor(GlobalStepCallback):
             scalars[tags.OVERFLOW_RATE] = tf.cast(skipped - interval[0], tf.float32) / tf.cast(
                 interval[1], tf.float32
             )
-        gradient_norm = getattr(optimizer, "gradient_norm", None)
-        if gradient_norm is not None:
-            scalars[tags.GRADIENT_NORM] = gradient_norm
+            scalars[tags.GRADIENT_NORM] = optimizer.gradient_norm
         return scalars
 
     def _report_overflow(self, optimizer: LossScaleOptimizer, skipped: int) -> None:

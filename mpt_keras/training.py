@@ -369,12 +369,13 @@ def _final_metrics(
 ) -> dict[str, Any]:
     results = model.evaluate(validation, return_dict=True, verbose=0)
     optimizer = model.optimizer
+    health = optimizer.health()
     metrics: dict[str, Any] = {
         "step": int(optimizer.iterations.numpy()),
         "precision": report["precision"],
-        "loss_scale": optimizer.loss_scale,
-        "skipped_steps": optimizer.skipped_steps,
-        "bad_batches": optimizer.bad_batches,
+        "loss_scale": health.loss_scale,
+        "skipped_steps": health.skipped_steps,
+        "bad_batches": health.bad_batches,
     }
     metrics.update({f"val_{name}": float(value) for name, value in results.items()})
     if task == models.LANGUAGE_MODEL:

@@ -15,9 +15,9 @@ so `model.fit` runs XLA under every strategy. On one device (no strategy, or
 whole step, optimizer update included, as Keras does: left outside XLA, the
 unfused update of every variable cost the float32 Transformer of `mpt-bench`
 5-9% of its step. Without XLA the step is the same, run as TensorFlow ops.
-With a `mpt_keras.LossScaleOptimizer`, the step also asks it to skip a batch
-holding a NaN or Inf (`LossScaleOptimizer.check_batch`); such a batch adds
-nothing to the reported loss and metrics.
+With a `mpt_keras.LossScaleOptimizer`, the step hands it the loss and the
+batch (`apply(..., loss=, batch=)`), so a batch holding a NaN or Inf is skipped
+as bad data; such a batch adds nothing to the reported loss and metrics.
 
 `resolve_jit_compile` turns the `--jit_compile` setting (`auto`, `true`,
 `false`) into that choice. `auto` decides by the replicas' device type and,
@@ -341,8 +341,13 @@ def _step(
         optimizer = model.optimizer
         checked = isinstance(optimizer, LossScaleOptimizer)
         if checked:
-            bad = optimizer.check_batch((x, y, sample_weight), loss)
-        optimizer.apply(gradients, model.trainable_weights)
+            # The loss and the batch, handed over explicitly: the loss given to
+            # `scale_loss` may live in a nested XLA function's graph.
+            bad = optimizer.apply(
+                gradients, model.trainable_weights, loss=loss, batch=(x, y, sample_weight)
+            )
+        else:
+            optimizer.apply(gradients, model.trainable_weights)
         # A skipped bad batch counts in no metric: it would make the epoch's
         # mean loss NaN, and what it predicted is undefined (XLA's and
         # TensorFlow's argmax of a NaN row differ). So the metrics take it,

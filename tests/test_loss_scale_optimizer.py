@@ -240,7 +240,6 @@ def test_skipped_step_leaves_weights_and_adam_slots(bad):
         if v.path in slots:
             np.testing.assert_array_equal(v.numpy(), slots[v.path], err_msg=v.path)
     assert int(opt.iterations) == int(inner.iterations) == 2
-    assert int(opt._iterations.numpy()) == 2
     assert opt.skipped_steps == 1
 
 
@@ -419,15 +418,17 @@ def test_gradient_accumulation_drops_nonfinite_micro_batches():
         apply(_batch_gradients(model, bx, by, opt.loss_scale))
         if i == 0:
             # The accumulators hold the unscaled float32 gradient of A.
-            for acc, grad in zip(inner._accumulated_gradients, _batch_gradients(model, bx, by)):
+            for acc, grad in zip(opt._accumulators, _batch_gradients(model, bx, by)):
                 assert acc.dtype == "float32"
                 np.testing.assert_allclose(acc.numpy(), grad.numpy(), rtol=1e-5)
 
     for got, want in zip(model.trainable_variables, reference.trainable_variables):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
     assert opt.skipped_steps == 3
-    assert int(inner._iterations.numpy()) == 6
-    assert all(not acc.numpy().any() for acc in inner._accumulated_gradients)
+    # Iterations count windows (updates), as with Keras' own accumulation.
+    assert int(opt.iterations) == int(inner.iterations) == 3
+    assert int(opt._micro_batches.numpy()) == 6
+    assert all(not acc.numpy().any() for acc in opt._accumulators)
 
 
 # --- Keras integration ----------------------------------------------------
@@ -503,7 +504,8 @@ def _nan_batch_data() -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def test_jit_compiled_fit_skips_the_nonfinite_batch():
+def test_plain_compile_takes_a_nan_batch_for_bad_data_not_an_overflow():
+    """Keras' own train step hands the loss to `scale_loss`: enough to tell."""
     x, y = _nan_batch_data()
     weights = {}
     for jit_compile in (True, False):
@@ -512,9 +514,11 @@ def test_jit_compiled_fit_skips_the_nonfinite_batch():
         model.compile(optimizer=opt, loss="mse", jit_compile=jit_compile)
         assert model.jit_compile is jit_compile
         model.fit(x, y, batch_size=4, shuffle=False, verbose=0)
-        assert opt.skipped_steps == 1
+        assert opt.skipped_steps == opt.bad_batches == 1
+        assert opt.health().bad_batch_steps == (2,)
         assert int(opt.iterations) == 3
-        assert opt.loss_scale == 2.0**14
+        assert opt.loss_scale == 2.0**15  # Left alone.
+        assert opt.nonfinite_counts() == {v.path: 0 for v in model.trainable_variables}
         weights[jit_compile] = [v.numpy() for v in model.trainable_variables]
         assert all(np.isfinite(w).all() for w in weights[jit_compile])
     for jit, plain in zip(weights[True], weights[False]):
@@ -1225,3 +1229,137 @@ def test_the_loss_scaling_docs_example_runs():
     namespace: dict[str, Any] = {}
     exec(compile(example.split("```")[0], str(page), "exec"), namespace)
     assert namespace["scales"] == [4.0, 2.0, 2.0, 2.0, 4.0]
+
+
+# --- Delegation to the inner optimizer's apply() ----------------------------
+
+
+def _two_groups() -> tuple[keras.Variable, keras.Variable]:
+    with keras.name_scope("encoder"):
+        encoder = keras.Variable(np.ones(2, np.float32), name="kernel")
+    with keras.name_scope("head"):
+        head = keras.Variable(np.ones(2, np.float32), name="kernel")
+    return encoder, head
+
+
+def _multi_optimizer() -> keras.optimizers.MultiOptimizer:
+    return keras.optimizers.MultiOptimizer(
+        lambda variable: adam if "encoder" in variable.path else sgd
+    )
+
+
+def test_multi_optimizer_with_two_groups_applies_each_and_skips_both():
+    global adam, sgd
+    grads = [[1.0, 2.0], [3.0, -1.0]]
+    adam, sgd = keras.optimizers.Adam(0.1), keras.optimizers.SGD(0.5)
+    reference_vars = _two_groups()
+    reference = _multi_optimizer()
+    reference.apply([tf.constant(g) for g in grads], reference_vars)
+
+    adam, sgd = keras.optimizers.Adam(0.1), keras.optimizers.SGD(0.5)
+    variables = _two_groups()
+    opt = LossScaleOptimizer(_multi_optimizer(), initial_scale=2.0**10)
+    apply = tf.function(lambda g: opt.apply(g, variables))
+    apply([tf.constant(np.multiply(g, 2.0**10), tf.float32) for g in grads])
+    for got, want in zip(variables, reference_vars):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+    after_first = [v.numpy().copy() for v in variables]
+    apply([tf.constant([np.inf, 1.0]), tf.constant([1.0, 1.0])])  # float16 overflow, say.
+    for got, want in zip(variables, after_first):
+        np.testing.assert_array_equal(got.numpy(), want)
+    assert opt.loss_scale == 2.0**9 and opt.skipped_steps == 1
+    # The skipped step still counts, in each optimizer that has variables.
+    assert [int(o.iterations) for o in (opt.inner_optimizer, adam, sgd)] == [2, 2, 2]
+
+
+def test_an_inner_optimizer_that_overrides_apply_has_it_run():
+    class Halving(keras.optimizers.SGD):
+        calls = 0
+
+        def apply(self, grads, trainable_variables=None):
+            Halving.calls += 1
+            super().apply([g / 2 for g in grads], trainable_variables)
+
+    var, opt, step = _stepper("function", inner=Halving(1.0), initial_scale=4.0)
+    step(_scaled([2.0, 4.0], opt))
+    np.testing.assert_allclose(var.numpy(), [0.0, -1.0])
+    assert Halving.calls == 1  # Traced once; the skipped step below never calls it.
+    step(NAN)
+    np.testing.assert_allclose(var.numpy(), [0.0, -1.0])
+
+
+@pytest.mark.parametrize(
+    "make_inner",
+    [
+        lambda: keras.optimizers.AdamW(0.1, weight_decay=0.3),
+        lambda: keras.optimizers.SGD(0.1, use_ema=True, ema_momentum=0.5, ema_overwrite_frequency=2),
+        lambda: keras.optimizers.Adam(0.1, gradient_accumulation_steps=2),
+        lambda: keras.optimizers.SGD(0.5, loss_scale_factor=8.0),
+        lambda: keras.optimizers.Lion(0.1, global_clipnorm=1.0),
+    ],
+    ids=["weight_decay", "ema", "accumulation", "loss_scale_factor", "lion_global_clipnorm"],
+)
+def test_matches_the_unscaled_inner_optimizer_step_for_step(make_inner):
+    grads = [[3.0, 4.0], [-1.0, 0.5], [2.0, -2.0], [0.5, 0.25]]
+    reference_inner = make_inner()
+    reference_var = keras.Variable(np.ones(2, np.float32), name="w")
+    reference_inner.build([reference_var])
+    factor = reference_inner.loss_scale_factor or 1.0
+    var, opt, step = _stepper(
+        "function", inner=make_inner(), initial_scale=1024.0, growth_interval=3
+    )
+    for grad in grads:
+        # Keras' own step: the loss times loss_scale_factor, divided in apply.
+        reference_inner.apply([tf.constant(np.multiply(grad, factor), tf.float32)], [reference_var])
+        step(_scaled(np.multiply(grad, factor), opt))
+        np.testing.assert_allclose(var.numpy(), reference_var.numpy(), rtol=1e-6)
+    assert int(opt.iterations) == int(reference_inner.iterations)
+
+
+def test_constraints_apply_as_without_loss_scaling():
+    layer = keras.layers.Dense(2, use_bias=False, kernel_constraint=keras.constraints.NonNeg())
+    layer.build((1,))
+    layer.kernel.assign([[1.0, 1.0]])
+    opt = LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=4.0)
+    opt.build([layer.kernel])
+    opt.apply([tf.constant([[8.0, -4.0]])], [layer.kernel])
+    np.testing.assert_allclose(layer.kernel.numpy(), [[0.0, 2.0]])
+
+
+def test_a_float16_variable_update_that_overflows_is_undone_and_counted():
+    """float16 variables, scale 1, an embedding gradient with duplicated indices."""
+    keras.mixed_precision.set_global_policy("float16")
+    embedding = keras.layers.Embedding(4, 2)
+    embedding.build((None,))
+    table = embedding.embeddings
+    assert table.dtype == "float16"
+    opt = LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=1.0, min_scale=1.0)
+    opt.build([table])
+    before = table.numpy().copy()
+    # Each slice is finite in float16; the four added to row 0 are not.
+    sparse = tf.IndexedSlices(
+        tf.constant([[-60000.0, 1.0]] * 4, tf.float16),
+        tf.constant([0, 0, 0, 0]),
+        tf.constant([4, 2]),
+    )
+    apply = tf.function(lambda g: opt.apply([g], [table]))
+    apply(sparse)
+    np.testing.assert_array_equal(table.numpy(), before)
+    health = opt.health()
+    assert (health.skipped_steps, health.loss_scale) == (1, 1.0)
+    assert health.nonfinite_counts == {table.path: 1}
+    assert int(opt.iterations) == 1
+    apply(tf.IndexedSlices(tf.constant([[1.0, 1.0]], tf.float16), tf.constant([1]), tf.constant([4, 2])))
+    np.testing.assert_allclose(table.numpy()[1], before[1] - 1.0, rtol=1e-3)
+    assert opt.skipped_steps == 1
+
+
+def test_health_reads_the_state_in_one_record():
+    var, opt, step = _stepper("function", initial_scale=8.0)
+    step(_scaled([3.0, 4.0], opt))
+    step(NAN)
+    health = opt.health()
+    assert health.loss_scale == 4.0 and health.skipped_steps == 1
+    assert health.bad_batches == 0 and health.bad_batch_steps == ()
+    assert not health.last_step_finite
+    assert health.nonfinite_counts == {"w": 1}

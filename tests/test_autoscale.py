@@ -1,0 +1,206 @@
+"""Tests of mpt_keras.autoscale: every path to float16 layers compiles with our loss scaling."""
+
+import importlib
+import inspect
+import logging
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+import mpt_keras
+from mpt_keras import autoscale, xla
+from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
+from mpt_keras.manifest import PrecisionManifest
+from mpt_keras.policies import global_policy
+
+OURS = "mpt_keras.LossScaleOptimizer"
+WRAPPED = "model 'net' computes in float16 (1 of its layers): compiling its Adam wrapped in " + OURS
+
+
+@pytest.fixture
+def logged(caplog):
+    """The messages mpt_keras.autoscale logs (info and above) during the test."""
+    caplog.set_level(logging.INFO, logger=autoscale.__name__)
+    return lambda: [
+        (record.levelname, record.getMessage())
+        for record in caplog.records
+        if record.name == autoscale.__name__
+    ]
+
+
+def _net(policy: str = "mixed_float16") -> keras.Model:
+    """Dense(8) -> Dense(1) named 'net', the manifest's `policy` applied: only `hidden`
+    computes in float16 under mixed_float16 (the output layer stays float32)."""
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(8, activation="relu", name="hidden")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(1, name="out")(hidden), name="net")
+    PrecisionManifest(policy).apply(model)
+    return model
+
+
+def _data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(8, 4)).astype("float32"), rng.normal(size=(8, 1)).astype("float32")
+
+
+def test_a_manifest_model_compiled_with_a_name_trains_with_ours(logged):
+    model = _net()
+    assert model.dtype_policy.name == "float32"  # Keras itself would not wrap.
+    model.compile(optimizer="adam", loss="mse")
+    optimizer = model.optimizer
+    assert type(optimizer) is LossScaleOptimizer
+    assert type(optimizer.inner_optimizer) is keras.optimizers.Adam
+    assert logged() == [("INFO", WRAPPED)]
+
+    before = [weight.copy() for weight in model.get_weights()]
+    model.fit(*_data(), batch_size=4, verbose=0)
+    assert int(optimizer.iterations) == 2
+    assert optimizer.skipped_steps == 0
+    assert optimizer.loss_scale == 32768.0  # 2 finite steps, growth after 2000.
+    for old, new in zip(before, model.get_weights()):
+        assert np.isfinite(new).all()
+        assert (new != old).any()
+
+
+def test_a_global_mixed_float16_policy_gets_ours_with_keras_settings(logged):
+    with global_policy("mixed_float16"):
+        model = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(1, dtype="float32")],
+            name="net",
+        )
+        model.compile(optimizer="adam", loss="mse")
+    keras_defaults = inspect.signature(keras.optimizers.LossScaleOptimizer).parameters
+    optimizer = model.optimizer
+    assert type(optimizer) is LossScaleOptimizer
+    assert optimizer.name == "loss_scale_optimizer"  # The name of Keras' own wrap.
+    assert optimizer.initial_scale == keras_defaults["initial_scale"].default == 2.0**15
+    assert optimizer.dynamic_growth_steps == keras_defaults["dynamic_growth_steps"].default == 2000
+    assert logged() == [("INFO", WRAPPED)]
+
+
+def test_an_explicit_stock_loss_scale_optimizer_is_kept_with_a_warning(logged):
+    model = _net()
+    stock = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    model.compile(optimizer=stock, loss="mse")
+    assert model.optimizer is stock
+    assert logged() == [
+        (
+            "WARNING",
+            "model 'net' computes in float16 (1 of its layers): kept the LossScaleOptimizer "
+            f"passed to compile; {OURS} adds scale bounds, one finiteness verdict for all "
+            "replicas, bad-batch skipping and telemetry",
+        )
+    ]
+
+
+def test_ours_passed_is_kept_silently(logged):
+    model = _net()
+    ours = LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=4.0)
+    model.compile(optimizer=ours, loss="mse")
+    assert model.optimizer is ours
+    assert logged() == []
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_a_model_without_float16_keeps_its_optimizer(policy, logged):
+    model = _net(policy)
+    adam = keras.optimizers.Adam()
+    model.compile(optimizer=adam, loss="mse")
+    assert model.optimizer is adam
+    assert logged() == []
+
+
+def test_auto_scale_loss_false_is_respected_with_a_warning(logged):
+    model = _net()
+    adam = keras.optimizers.Adam()
+    model.compile(optimizer=adam, loss="mse", auto_scale_loss=False)
+    assert model.optimizer is adam
+    assert logged() == [
+        (
+            "WARNING",
+            "model 'net' computes in float16 (1 of its layers) and was compiled with "
+            "auto_scale_loss=False: its gradients are not loss scaled, so small ones underflow "
+            f"to zero. To scale them, compile with optimizer={OURS}(...) or without "
+            "auto_scale_loss=False",
+        )
+    ]
+
+
+def test_a_float16_layer_in_a_nested_model_is_found(logged):
+    inputs = keras.Input((4,))
+    half = keras.layers.Dense(3, dtype="mixed_float16", name="half")(inputs)
+    inner = keras.Model(inputs, half, name="inner")
+    model = keras.Sequential(
+        [keras.Input((4,)), inner, keras.layers.Dense(1, name="out")], name="net"
+    )
+    adam = keras.optimizers.Adam()
+    model.compile(optimizer=adam, loss="mse")
+    assert type(model.optimizer) is LossScaleOptimizer
+    assert model.optimizer.inner_optimizer is adam
+    assert logged() == [("INFO", WRAPPED)]
+
+
+def test_compile_model_of_xla_gets_ours():
+    model = _net()
+    sgd = keras.optimizers.SGD(0.1)
+    xla.compile_model(model, optimizer=sgd, loss="mse", jit_compile=False)
+    assert type(model.optimizer) is LossScaleOptimizer
+    assert model.optimizer.inner_optimizer is sgd
+
+
+def test_a_saved_model_compiles_on_load_with_ours(tmp_path):
+    model = _net()
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(*_data(), batch_size=4, verbose=0)
+    model.save(tmp_path / "net.keras")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = keras.saving.load_model(tmp_path / "net.keras")
+    # Keras compiles a loaded model only if its compile is Trainer.compile, and
+    # loads the optimizer's variables only if they are the ones saved.
+    assert [str(warning.message) for warning in caught] == []
+    assert type(loaded.optimizer) is LossScaleOptimizer
+    assert int(loaded.optimizer.iterations) == 2
+    assert loaded.optimizer.loss_scale == 32768.0
+
+
+def test_installing_again_hooks_compile_once(monkeypatch, logged):
+    trainer = autoscale._keras_trainer()
+    keras_compile = trainer.compile.__wrapped__
+    monkeypatch.setattr(trainer, "compile", keras_compile)
+    autoscale.install()
+    autoscale.install()
+    assert trainer.compile.__wrapped__ is keras_compile
+    model = _net()
+    adam = keras.optimizers.Adam()
+    model.compile(optimizer=adam, loss="mse")
+    assert model.optimizer.inner_optimizer is adam
+    assert logged() == [("INFO", WRAPPED)]
+
+
+def test_import_mpt_keras_installs_the_hook(monkeypatch):
+    trainer = autoscale._keras_trainer()
+    keras_compile = trainer.compile.__wrapped__
+    monkeypatch.setattr(trainer, "compile", keras_compile)
+    importlib.reload(mpt_keras)
+    assert trainer.compile.__wrapped__ is keras_compile
+
+
+def test_the_keras_internals_the_hook_relies_on():
+    """Written for Keras 3.15.1; a failure names the Keras version that changed them."""
+    changed = f"Keras {keras.__version__} changed"
+    try:
+        trainer = autoscale._keras_trainer()
+    except ImportError as error:
+        pytest.fail(f"{changed} keras.src.trainers.trainer.Trainer: {error}")
+    assert callable(getattr(trainer, "compile", None)), f"{changed}: Trainer has no compile()"
+    for model_class in (keras.Model, keras.Sequential, type(_net())):
+        assert model_class.compile is trainer.compile, (
+            f"{changed}: {model_class.__name__}.compile is no longer Trainer.compile"
+        )
+    parameters = inspect.signature(trainer.compile).parameters
+    assert {"optimizer", "auto_scale_loss"} <= set(parameters), (
+        f"{changed} Trainer.compile's arguments: {list(parameters)}"
+    )
