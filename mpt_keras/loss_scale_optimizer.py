@@ -311,9 +311,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         if not self.built:
             return {}
         counts = self._nonfinite_counter.numpy()
-        return {
-            getattr(v, "path", v.name): int(c) for v, c in zip(self._built_variables, counts)
-        }
+        return {getattr(v, "path", v.name): int(c) for v, c in zip(self._built_variables, counts)}
 
     def _total_scale(self) -> tf.Tensor:
         scale = ops.convert_to_tensor(self.dynamic_scale)
@@ -599,12 +597,19 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
                 for variable, value in self._scale_updates(finite)
             ]
         for variable, value in assignments:
-            distribution.extended.update(_tf_variable(variable), _assign, args=(value,), group=False)
+            distribution.extended.update(
+                _tf_variable(variable), _assign, args=(value,), group=False
+            )
         for variable, value in zip(accumulation_variables, accumulation_values):
-            distribution.extended.update(_tf_variable(variable), _assign, args=(value,), group=False)
+            distribution.extended.update(
+                _tf_variable(variable), _assign, args=(value,), group=False
+            )
 
     def _apply_inner(
-        self, distribution: tf.distribute.Strategy, grads: list[Any], variables: list[keras.Variable]
+        self,
+        distribution: tf.distribute.Strategy,
+        grads: list[Any],
+        variables: list[keras.Variable],
     ) -> tf.Tensor:
         """Runs the inner `apply()`; returns, per variable, whether the update went non-finite."""
         restored = self._update_restored

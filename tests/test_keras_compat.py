@@ -68,6 +68,8 @@ def test_skip_stock_build_builds_the_base_optimizer_only():
     assert not hasattr(optimizer, "dynamic_scale"), f"{VERSIONS}: the stock build ran"
 
 
-@pytest.mark.parametrize("name", ["maybe_merge_call", "gradients_already_reduced", "skip_stock_build"])
+@pytest.mark.parametrize(
+    "name", ["maybe_merge_call", "gradients_already_reduced", "skip_stock_build"]
+)
 def test_each_touch_is_documented(name):
     assert f"`{name}`" in compat.__doc__

@@ -1292,7 +1292,9 @@ def test_an_inner_optimizer_that_overrides_apply_has_it_run():
     "make_inner",
     [
         lambda: keras.optimizers.AdamW(0.1, weight_decay=0.3),
-        lambda: keras.optimizers.SGD(0.1, use_ema=True, ema_momentum=0.5, ema_overwrite_frequency=2),
+        lambda: keras.optimizers.SGD(
+            0.1, use_ema=True, ema_momentum=0.5, ema_overwrite_frequency=2
+        ),
         lambda: keras.optimizers.Adam(0.1, gradient_accumulation_steps=2),
         lambda: keras.optimizers.SGD(0.5, loss_scale_factor=8.0),
         lambda: keras.optimizers.Lion(0.1, global_clipnorm=1.0),
@@ -1349,7 +1351,11 @@ def test_a_float16_variable_update_that_overflows_is_undone_and_counted():
     assert (health.skipped_steps, health.loss_scale) == (1, 1.0)
     assert health.nonfinite_counts == {table.path: 1}
     assert int(opt.iterations) == 1
-    apply(tf.IndexedSlices(tf.constant([[1.0, 1.0]], tf.float16), tf.constant([1]), tf.constant([4, 2])))
+    apply(
+        tf.IndexedSlices(
+            tf.constant([[1.0, 1.0]], tf.float16), tf.constant([1]), tf.constant([4, 2])
+        )
+    )
     np.testing.assert_allclose(table.numpy()[1], before[1] - 1.0, rtol=1e-3)
     assert opt.skipped_steps == 1
 
