@@ -1,11 +1,12 @@
-"""Every touch of a private Keras or TensorFlow name that the loss-scaling step makes.
+"""Every touch of a private Keras name in the package, and of a private TensorFlow one beside it.
 
-Keras and TensorFlow offer no public way to do a few things the loss-scale
-optimizer needs; each is wrapped here, in one place, so that a Keras upgrade
-that breaks one fails one test of `tests/test_keras_compat.py` with a message
-naming the Keras version, rather than a training run somewhere else.
+Keras and TensorFlow offer no public way to do a few things the package needs;
+each is wrapped here, in one place, so that a Keras upgrade that breaks one
+fails one test of `tests/test_keras_compat.py` with a message naming the Keras
+version, rather than a training run somewhere else. `check()` lists the names
+this Keras no longer has.
 
-The touches:
+The loss-scale optimizer's touches:
 
 - `maybe_merge_call`: TensorFlow's `tf.__internal__.distribute.interim.
   maybe_merge_call`, which Keras' own optimizers use to leave the replica
@@ -20,14 +21,53 @@ The touches:
 - `skip_stock_build`: `keras.optimizers.Optimizer.build`, called past the
   stock `LossScaleOptimizer.build` (which would make a second scale variable).
 
-The rest of the package's private touches (`model._compile_config` and the
-like) are listed in the module that makes them.
+The compile hook's (`autoscale`):
+
+- `keras_trainer_class`: Keras' `Trainer`, whose `compile` the hook replaces:
+  Keras compiles a model it loads from a file only if `type(model).compile`
+  is `Trainer.compile`, so replacing `keras.Model.compile` would not do.
+
+The XLA train step's (`xla`), which is Keras' own TensorFlow train step
+rebuilt around the loss-scale optimizer:
+
+- `compile_config`: `model._compile_config`, a new object at each
+  `model.compile`, which tells that the model was compiled again since.
+- `call_has_training_arg` and `compute_loss`: as Keras' step, pass
+  `training` only to models whose `call` takes it, and reach `compute_loss`
+  overrides written without a `training` argument.
+- `loss_tracker` and `unscale_loss_for_distribution`: the `loss` metric, and
+  the per-replica loss undone back to the model's loss before it is tracked.
+
+The layers' (`manifest`, `calibration`, `layer_paths`, `validation`):
+
+- `replace_dtype_policy`: the public `dtype_policy` setter writes into a
+  `DTypePolicyMap` the layer holds (after an earlier apply, or loading)
+  instead of replacing it.
+- `direct_sublayers`: Keras tracks a layer's sublayers, in order, but lists
+  only a model's top-level ones (`model.layers`), not any layer's.
+- `inbound_nodes` and `producing_layer`: the edges of a functional model's
+  graph, for which Keras has no public accessor.
+
+The optimizer's (`runs`):
+
+- `learning_rate_schedule`: the learning rate an optimizer was given, where
+  `optimizer.learning_rate` evaluates a schedule at the current step.
+
+Multi-worker `fit` (`distribute`, working around keras-team/keras#20585):
+
+- `symbolic_build`, `replace_maybe_symbolic_build` and
+  `restore_maybe_symbolic_build`: the build Keras' `fit` and `evaluate` do
+  before the first step, which under a multi-worker strategy must build from
+  the first replica's batch (and as Keras does again after a re-compile).
+- `in_multi_worker_mode`: whether a strategy spans several workers (a
+  `MultiWorkerMirroredStrategy` without a cluster runs on one).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -47,6 +87,11 @@ def _tf_optimizer_class() -> type:
     from keras.src.backend.tensorflow.optimizer import TFOptimizer
 
     return TFOptimizer
+
+
+def _keras_loss_module() -> Any:
+    """Keras' module of the loss base class and its helpers (private module)."""
+    return importlib.import_module("keras.src.losses.loss")
 
 
 def maybe_merge_call(fn: Callable[..., Any], strategy: tf.distribute.Strategy, *args: Any) -> Any:
@@ -92,16 +137,283 @@ def skip_stock_build(optimizer: keras.optimizers.Optimizer, var_list: Sequence[A
     keras.optimizers.Optimizer.build(optimizer, var_list)
 
 
+def keras_trainer_class() -> type:
+    """Keras' private `Trainer` class, whose `compile` every `keras.Model` runs.
+
+    The compile hook replaces `Trainer.compile` itself, not
+    `keras.Model.compile`: Keras compiles a model it loads from a file only if
+    `type(model).compile` is `Trainer.compile` (`Trainer.compile_from_config`).
+
+    Returns:
+        `keras.src.trainers.trainer.Trainer`.
+    """
+    from keras.src.trainers.trainer import Trainer
+
+    return Trainer
+
+
+def compile_config(model: keras.Model) -> Any:
+    """The config of `model`'s last `compile`, a new object at each compile.
+
+    Keras has no public sign that a model was compiled again: the XLA train
+    step compares this object's identity with the one it was made for.
+
+    Args:
+        model: A compiled model.
+
+    Returns:
+        `model._compile_config`.
+    """
+    return model._compile_config
+
+
+def call_has_training_arg(model: keras.Model) -> bool:
+    """Whether `model.call` takes a `training` argument.
+
+    Keras' train step passes `training=True` only to such models; the XLA
+    train step does as it does.
+
+    Args:
+        model: A model.
+
+    Returns:
+        `model._call_has_training_arg`.
+    """
+    return model._call_has_training_arg
+
+
+def compute_loss(
+    model: keras.Model, x: Any, y: Any, y_pred: Any, sample_weight: Any, training: bool = True
+) -> Any:
+    """`model.compute_loss`, also where an override of it takes no `training` argument.
+
+    Keras' train step calls `compute_loss` through this private wrapper,
+    which drops `training` for such overrides; the XLA train step does too.
+
+    Args:
+        model: A compiled model.
+        x: The batch's inputs.
+        y: The batch's targets.
+        y_pred: What `model` predicted for `x`.
+        sample_weight: The batch's sample weights, or None.
+        training: Whether the loss is for a training step.
+
+    Returns:
+        The loss, as `model._compute_loss` returns it.
+    """
+    return model._compute_loss(
+        x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training
+    )
+
+
+def loss_tracker(model: keras.Model) -> keras.metrics.Mean:
+    """The metric behind the `loss` that `fit` reports, which a train step updates.
+
+    Keras updates it in its own train step and offers no public handle to it;
+    the XLA train step, which replaces Keras', must update it too.
+
+    Args:
+        model: A compiled model.
+
+    Returns:
+        `model._loss_tracker`.
+    """
+    return model._loss_tracker
+
+
+def unscale_loss_for_distribution(loss: Any) -> Any:
+    """`loss` times the number of replicas in sync, as Keras' train step tracks it.
+
+    Keras' losses divide by the number of replicas so that the gradients
+    summed over them average; the tracked loss undoes that division.
+
+    Args:
+        loss: One replica's loss, as `compute_loss` returns it.
+
+    Returns:
+        `keras.src.losses.loss.unscale_loss_for_distribution(loss)`.
+    """
+    return _keras_loss_module().unscale_loss_for_distribution(loss)
+
+
+def learning_rate_schedule(optimizer: keras.optimizers.Optimizer) -> Any:
+    """The learning rate `optimizer` was given: the schedule itself, if it is one.
+
+    `optimizer.learning_rate` gives a schedule's value at the current step
+    instead, so a schedule's own state (`ScaledLearningRate.scale`) is only
+    reachable here.
+
+    Args:
+        optimizer: A Keras optimizer.
+
+    Returns:
+        `optimizer._learning_rate`.
+    """
+    return optimizer._learning_rate
+
+
+def replace_dtype_policy(layer: keras.layers.Layer, policy: keras.DTypePolicy) -> None:
+    """Gives `layer` the dtype policy `policy` itself.
+
+    The public `dtype_policy` setter writes into a `DTypePolicyMap` the layer
+    already holds (after an earlier apply, or loading) instead of replacing it.
+
+    Args:
+        layer: A layer.
+        policy: The policy it computes and keeps its variables in from now on.
+    """
+    layer._dtype_policy = policy
+
+
+def direct_sublayers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
+    """The layers `layer` tracks directly, in the order it tracked them.
+
+    Keras lists them only for models (`model.layers`, top level only), not for
+    other layers that hold sublayers (attention projections, blocks).
+
+    Args:
+        layer: A layer or model.
+
+    Returns:
+        `layer._flatten_layers(include_self=False, recursive=False)`.
+    """
+    return layer._flatten_layers(include_self=False, recursive=False)
+
+
+def inbound_nodes(layer: keras.layers.Layer) -> list[Any]:
+    """The nodes at which `layer` is called in functional models, first call first.
+
+    A node's `input_tensors` tell which layers feed `layer`; Keras has no
+    public accessor to this graph. Empty for a layer never called on
+    symbolic inputs (such as a subclassed model).
+
+    Args:
+        layer: A layer.
+
+    Returns:
+        `layer._inbound_nodes`.
+    """
+    return layer._inbound_nodes
+
+
+def producing_layer(tensor: keras.KerasTensor) -> keras.layers.Layer:
+    """The layer (or operation) whose call made the symbolic `tensor`.
+
+    Keras has no public accessor to the graph of a functional model.
+
+    Args:
+        tensor: A symbolic tensor of a functional model.
+
+    Returns:
+        `tensor._keras_history.operation`.
+    """
+    return tensor._keras_history.operation
+
+
+def symbolic_build(model: keras.Model, data_batch: Any) -> None:
+    """Builds `model`, its compiled metrics and loss, and its optimizer, from one batch.
+
+    This is the build Keras' `fit` and `evaluate` do before the first step
+    (only the batch's shapes and dtypes are used).
+
+    Args:
+        model: A compiled model.
+        data_batch: One batch, `(x, y)` or `(x, y, sample_weight)`.
+    """
+    model._symbolic_build(data_batch=data_batch)
+
+
+def replace_maybe_symbolic_build(model: keras.Model, build: Callable[..., None]) -> None:
+    """Makes `model`'s `fit` and `evaluate` call `build` to build the model.
+
+    Keras' TensorFlow trainer calls `model._maybe_symbolic_build(iterator=...)`
+    before the first step; under a multi-worker strategy its own reduces a
+    whole batch across workers and fails (keras-team/keras#20585).
+
+    Args:
+        model: A model.
+        build: Called as `build(iterator=None, data_batch=None)`.
+    """
+    model._maybe_symbolic_build = build
+
+
+def restore_maybe_symbolic_build(model: keras.Model) -> None:
+    """Undoes `replace_maybe_symbolic_build`: `fit` builds `model` as Keras does.
+
+    Args:
+        model: A model, with its build replaced or not.
+    """
+    vars(model).pop("_maybe_symbolic_build", None)
+
+
+def in_multi_worker_mode(strategy: tf.distribute.Strategy) -> bool:
+    """Whether `strategy` runs on several workers.
+
+    TensorFlow tells only through a private method of `strategy.extended`; a
+    `MultiWorkerMirroredStrategy` with no cluster configured runs on one.
+
+    Args:
+        strategy: A tf.distribute strategy.
+
+    Returns:
+        `strategy.extended._in_multi_worker_mode()`.
+    """
+    return strategy.extended._in_multi_worker_mode()
+
+
 def check() -> list[str]:
-    """What this Keras no longer has of the touches above (empty when all are there)."""
+    """The names touched above that this Keras or TensorFlow no longer has.
+
+    Builds and compiles a one-layer functional model to find the attributes
+    Keras sets on instances, naming every object so that none takes a name
+    Keras would give an unnamed one.
+
+    Returns:
+        One entry per missing name; empty when all are there.
+    """
     problems = []
-    try:
-        cls = _tf_optimizer_class()
-    except ImportError as error:
-        return [f"keras.src.backend.tensorflow.optimizer.TFOptimizer: {error}"]
-    if not callable(getattr(cls, "_all_reduce_sum_gradients", None)):
-        problems.append("TFOptimizer._all_reduce_sum_gradients")
+
+    def require(
+        owner: Any, label: str, methods: Sequence[str] = (), attributes: Sequence[str] = ()
+    ) -> None:
+        problems.extend(
+            f"{label}.{name}" for name in methods if not callable(getattr(owner, name, None))
+        )
+        problems.extend(f"{label}.{name}" for name in attributes if not hasattr(owner, name))
+
+    for label, load, methods in (
+        (
+            "keras.src.backend.tensorflow.optimizer.TFOptimizer",
+            _tf_optimizer_class,
+            ["_all_reduce_sum_gradients"],
+        ),
+        ("keras.src.trainers.trainer.Trainer", keras_trainer_class, ["compile"]),
+        ("keras.src.losses.loss", _keras_loss_module, ["unscale_loss_for_distribution"]),
+    ):
+        try:
+            require(load(), label, methods)
+        except ImportError as error:
+            problems.append(f"{label}: {error}")
     interim = getattr(getattr(tf.__internal__, "distribute", None), "interim", None)
-    if not callable(getattr(interim, "maybe_merge_call", None)):
-        problems.append("tf.__internal__.distribute.interim.maybe_merge_call")
+    require(interim, "tf.__internal__.distribute.interim", ["maybe_merge_call"])
+    require(tf.distribute.StrategyExtended, "tf.distribute.StrategyExtended", ["_in_multi_worker_mode"])
+    require(
+        keras.Model,
+        "keras.Model",
+        ["_compute_loss", "_symbolic_build", "_maybe_symbolic_build", "_flatten_layers"],
+    )
+
+    inputs = keras.Input((1,), name="keras_compat_check_input")
+    layer = keras.layers.Dense(1, name="keras_compat_check_dense")
+    model = keras.Model(inputs, layer(inputs), name="keras_compat_check")
+    optimizer = keras.optimizers.SGD(name="keras_compat_check_sgd")
+    model.compile(optimizer, loss=keras.losses.MeanSquaredError(name="keras_compat_check_mse"))
+    require(
+        model,
+        "compiled model",
+        attributes=["_compile_config", "_loss_tracker", "_call_has_training_arg"],
+    )
+    require(optimizer, "optimizer", attributes=["_learning_rate"])
+    require(layer, "layer", attributes=["_dtype_policy", "_inbound_nodes"])
+    require(model.outputs[0], "symbolic tensor", attributes=["_keras_history"])
     return problems

@@ -36,6 +36,7 @@ from typing import Any
 
 import keras
 
+from mpt_keras import _keras_compat as compat
 from mpt_keras.layer_paths import iter_layers
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 
@@ -52,25 +53,12 @@ def install() -> None:
     Idempotent: the hook is installed once, whatever the number of calls.
     See the module docstring for what the hook decides.
     """
-    trainer = _keras_trainer()
+    trainer = compat.keras_trainer_class()
     if getattr(trainer.compile, _HOOK_MARK, False):
         return
     hooked = _compile_with_loss_scaling(trainer.compile)
     setattr(hooked, _HOOK_MARK, True)
     trainer.compile = hooked
-
-
-def _keras_trainer() -> type:
-    """Keras' private `Trainer` class, whose `compile` every `keras.Model` runs.
-
-    The one touch of Keras' private names here. The hook replaces
-    `Trainer.compile` itself, not `keras.Model.compile`: Keras compiles a
-    model it loads from a file only if `type(model).compile` is
-    `Trainer.compile` (`Trainer.compile_from_config`).
-    """
-    from keras.src.trainers.trainer import Trainer
-
-    return Trainer
 
 
 def _compile_with_loss_scaling(compile_: Callable[..., Any]) -> Callable[..., Any]:

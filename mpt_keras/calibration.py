@@ -88,6 +88,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from mpt_keras import _keras_compat as compat
 from mpt_keras.errors import UserInputError
 from mpt_keras.layer_paths import first_instance_name, iter_layers
 from mpt_keras.manifest import PrecisionManifest, Rule
@@ -242,8 +243,7 @@ def calibrate(
         )
     finally:
         for layer, policy in saved_policies:
-            # The public setter would write into a DTypePolicyMap in place.
-            layer._dtype_policy = policy
+            compat.replace_dtype_policy(layer, policy)
 
 
 def format_calibration_table(statistics: dict[str, Any]) -> str:

@@ -57,6 +57,7 @@ from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
 from tensorflow.python.distribute import multi_worker_util
 from tensorflow.python.eager import context
 
+from mpt_keras import _keras_compat as compat
 from mpt_keras.config import STRATEGIES
 from mpt_keras.errors import PeerFailedError, UserInputError
 
@@ -289,7 +290,7 @@ def support_multi_worker_fit(model: keras.Model) -> None:
                 data_batch = next(batches)
                 break
         with strategy.scope():
-            model._symbolic_build(data_batch=keras.tree.map_structure(first_replica, data_batch))
+            compat.symbolic_build(model, keras.tree.map_structure(first_replica, data_batch))
 
     def with_replica_axis(step: Any) -> Any:
         def step_with_replica_axis(data: Any) -> Any:
@@ -300,7 +301,7 @@ def support_multi_worker_fit(model: keras.Model) -> None:
 
         return step_with_replica_axis
 
-    model._maybe_symbolic_build = maybe_symbolic_build
+    compat.replace_maybe_symbolic_build(model, maybe_symbolic_build)
     model.train_step = with_replica_axis(model.train_step)
     model.test_step = with_replica_axis(model.test_step)
 
@@ -308,7 +309,7 @@ def support_multi_worker_fit(model: keras.Model) -> None:
 def _in_multi_worker_mode(strategy: tf.distribute.Strategy) -> bool:
     return (
         isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-        and strategy.extended._in_multi_worker_mode()
+        and compat.in_multi_worker_mode(strategy)
     )
 
 

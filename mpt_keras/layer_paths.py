@@ -48,6 +48,8 @@ from typing import Any
 
 import keras
 
+from mpt_keras import _keras_compat as compat
+
 
 @dataclasses.dataclass(frozen=True)
 class LayerPath:
@@ -120,7 +122,7 @@ def first_instance_name(obj: Any) -> str:
 
 
 def _children(layer, prefix: str) -> Iterator[tuple[str, Any]]:
-    for child in layer._flatten_layers(include_self=False, recursive=False):
+    for child in compat.direct_sublayers(layer):
         if not isinstance(child, keras.layers.InputLayer):
             yield prefix + _child_name(layer, child), child
 

@@ -122,6 +122,7 @@ from typing import Any
 
 import keras
 
+from mpt_keras import _keras_compat as compat
 from mpt_keras import autoscale  # noqa: F401 (hooks model.compile: float16 layers loss-scaled)
 from mpt_keras.config import read_json_object
 from mpt_keras.errors import UserInputError
@@ -546,7 +547,7 @@ class _Application:
             layer = entry.layer
             decision = unit_decision if entry is unit.entry else self._decide(entry)
             policy = keras.DTypePolicy(decision.policy)
-            _set_policy(layer, policy)
+            compat.replace_dtype_policy(layer, policy)
             if not (layer.built and layer.path is None):
                 # Keyed by the path Keras gives the layer when its model is loaded.
                 policy_map[entry.path.removeprefix(unit.model_prefix)] = policy
@@ -554,7 +555,7 @@ class _Application:
                 _call_after_build(layer, functools.partial(self.apply_to_unit, unit))
             decisions[entry.path] = decision
         if any(policy.name != unit_decision.policy for policy in policy_map.values()):
-            _set_policy(
+            compat.replace_dtype_policy(
                 unit.entry.layer,
                 keras.dtype_policies.DTypePolicyMap(
                     default_policy=keras.DTypePolicy(unit_decision.policy), policy_map=policy_map
@@ -588,19 +589,13 @@ def _output_layers(model: keras.Model) -> list[keras.layers.Layer]:
         producers = model.layers[-1:]
     elif getattr(model, "outputs", None):
         outputs = keras.tree.flatten(model.outputs)
-        producers = [output._keras_history.operation for output in outputs]
+        producers = [compat.producing_layer(output) for output in outputs]
     else:
         producers = [layer for layer in model.layers if layer.weights or not layer.built][-1:]
     layers = []
     for producer in producers:
         layers.extend(_output_layers(producer) if isinstance(producer, keras.Model) else [producer])
     return layers
-
-
-def _set_policy(layer: keras.layers.Layer, policy: keras.DTypePolicy) -> None:
-    # The public `dtype_policy` setter writes into a `DTypePolicyMap` the layer
-    # already holds (after an earlier apply, or loading) instead of replacing it.
-    layer._dtype_policy = policy
 
 
 def _call_after_build(layer: keras.layers.Layer, callback: Callable[[], object]) -> None:

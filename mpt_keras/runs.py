@@ -29,6 +29,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from mpt_keras import _keras_compat as compat
 from mpt_keras import components as components_lib
 from mpt_keras import data as data_lib
 from mpt_keras import keras_objects, models, xla
@@ -324,7 +325,7 @@ def make_optimizer(config: TrainConfig, report: Mapping[str, Any]) -> LossScaleO
 
 def learning_rate_scale(optimizer: LossScaleOptimizer) -> keras.Variable:
     """The scale of the `ScaledLearningRate` that `make_optimizer` gave `optimizer`."""
-    return optimizer.inner_optimizer._learning_rate.scale
+    return compat.learning_rate_schedule(optimizer.inner_optimizer).scale
 
 
 def plan_precision(config: TrainConfig) -> dict[str, Any]:

@@ -68,6 +68,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from mpt_keras import _keras_compat as compat
 from mpt_keras import runs
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError
@@ -550,15 +551,15 @@ def _twin(model: keras.Model, baseline: keras.Model, layer: keras.layers.Layer):
 def _output_names(model: keras.Model, layers: Mapping[str, keras.layers.Layer]) -> set[str]:
     if not getattr(model, "inputs", None):
         return set(layers)
-    return {tensor._keras_history.operation.name for tensor in keras.tree.flatten(model.outputs)}
+    return {compat.producing_layer(tensor).name for tensor in keras.tree.flatten(model.outputs)}
 
 
 def _parents(layer: keras.layers.Layer) -> list[str]:
     """Names of the layers whose outputs `layer` takes as inputs."""
-    if not layer._inbound_nodes:  # A subclassed model, probed whole.
+    nodes = compat.inbound_nodes(layer)
+    if not nodes:  # A subclassed model, probed whole.
         return []
-    node = layer._inbound_nodes[0]
-    return [tensor._keras_history.operation.name for tensor in node.input_tensors]
+    return [compat.producing_layer(tensor).name for tensor in nodes[0].input_tensors]
 
 
 def train_steps(

@@ -97,8 +97,8 @@ from typing import Any
 
 import keras
 import tensorflow as tf
-from keras.src.losses.loss import unscale_loss_for_distribution
 
+from mpt_keras import _keras_compat as compat
 from mpt_keras import distribute
 from mpt_keras.errors import UserInputError
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
@@ -120,8 +120,9 @@ _CONVOLUTIONS = (
     keras.layers.SeparableConv1D,
     keras.layers.SeparableConv2D,
 )
-# What compile_model sets on a model; removed again when it re-compiles.
-_INSTALLED_ATTRIBUTES = ("train_step", "test_step", "_maybe_symbolic_build")
+# What compile_model sets on a model; removed again when it re-compiles (with
+# the build that `distribute.support_multi_worker_fit` sets).
+_INSTALLED_ATTRIBUTES = ("train_step", "test_step")
 
 
 def compile_model(
@@ -197,6 +198,7 @@ def compile_model(
     # Instance attributes, so they never reach the model's config.
     for name in _INSTALLED_ATTRIBUTES:
         vars(model).pop(name, None)
+    compat.restore_maybe_symbolic_build(model)
     model.train_step = _replica_train_step(model, jit_compile)
     distribute.support_multi_worker_fit(model)
 
@@ -300,10 +302,10 @@ def _replica_train_step(model: keras.Model, jit_compile: bool) -> Callable[[Any]
     """Keras' TensorFlow train step, in XLA if asked: whole on one replica, else split."""
     # A plain `model.compile` makes a new compile config: from then on the
     # model trains with Keras' own step, as that compile asked.
-    compiled_with = model._compile_config
+    compiled_with = compat.compile_config(model)
 
     def train_step(data: Any) -> dict[str, Any]:
-        if model._compile_config is not compiled_with:
+        if compat.compile_config(model) is not compiled_with:
             return type(model).train_step(model, data)
         whole_step_in_xla = jit_compile and _on_one_device()
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -355,8 +357,8 @@ def _step(
         # before this traces.)
         variables = [v for metric in model.metrics for v in metric.variables] if checked else []
         before = [tf.convert_to_tensor(variable) for variable in variables]
-        model._loss_tracker.update_state(
-            unscale_loss_for_distribution(loss), sample_weight=batch_size
+        compat.loss_tracker(model).update_state(
+            compat.unscale_loss_for_distribution(loss), sample_weight=batch_size
         )
         logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         if not checked:
@@ -375,11 +377,11 @@ def _xla_function(function: Callable[..., Any]) -> Callable[..., Any]:
 def _forward_backward(model: keras.Model) -> Callable[[Any, Any, Any], tuple[Any, Any, Any]]:
     def replica_forward_backward(x: Any, y: Any, sample_weight: Any) -> tuple[Any, Any, Any]:
         # As Keras' own train step: `training` only for models whose call
-        # takes it, and `_compute_loss` for compute_loss overrides without it.
+        # takes it, and `compute_loss` also for overrides without it.
         with tf.GradientTape() as tape:
-            y_pred = model(x, training=True) if model._call_has_training_arg else model(x)
-            loss = model._compute_loss(
-                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+            y_pred = model(x, training=True) if compat.call_has_training_arg(model) else model(x)
+            loss = compat.compute_loss(
+                model, x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
             )
             scaled_loss = model.optimizer.scale_loss(loss)
         return loss, y_pred, tape.gradient(scaled_loss, model.trainable_weights)

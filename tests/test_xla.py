@@ -250,7 +250,9 @@ def test_saved_model_has_no_trace_of_the_xla_step(tmp_path):
     path = tmp_path / "model.keras"
     model.save(path)
     restored = keras.saving.load_model(path)
-    assert "train_step" not in vars(restored)
+    # No XLA step; only the compile hook's hand-over of each batch to our optimizer.
+    step = vars(restored).get("train_step")
+    assert step is None or "_hand_batches_over" in step.__qualname__
     assert restored.jit_compile is False
     np.testing.assert_allclose(restored.predict(x, verbose=0), model.predict(x, verbose=0))
     # It trains, and with XLA again after compile_model.
