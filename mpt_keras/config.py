@@ -30,6 +30,7 @@ from typing import Any
 
 from mpt_keras.components import FACTORY_SYNTAX
 from mpt_keras.errors import UserInputError
+from mpt_keras.loss_scale_settings import LossScaleSettings
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
@@ -251,7 +252,8 @@ class LossScaleConfig:
     """Dynamic loss scaling of `mixed_float16` runs (see `LossScaleOptimizer`).
 
     Runs in other precisions pin the scale at 1: non-finite steps are still
-    skipped and counted. Values are checked by `LossScaleOptimizer`.
+    skipped and counted. Values are checked as `LossScaleSettings` when the
+    config is read.
 
     Attributes:
         initial_scale: Starting scale.
@@ -270,6 +272,12 @@ class LossScaleConfig:
     hysteresis: int = 1
     min_scale: float = 1.0
     max_scale: float = 2.0**24
+
+    def __post_init__(self):
+        try:
+            LossScaleSettings(**dataclasses.asdict(self))
+        except UserInputError as error:
+            raise UserInputError(f"config section loss_scale: {error}") from None
 
 
 @dataclasses.dataclass(frozen=True)

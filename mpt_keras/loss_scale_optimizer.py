@@ -9,26 +9,21 @@ scale update) and leaves the update itself to the inner optimizer's own
 
 from __future__ import annotations
 
-import numbers
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 from keras import ops
 
 from mpt_keras import _keras_compat as compat
+from mpt_keras import loss_scale_settings
 from mpt_keras.errors import UserInputError
+from mpt_keras.loss_scale_settings import LossScaleSettings
 from mpt_keras.step_health import BAD_BATCH_MEMORY, StepHealth
 
 _StockLossScaleOptimizer = keras.optimizers.LossScaleOptimizer
-
-# The scale lives in a float32 variable: a bound outside this range would
-# round to 0 or inf, which is exactly what the bounds exist to prevent.
-_SCALE_LOW = float(np.finfo(np.float32).tiny)
-_SCALE_HIGH = float(np.finfo(np.float32).max)
-_ALL_REDUCE_DTYPES = (None, "float32", "bfloat16", "float16")
 _FULL_PRECISION = ("float32", "float64")
 
 compat.install()
@@ -39,101 +34,41 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
     """Dynamic loss scaling with one verdict for all replicas.
 
     Wraps `inner_optimizer` like `keras.optimizers.LossScaleOptimizer` (and is
-    one, so `model.compile` does not wrap it again), but each step:
+    one, so `model.compile` does not wrap it again). Each step it all-reduces
+    the gradients across replicas, unscales them and judges the sum: a
+    variable's gradient is non-finite when its float32 sum of squares is (a
+    NaN or Inf, or a norm above 1.8e19, whose square would overflow Adam's
+    second moment). A finite step runs the inner optimizer's own `apply()` on
+    the summed, unscaled gradients, so `MultiOptimizer`, an overridden
+    `apply()`, weight decay, EMA, constraints, `loss_scale_factor` and
+    clipping (of the sum) work as without loss scaling. A non-finite step is
+    skipped on every replica, still advances `iterations`, and backs the scale
+    off. With float16 or bfloat16 variables, an update that writes an Inf or
+    NaN is undone and counted as a skipped overflow.
 
-    1. all-reduces the gradients across replicas first (the sum the inner
-       optimizer would compute anyway), then unscales them;
-    2. decides finiteness on those all-reduced, unscaled gradients, so a
-       non-finite gradient on any replica skips the step on every replica and
-       backs the scale off everywhere. A variable's gradient counts as
-       non-finite when its float32 sum of squares is: a NaN or Inf element,
-       or a norm above 1.8e19 (whose square would turn Adam's second moment
-       into inf). The same sums give `gradient_norm`;
-    3. if the step is finite, runs the inner optimizer's own `apply()` on the
-       all-reduced, unscaled gradients (it does not sum them again). So
-       everything works as without loss scaling (`MultiOptimizer`, an
-       optimizer that overrides `apply()`, weight decay, EMA, constraints,
-       `loss_scale_factor`), and `clipnorm`, `global_clipnorm` and `clipvalue`
-       clip the all-reduced gradient: two replicas give the single-device
-       update;
-    4. a skipped step leaves weights and slots untouched but still advances
-       the inner optimizer's `iterations` (so learning-rate schedules follow
-       the step count);
-    5. with float16 or bfloat16 variables (a `float16` policy, not a mixed
-       one), an update that writes an Inf or NaN into a variable or a slot
-       (an embedding's duplicated indices, say) is undone and counted as a
-       skipped step and an overflow.
+    The scale grows by `growth_factor` after `growth_interval` finite steps
+    and backs off by `backoff_factor` on the `hysteresis`-th overflow since
+    the last growth (and every later one), within `[min_scale, max_scale]`;
+    `dynamic=False` pins it. A batch holding a NaN or Inf (handed over by the
+    train step, see `apply`) is bad data, not an overflow: skipped and counted
+    in `bad_batches`, the scale left alone. With `gradient_accumulation_steps`
+    on the inner optimizer, this class accumulates the finite micro-batches'
+    unscaled gradients and has the inner optimizer apply their mean once per
+    window. `all_reduce_dtype` sums the gradients across replicas in bfloat16
+    or float16 to halve the bytes on the wire. All state is optimizer
+    variables (saved by `model.save` and checkpoints); `health()` reads it.
 
-    The scale grows by `growth_factor` after `growth_interval` consecutive
-    finite steps and backs off by `backoff_factor` on an overflow, clamped to
-    `[min_scale, max_scale]`. With `hysteresis=h` the scale backs off on the
-    h-th overflow since the last growth and on every later one until the next
-    growth (DeepSpeed's delayed shift, Megatron's hysteresis); every overflow
-    step is skipped. `dynamic=False` pins the scale at `initial_scale` (e.g. 1
-    for bfloat16 or float32 runs) while still skipping and counting
-    non-finite steps.
-
-    With `gradient_accumulation_steps=k` on the inner optimizer, this class
-    accumulates the unscaled float32 gradients itself (Keras' accumulation
-    cannot run under `MirroredStrategy`). A non-finite micro-batch is dropped
-    (counted in `skipped_steps`) and the window goes on; at the end of the
-    window the inner optimizer applies the mean of its finite micro-batches,
-    as a large batch made of those micro-batches would be. A window without
-    any finite micro-batch applies nothing.
-
-    `all_reduce_dtype="bfloat16"` or `"float16"` sums the (scaled) gradients
-    across replicas in that dtype, halving the bytes on the wire of multi-host
-    runs, and casts the sum back before unscaling. The trade-offs: a float16
-    sum of scaled gradients overflows above 65504, which skips the step and
-    backs the scale off (safe, but more skipped steps); a bfloat16 sum keeps
-    float32's range but only 8 bits of mantissa (relative error up to 2**-8
-    per rounding). With one replica nothing is cast. MirroredStrategy's
-    default NCCL all-reduce on GPUs has no bfloat16 kernel.
-
-    Bad data is not an overflow. A step whose batch (inputs, labels or
-    weights) holds a NaN or Inf on any replica is skipped without touching
-    the scale or the per-variable overflow counts, and counted in
-    `skipped_steps` and `bad_batches` (its step recorded in `health()`); a
-    non-finite loss from a finite batch is a forward-pass overflow. The batch
-    reaches `apply` from the train step: `apply(..., batch=)` in
-    `mpt_keras.xla.compile_model`'s, `hand_over_batch` in Keras' own (which
-    `model.compile` arranges, see `mpt_keras.autoscale`). A loop that hands
-    over only the loss (`scale_loss`) is judged by it: a NaN loss is bad data,
-    an infinite one an overflow. This works in every precision.
-
-    All state (scale, growth and overflow counters, skipped steps, bad batches,
-    per-variable non-finite counts) is optimizer variables updated in-graph (no
-    host sync per step; int64 counters), so it is saved by `model.save` and
-    `tf.train.Checkpoint`; `health()` reads it in one record.
-
-    Custom loops written for Keras 2 (`get_scaled_loss`,
-    `get_unscaled_gradients`, `apply_gradients`) work unchanged, as do Keras 3
-    loops that pass the gradients of `scale_loss(loss)` to `apply`.
-
-    Limitations: TensorFlow backend only (`stateless_apply` raises). Under a
-    tf.distribute strategy, build the optimizer before a custom `tf.function`
-    loop (`fit` does); building it lazily inside `strategy.run` fails in TF, as
-    with the stock class. Variables with `overwrite_with_gradient` (float8
-    scales) are neither unscaled nor judged, and are written only on applied
-    steps. Adam-style bias correction counts skipped steps, since
-    `iterations` does.
+    docs/loss_scaling.md has the details, a comparison with Keras 3, tf-keras
+    and PyTorch, and the differences from the stock class on purpose. Keras 2
+    loops (`get_scaled_loss`, `get_unscaled_gradients`, `apply_gradients`) work
+    unchanged. TensorFlow backend only (`stateless_apply` raises).
 
     Args:
         inner_optimizer: The `keras.optimizers.Optimizer` to wrap.
-        initial_scale: Starting loss scale, in `[min_scale, max_scale]`.
-        growth_factor: Factor (> 1) applied after `growth_interval` finite
-            steps.
-        backoff_factor: Factor in (0, 1) applied on an overflow.
-        growth_interval: Consecutive finite steps (int >= 1) between growths;
-            2000 unless given (or given as `dynamic_growth_steps`).
-        hysteresis: Overflows since the last growth (int >= 1) before the scale
-            backs off.
-        min_scale: Lower bound of the scale (> 0).
-        max_scale: Upper bound of the scale (finite float32).
-        dynamic: If False, the scale stays at `initial_scale`.
-        all_reduce_dtype: The dtype of the cross-replica gradient sum:
-            `None` (the gradients' own, float32 for float32 variables),
-            `"float32"`, `"bfloat16"` or `"float16"`.
+        initial_scale, growth_factor, backoff_factor, growth_interval,
+            hysteresis, min_scale, max_scale, dynamic, all_reduce_dtype: The
+            `LossScaleSettings`, checked there; `growth_interval` is 2000
+            unless given (or given as `dynamic_growth_steps`).
         name: Optimizer name.
         dynamic_growth_steps: Keras' name of `growth_interval` (the stock
             class's argument and config key); giving both with different
@@ -169,13 +104,20 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         dynamic_growth_steps: int | None = None,
         **kwargs: Any,
     ) -> None:
-        growth_interval = _growth_interval(growth_interval, dynamic_growth_steps)
-        _validate_arguments(
-            inner_optimizer=inner_optimizer,
+        if not isinstance(inner_optimizer, keras.optimizers.Optimizer) or isinstance(
+            inner_optimizer, _StockLossScaleOptimizer
+        ):
+            raise UserInputError(
+                "Argument inner_optimizer must be a keras.optimizers.Optimizer that is not a "
+                f"LossScaleOptimizer. Received: inner_optimizer={inner_optimizer!r}"
+            )
+        settings = LossScaleSettings(
             initial_scale=initial_scale,
             growth_factor=growth_factor,
             backoff_factor=backoff_factor,
-            growth_interval=growth_interval,
+            growth_interval=loss_scale_settings.growth_interval(
+                growth_interval, dynamic_growth_steps
+            ),
             hysteresis=hysteresis,
             min_scale=min_scale,
             max_scale=max_scale,
@@ -188,8 +130,8 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         loss_scale_factor = inner_optimizer.loss_scale_factor
         super().__init__(
             inner_optimizer,
-            initial_scale=float(initial_scale),
-            dynamic_growth_steps=int(growth_interval),
+            initial_scale=float(settings.initial_scale),
+            dynamic_growth_steps=int(settings.growth_interval),
             name=name,
             **kwargs,
         )
@@ -200,14 +142,14 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         # Keras' accumulation does. `get_config` puts it back.
         self._accumulation_steps = inner_optimizer.gradient_accumulation_steps
         inner_optimizer.gradient_accumulation_steps = None
-        self.growth_factor = float(growth_factor)
-        self.backoff_factor = float(backoff_factor)
-        self.growth_interval = int(growth_interval)
-        self.hysteresis = int(hysteresis)
-        self.min_scale = float(min_scale)
-        self.max_scale = float(max_scale)
-        self.dynamic = dynamic
-        self.all_reduce_dtype = all_reduce_dtype
+        self.growth_factor = float(settings.growth_factor)
+        self.backoff_factor = float(settings.backoff_factor)
+        self.growth_interval = int(settings.growth_interval)
+        self.hysteresis = int(settings.hysteresis)
+        self.min_scale = float(settings.min_scale)
+        self.max_scale = float(settings.max_scale)
+        self.dynamic = settings.dynamic
+        self.all_reduce_dtype = settings.all_reduce_dtype
         # What Keras' train step (or a Keras 2 loop) handed over in this
         # replica's trace before `apply`: the loss given to `scale_loss`, and
         # whether the caller unscaled the gradients itself.
@@ -703,90 +645,13 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             inner_config = config["inner_optimizer"]["config"]
             inner_config["gradient_accumulation_steps"] = self._accumulation_steps
         config.update(
-            growth_factor=self.growth_factor,
-            backoff_factor=self.backoff_factor,
-            growth_interval=self.growth_interval,
-            hysteresis=self.hysteresis,
-            min_scale=self.min_scale,
-            max_scale=self.max_scale,
-            dynamic=self.dynamic,
-            all_reduce_dtype=self.all_reduce_dtype,
+            {
+                field.name: getattr(self, field.name)
+                for field in dataclasses.fields(LossScaleSettings)
+                if field.name != "initial_scale"
+            }
         )
         return config
-
-
-def _validate_arguments(
-    *,
-    inner_optimizer: Any,
-    initial_scale: float,
-    growth_factor: float,
-    backoff_factor: float,
-    growth_interval: int,
-    hysteresis: int,
-    min_scale: float,
-    max_scale: float,
-    dynamic: bool,
-    all_reduce_dtype: str | None,
-) -> None:
-    # In order: later checks compare values that earlier checks proved numbers.
-    a_scale = f"a positive finite float32 number (in [{_SCALE_LOW:.4g}, {_SCALE_HIGH:.4g}])"
-    checks = [
-        (
-            "inner_optimizer",
-            inner_optimizer,
-            lambda v: (
-                isinstance(v, keras.optimizers.Optimizer)
-                and not isinstance(v, _StockLossScaleOptimizer)
-            ),
-            "a keras.optimizers.Optimizer that is not a LossScaleOptimizer",
-        ),
-        ("initial_scale", initial_scale, _is_scale, a_scale),
-        ("min_scale", min_scale, _is_scale, a_scale),
-        ("max_scale", max_scale, _is_scale, a_scale),
-        ("max_scale", max_scale, lambda v: v >= min_scale, f">= min_scale={min_scale}"),
-        (
-            "initial_scale",
-            initial_scale,
-            lambda v: min_scale <= v <= max_scale,
-            f"in [min_scale, max_scale] = [{min_scale}, {max_scale}]",
-        ),
-        (
-            "growth_factor",
-            growth_factor,
-            lambda v: _is_number(v) and 1 < v <= _SCALE_HIGH,
-            "a finite number > 1",
-        ),
-        (
-            "backoff_factor",
-            backoff_factor,
-            lambda v: _is_number(v) and 0 < v < 1,
-            "in the open interval (0, 1)",
-        ),
-        ("growth_interval", growth_interval, _is_count, "an integer >= 1"),
-        ("hysteresis", hysteresis, _is_count, "an integer >= 1"),
-        ("dynamic", dynamic, lambda v: isinstance(v, bool), "True or False"),
-        (
-            "all_reduce_dtype",
-            all_reduce_dtype,
-            lambda v: v in _ALL_REDUCE_DTYPES,
-            "None, 'float32', 'bfloat16' or 'float16'",
-        ),
-    ]
-    for name, value, is_valid, allowed in checks:
-        if not is_valid(value):
-            raise UserInputError(f"Argument {name} must be {allowed}. Received: {name}={value!r}")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _is_scale(value: Any) -> bool:
-    return _is_number(value) and _SCALE_LOW <= value <= _SCALE_HIGH
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
 
 
 def _read(variable: keras.Variable, to_python: type) -> Any:
@@ -812,19 +677,6 @@ def _unscaled_like(
         values = _unscaled_like(gradient.values, scale)
         return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape)
     return ops.cast(_unscale(gradient, scale), gradient.dtype)
-
-
-def _growth_interval(growth_interval: int | None, dynamic_growth_steps: int | None) -> Any:
-    """One growth interval from our argument and Keras' name for it."""
-    if growth_interval is None:
-        return 2000 if dynamic_growth_steps is None else dynamic_growth_steps
-    if dynamic_growth_steps is not None and dynamic_growth_steps != growth_interval:
-        raise UserInputError(
-            "growth_interval and dynamic_growth_steps are one setting (Keras' name for it) and "
-            f"differ. Received: growth_interval={growth_interval!r}, "
-            f"dynamic_growth_steps={dynamic_growth_steps!r}; give one of them"
-        )
-    return growth_interval
 
 
 def _sum_of_squares(gradient: tf.Tensor | tf.IndexedSlices) -> tf.Tensor:

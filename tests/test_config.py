@@ -99,6 +99,17 @@ def test_integers_are_accepted_for_floats():
             {"loss_scale": {"initial_scale": float("nan")}},
             "key 'loss_scale.initial_scale' must be a finite number, received NaN",
         ),
+        # Checked as LossScaleSettings when read, before a model is built.
+        (
+            {"loss_scale": {"growth_factor": 0.5}},
+            "config section loss_scale: Argument growth_factor must be a finite number > 1. "
+            "Received: growth_factor=0.5",
+        ),
+        (
+            {"loss_scale": {"min_scale": 4.0, "initial_scale": 2.0}},
+            "config section loss_scale: Argument initial_scale must be in [min_scale, max_scale] "
+            "= [4.0, 16777216.0]. Received: initial_scale=2.0",
+        ),
         (
             {"optimizer": {"learning_rate": 10**309}},
             "key 'optimizer.learning_rate' must be a finite number, received 1" + "0" * 309,

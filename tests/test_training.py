@@ -311,11 +311,10 @@ def test_float16_overflows_are_skipped_counted_and_back_the_scale_off(tfds_dir, 
     )
 
 
-def test_loss_scale_errors_name_the_config_section(tfds_dir, tmp_path):
-    config = _config(tfds_dir, precision="mixed_float16", loss_scale={"growth_factor": 0.5})
+def test_loss_scale_errors_name_the_config_section_when_the_config_is_read(tfds_dir, tmp_path):
     with pytest.raises(UserInputError) as raised:
-        run_training(config, Runtime(str(tmp_path / "run"), verbose=0))
-    assert str(raised.value) == (
+        _config(tfds_dir, precision="mixed_float16", loss_scale={"growth_factor": 0.5})
+    assert str(raised.value).endswith(
         "config section loss_scale: Argument growth_factor must be a finite number > 1. "
         "Received: growth_factor=0.5"
     )
@@ -360,12 +359,6 @@ def test_auto_promote_moves_layers_that_keep_overflowing_out_of_float16(tfds_dir
 @pytest.mark.parametrize(
     "bad, fix, message",
     [
-        (
-            {"loss_scale": {"growth_factor": 0.5}},
-            {"loss_scale": {"growth_factor": 2.0}},
-            "config section loss_scale: Argument growth_factor must be a finite number > 1. "
-            "Received: growth_factor=0.5",
-        ),
         (
             {"model": {"options": {"hidden_units": [16], "width": 3}}},
             {"model": {"name": "mlp", "options": {"hidden_units": [16]}}},
