@@ -1,4 +1,4 @@
-"""Every touch of a private Keras name in the package, and of a private TensorFlow one beside it.
+"""Every touch of a private Keras name in the package, and two of private TensorFlow ones.
 
 Keras and TensorFlow offer no public way to do a few things the package needs;
 each is wrapped here, in one place, so that a Keras upgrade that breaks one
@@ -396,7 +396,8 @@ def check() -> list[str]:
             problems.append(f"{label}: {error}")
     interim = getattr(getattr(tf.__internal__, "distribute", None), "interim", None)
     require(interim, "tf.__internal__.distribute.interim", ["maybe_merge_call"])
-    require(tf.distribute.StrategyExtended, "tf.distribute.StrategyExtended", ["_in_multi_worker_mode"])
+    extended = tf.distribute.StrategyExtended
+    require(extended, "tf.distribute.StrategyExtended", ["_in_multi_worker_mode"])
     require(
         keras.Model,
         "keras.Model",

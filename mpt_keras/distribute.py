@@ -307,10 +307,8 @@ def support_multi_worker_fit(model: keras.Model) -> None:
 
 
 def _in_multi_worker_mode(strategy: tf.distribute.Strategy) -> bool:
-    return (
-        isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-        and compat.in_multi_worker_mode(strategy)
-    )
+    multi_worker_strategy = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    return multi_worker_strategy and compat.in_multi_worker_mode(strategy)
 
 
 def _is_peer_failure(error: tf.errors.OpError) -> bool:

@@ -317,10 +317,7 @@ def make_optimizer(config: TrainConfig, report: Mapping[str, Any]) -> LossScaleO
         scaling = dataclasses.asdict(config.loss_scale)
     else:
         scaling = {"initial_scale": 1.0, "min_scale": 1.0, "max_scale": 1.0, "dynamic": False}
-    try:
-        return LossScaleOptimizer(inner, **scaling)
-    except UserInputError as error:
-        raise UserInputError(f"config section loss_scale: {error}") from None
+    return LossScaleOptimizer(inner, **scaling)  # The config checked the settings.
 
 
 def learning_rate_scale(optimizer: LossScaleOptimizer) -> keras.Variable:

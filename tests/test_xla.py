@@ -37,6 +37,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from mpt_keras import _keras_compat as compat
 from mpt_keras import models, xla
 from mpt_keras.errors import UserInputError
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
@@ -119,7 +120,7 @@ def _no_training_argument() -> keras.Model:
     keras.utils.set_random_seed(0)
     model = _NoTrainingArgument()
     model(np.zeros((1, 8), np.float32))
-    assert not model._call_has_training_arg
+    assert not compat.call_has_training_arg(model)
     return model
 
 
