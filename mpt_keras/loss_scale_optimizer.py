@@ -267,6 +267,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         `apply` of the same replica judges that loss: a NaN or Inf makes the
         step a bad batch, not an overflow.
         """
+        loss = ops.convert_to_tensor(loss)  # A Python number too, as the stock class takes.
         self._hand_over(loss=loss)
         return ops.multiply(loss, ops.cast(self._total_scale(), loss.dtype))
 
@@ -404,22 +405,20 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         grads = self._all_reduce(grads)
         # Float8 scales and amax histories are written with their "gradient".
         overwritten = [bool(getattr(v, "overwrite_with_gradient", False)) for v in variables]
-        if not caller_unscaled:
+        if not (caller_unscaled or self._scale_is_one):
             # The inner `apply()` divides by its own loss_scale_factor.
             scale = ops.convert_to_tensor(self.dynamic_scale)
             grads = [g if o else _unscale(g, scale) for g, o in zip(grads, overwritten)]
-        # One pass over each gradient serves the verdict and the norm: its
-        # float32 sum of squares is finite iff every element is finite and the
-        # gradient's norm is below 1.8e19 (where Adam's second moment would
-        # overflow). Vectorised over variables: a few ops per step.
+        # One op per gradient serves the verdict and the norm: its float32 sum
+        # of squares is finite iff every element is finite and the norm is
+        # below about 1.8e19 (where Adam's second moment would overflow).
         judged = [i for i, o in enumerate(overwritten) if not o]
-        squares = ops.stack([_sum_of_squares(grads[i]) for i in judged] or [ops.zeros(())])
-        gradient_nonfinite = ~ops.isfinite(squares)
-        finite = ~ops.any(gradient_nonfinite) & ~bad_batch
+        halves = ops.stack([_half_sum_of_squares(grads[i]) for i in judged] or [ops.zeros(())])
+        gradient_finite = ops.isfinite(halves)
+        finite = ops.all(gradient_finite) & ~bad_batch
+        # Spread over all variables only when a step is skipped (see _count_skip).
         positions = [self._positions[id(variables[i])] for i in judged]
-        # A bad batch is not an overflow: no attribution, no change of the scale.
-        nonfinite = self._per_variable(gradient_nonfinite[: len(judged)] & ~bad_batch, positions)
-        norm = ops.sqrt(ops.sum(squares))
+        norm = ops.sqrt(2.0 * ops.sum(halves))
         factor = self.inner_optimizer.loss_scale_factor
         if factor is not None:
             norm = norm / factor
@@ -430,7 +429,12 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             )
         compat.maybe_merge_call(
             lambda distribution, *args: self._write_step(
-                distribution, variables, [v for v, _ in accumulation], checked_batch, *args
+                distribution,
+                variables,
+                positions,
+                [v for v, _ in accumulation],
+                checked_batch,
+                *args,
             ),
             tf.distribute.get_strategy(),
             grads,
@@ -438,12 +442,17 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             should_apply,
             step_ends,
             finite,
-            nonfinite,
+            gradient_finite,
             bad_batch,
             loss,
             norm,
         )
         return bad_batch
+
+    @property
+    def _scale_is_one(self) -> bool:
+        """The scale is pinned at 1 (bfloat16 and float32 runs): nothing to unscale."""
+        return not self.dynamic and self.initial_scale == 1.0
 
     def _all_reduce(self, grads: list[Any]) -> list[Any]:
         context = tf.distribute.get_replica_context()
@@ -494,66 +503,84 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         self,
         distribution: tf.distribute.Strategy,
         variables: list[keras.Variable],
+        positions: list[int],
         accumulation_variables: list[keras.Variable],
         checked_batch: bool,
         grads: list[Any],
         accumulation_values: list[Any],
-        should_apply: Any,
-        step_ends: Any,
-        finite: Any,
-        nonfinite: Any,
-        bad_batch: Any,
-        loss: Any,
-        norm: Any,
+        *verdict: Any,
     ) -> None:
         """Writes the step in the cross-replica context.
 
         A cond whose branch updates mirrored variables must run here, not in a
         replica context. Every replica computed the same verdict from
-        all-reduced gradients, so the first one speaks for all.
+        all-reduced gradients, so the first one speaks for all. Each outcome
+        (applied, accumulated, skipped) writes only what it changes.
         """
-        first = distribution.experimental_local_results
-        values = (should_apply, step_ends, finite, nonfinite, bad_batch, loss, norm)
-        should_apply, step_ends, finite, nonfinite, bad_batch, loss, norm = (
-            first(value)[0] for value in values
+        should_apply, step_ends, finite, gradient_finite, bad_batch, loss, norm = (
+            distribution.experimental_local_results(value)[0] for value in verdict
         )
-        update_nonfinite = ops.cond(
-            should_apply,
-            lambda: self._apply_inner(distribution, grads, variables),
-            lambda: self._skip_inner(distribution, step_ends),
-        )
-        finite = finite & ~ops.any(update_nonfinite)
-        assignments = [
-            (self._skipped_counter, self._skipped_counter + ops.cast(~finite, "int64")),
-            (
-                self._nonfinite_counter,
-                self._nonfinite_counter + ops.cast(nonfinite | update_nonfinite, "int64"),
-            ),
-            (self.gradient_norm, norm),
-        ]
-        if checked_batch:
-            assignments += self._bad_batch_updates(bad_batch, loss)
-        if self.dynamic:
-            assignments += [
-                (variable, ops.where(bad_batch, variable, value))
-                for variable, value in self._scale_updates(finite)
-            ]
-        for variable, value in assignments:
-            distribution.extended.update(
-                _tf_variable(variable), _assign, args=(value,), group=False
-            )
+        write = _Writer(distribution)
+
+        def count_skip(nonfinite: tf.Tensor, overflow: tf.Tensor) -> None:
+            write.add(self._skipped_counter, 1)
+            write.add(self._nonfinite_counter, ops.cast(nonfinite, "int64"))
+            if checked_batch:
+                self._record_bad_batch(write, bad_batch, loss)
+            if self.dynamic:
+                ops.cond(overflow, lambda: self._back_off(write), lambda: None)
+
+        def count_finite() -> None:
+            if checked_batch:
+                write.assign(self._last_loss, loss)
+            if self.dynamic:
+                self._count_finite_step(write)
+
+        def count_nonfinite() -> None:
+            # A bad batch is not an overflow: no attribution, no change of the scale.
+            nonfinite = self._per_variable(~gradient_finite[: len(positions)], positions)
+            count_skip(nonfinite & ~bad_batch, ~bad_batch)
+
+        def judge() -> None:
+            ops.cond(finite, count_finite, count_nonfinite)
+
+        def apply() -> None:
+            updated_nonfinite = self._apply_inner(distribution, grads, variables)
+            if self._accumulation_steps:
+                judge()  # The window's last micro-batch may be the non-finite one.
+            elif updated_nonfinite is None:
+                count_finite()
+            else:
+                ops.cond(
+                    ops.any(updated_nonfinite),
+                    lambda: count_skip(updated_nonfinite, ops.convert_to_tensor(True)),
+                    count_finite,
+                )
+
+        def do_not_apply() -> None:
+            self._skip_inner(write, step_ends)
+            if self._accumulation_steps:
+                judge()  # A finite micro-batch inside the window, or a skipped one.
+            else:
+                count_nonfinite()
+
+        ops.cond(should_apply, apply, do_not_apply)
+        write.assign(self.gradient_norm, norm)
         for variable, value in zip(accumulation_variables, accumulation_values):
-            distribution.extended.update(
-                _tf_variable(variable), _assign, args=(value,), group=False
-            )
+            write.assign(variable, value)
 
     def _apply_inner(
         self,
         distribution: tf.distribute.Strategy,
         grads: list[Any],
         variables: list[keras.Variable],
-    ) -> tf.Tensor:
-        """Runs the inner `apply()`; returns, per variable, whether the update went non-finite."""
+    ) -> tf.Tensor | None:
+        """Runs the inner `apply()`.
+
+        Returns:
+            With float16 or bfloat16 variables, per variable whether the update
+            went non-finite (and was undone); else `None`.
+        """
         restored = self._update_restored
         # tf.identity reads a copy; ops.convert_to_tensor gives the variable back.
         before = [tf.identity(_tf_variable(v)) for v in restored] if restored else []
@@ -565,24 +592,23 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             else:  # No strategy: maybe_merge_call stayed in the replica context.
                 self.inner_optimizer.apply(grads, variables)
         if not restored:
-            return ops.zeros((len(self._built_variables),), "bool")
+            return None
         checked = ops.stack([~ops.all(ops.isfinite(v)) for v in self._update_checked])
         slots = restored[len(self._update_checked) :]
         slots_nonfinite = ops.any(ops.stack([~ops.all(ops.isfinite(v)) for v in slots] or [False]))
         positions = [self._positions[id(v)] for v in self._update_checked]
         # A slot that overflowed is blamed on every checked variable.
         per_variable = self._per_variable(checked | slots_nonfinite, positions)
+        write = _Writer(distribution)
 
         def restore() -> None:
             for variable, value in zip(restored, before):
-                distribution.extended.update(
-                    _tf_variable(variable), _assign, args=(value,), group=False
-                )
+                write.assign(variable, value)
 
         ops.cond(ops.any(per_variable), restore, lambda: None)
         return per_variable
 
-    def _skip_inner(self, distribution: tf.distribute.Strategy, step_ends: tf.Tensor) -> tf.Tensor:
+    def _skip_inner(self, write: _Writer, step_ends: tf.Tensor) -> None:
         """Advances the inner optimizers' `iterations` as their `apply()` would.
 
         With accumulation, only where the window ends: `iterations` counts
@@ -593,49 +619,47 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             sub.iterations for sub in getattr(inner, "optimizers", ()) if sub.built
         ]
         for counter in counters:
-            distribution.extended.update(
-                _tf_variable(counter),
-                _assign,
-                args=(counter + ops.cast(step_ends, counter.dtype),),
-                group=False,
-            )
-        return ops.zeros((len(self._built_variables),), "bool")
+            write.add(counter, ops.cast(step_ends, counter.dtype))
 
-    def _bad_batch_updates(
-        self, bad_batch: tf.Tensor, loss: tf.Tensor
-    ) -> list[tuple[keras.Variable, tf.Tensor]]:
-        """Records a checked batch: its loss if good, its step if bad."""
+    def _record_bad_batch(self, write: _Writer, bad_batch: tf.Tensor, loss: tf.Tensor) -> None:
+        """On a skipped step: its loss if its batch was good, its step if bad."""
         count = self._bad_batch_counter
         if self._accumulation_steps:
             step = self._micro_batches + 1  # Written after this.
         else:
             step = ops.cast(self.inner_optimizer.iterations, "int64")  # Advanced already.
         slot = ops.arange(BAD_BATCH_MEMORY, dtype="int64") == count % BAD_BATCH_MEMORY
-        return [
-            (self._last_loss, ops.where(bad_batch, self._last_loss, loss)),
-            (count, count + ops.cast(bad_batch, "int64")),
-            (self._bad_batch_ring, ops.where(bad_batch & slot, step, self._bad_batch_ring)),
-        ]
+        write.assign(self._last_loss, ops.where(bad_batch, self._last_loss, loss))
+        write.assign(self._bad_batch_ring, ops.where(bad_batch & slot, step, self._bad_batch_ring))
+        write.add(count, ops.cast(bad_batch, "int64"))
 
-    def _scale_updates(self, finite: tf.Tensor) -> list[tuple[keras.Variable, tf.Tensor]]:
-        scale = ops.convert_to_tensor(self.dynamic_scale)
-        finite_steps = self.step_counter + 1
-        grow = finite & (finite_steps >= self.growth_interval)
-        # Saturates at hysteresis: from then on every overflow backs off,
-        # until a growth resets it.
+    def _count_finite_step(self, write: _Writer) -> None:
+        """A finite step: the scale grows after `growth_interval` of them in a row."""
+
+        def grow() -> None:
+            grown = ops.minimum(self.dynamic_scale * self.growth_factor, self.max_scale)
+            write.assign(self.dynamic_scale, grown)
+            write.assign(self.step_counter, 0)
+            write.assign(self._overflow_counter, 0)
+
+        ops.cond(
+            self.step_counter + 1 >= self.growth_interval,
+            grow,
+            lambda: write.add(self.step_counter, 1),
+        )
+
+    def _back_off(self, write: _Writer) -> None:
+        """An overflow: the scale backs off on the `hysteresis`-th since the last growth.
+
+        The overflow count saturates at `hysteresis`: from then on every
+        overflow backs off, until a growth resets it.
+        """
         overflows = ops.minimum(self._overflow_counter + 1, self.hysteresis)
-        back_off = ~finite & (overflows >= self.hysteresis)
-        grown = ops.minimum(scale * self.growth_factor, self.max_scale)
-        backed_off = ops.maximum(scale * self.backoff_factor, self.min_scale)
-        kept_overflows = ops.where(finite, self._overflow_counter, overflows)
-        return [
-            (
-                self.dynamic_scale,
-                ops.where(grow, grown, ops.where(back_off, backed_off, scale)),
-            ),
-            (self.step_counter, ops.where(finite & ~grow, finite_steps, 0)),
-            (self._overflow_counter, ops.where(grow, 0, kept_overflows)),
-        ]
+        backed_off = ops.maximum(self.dynamic_scale * self.backoff_factor, self.min_scale)
+        scale = ops.where(overflows >= self.hysteresis, backed_off, self.dynamic_scale)
+        write.assign(self.dynamic_scale, scale)
+        write.assign(self.step_counter, 0)
+        write.assign(self._overflow_counter, overflows)
 
     def get_config(self) -> dict[str, Any]:
         # The stock keys (`dynamic_growth_steps` among them, equal to
@@ -652,6 +676,19 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             }
         )
         return config
+
+
+class _Writer:
+    """Writes optimizer variables in the cross-replica context (or with no strategy)."""
+
+    def __init__(self, distribution: tf.distribute.Strategy) -> None:
+        self._update = distribution.extended.update
+
+    def assign(self, variable: keras.Variable, value: Any) -> None:
+        self._update(_tf_variable(variable), _assign, args=(value,), group=False)
+
+    def add(self, variable: keras.Variable, value: Any) -> None:
+        self._update(_tf_variable(variable), _assign_add, args=(value,), group=False)
 
 
 def _read(variable: keras.Variable, to_python: type) -> Any:
@@ -679,9 +716,13 @@ def _unscaled_like(
     return ops.cast(_unscale(gradient, scale), gradient.dtype)
 
 
-def _sum_of_squares(gradient: tf.Tensor | tf.IndexedSlices) -> tf.Tensor:
+def _half_sum_of_squares(gradient: tf.Tensor | tf.IndexedSlices) -> tf.Tensor:
+    """`sum(g**2) / 2` in float32, one kernel (`l2_loss`) for a float32 gradient."""
+    values = _values(gradient)
     # In float32: the square of a float16 gradient above 256 would overflow.
-    return ops.sum(ops.square(ops.cast(_values(gradient), "float32")))
+    if values.dtype != tf.float32:
+        values = tf.cast(values, tf.float32)
+    return tf.nn.l2_loss(values)
 
 
 def _values(gradient: tf.Tensor | tf.IndexedSlices) -> tf.Tensor:
@@ -734,3 +775,7 @@ def _tf_variable(variable: keras.Variable | tf.Variable) -> tf.Variable:
 
 def _assign(variable: tf.Variable, value: tf.Tensor) -> None:
     variable.assign(value)
+
+
+def _assign_add(variable: tf.Variable, value: tf.Tensor) -> None:
+    variable.assign_add(ops.cast(value, variable.dtype))

@@ -363,8 +363,12 @@ def _step(
         logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         if not checked:
             return logs
-        for variable, value in zip(variables, before):
-            variable.assign(tf.where(bad, value, variable))
+
+        def restore() -> None:
+            for variable, value in zip(variables, before):
+                variable.assign(value)
+
+        tf.cond(bad, restore, lambda: None)
         return model.get_metrics_result()
 
     return replica_train_step
