@@ -2,7 +2,7 @@
 
 Argument checks run in the pytest process. Splitting the CPU must happen before
 TensorFlow initializes its runtime, so `make_strategy("mirrored",
-virtual_cpus=2)` runs first thing in a child process (`_CHILD`), which prints
+virtual_cpus=2)` runs first thing in a child process (`replicas.run_child`), which prints
 JSON the tests assert on. A real two-worker MultiWorkerMirroredStrategy runs as
 two more child processes talking over loopback (`_WORKER`), each training the
 same model with XLA per replica on the toolkit's train stream.
@@ -23,16 +23,13 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from replicas import run_child
 
 from mpt_keras import data, distribute, models, xla
 from mpt_keras.errors import UserInputError
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 
 _TESTS_DIR = Path(__file__).resolve().parent
-_CHILD = """
-import json, test_distribute
-print(json.dumps(test_distribute._local_results()))
-"""
 _WORKER = """
 import json, sys, test_distribute
 print(json.dumps(test_distribute._worker_results(sys.argv[1])))
@@ -238,15 +235,8 @@ def test_non_chief_writes_into_a_temporary_dir_removed_afterwards(monkeypatch, t
 
 @pytest.fixture(scope="module")
 def local() -> dict[str, Any]:
-    child = subprocess.run(
-        [sys.executable, "-c", _CHILD],
-        capture_output=True,
-        text=True,
-        env=_child_env(),
-        timeout=300,
-    )
-    assert child.returncode == 0, child.stderr[-4000:]
-    return json.loads(child.stdout.strip().splitlines()[-1])
+    # _local_results splits the CPU itself, first thing.
+    return run_child("test_distribute", "_local_results", virtual_cpus=0, timeout=300)
 
 
 def test_mirrored_splits_the_cpu_when_asked_first(local):

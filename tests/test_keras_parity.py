@@ -23,8 +23,7 @@ there is none now.
 
 The two tf.distribute cases need the CPU split into two logical devices before
 TensorFlow initializes its devices, so they run in one child process that
-imports this module and calls `_distributed_results` (as
-tests/test_loss_scale_optimizer.py does).
+imports this module and calls `_distributed_results` (`replicas.run_child`).
 """
 
 from __future__ import annotations
@@ -32,8 +31,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -44,19 +41,11 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from replicas import run_child
 
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 
 _TESTS_DIR = Path(__file__).resolve().parent
-_CHILD = """
-import tensorflow as tf
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(
-    cpu, [tf.config.LogicalDeviceConfiguration()] * 2
-)
-import json, test_keras_parity
-print(json.dumps(test_keras_parity._distributed_results()))
-"""
 
 # Keras' gradient, used throughout its loss-scale optimizer tests.
 GRAD = [1.0, 6.0, 7.0, 2.0]
@@ -839,15 +828,7 @@ def test_swap_ema_weights_on_epoch_checkpoints_the_ema_weights(tmp_path):
 
 @pytest.fixture(scope="module")
 def distributed() -> dict[str, Any]:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(_TESTS_DIR.parent), str(_TESTS_DIR), env.get("PYTHONPATH", "")]
-    )
-    child = subprocess.run(
-        [sys.executable, "-c", _CHILD], capture_output=True, text=True, env=env, timeout=600
-    )
-    assert child.returncode == 0, child.stderr[-4000:]
-    return json.loads(child.stdout.strip().splitlines()[-1])
+    return run_child("test_keras_parity", "_distributed_results")
 
 
 def test_swap_ema_weights_under_mirrored_strategy(distributed):

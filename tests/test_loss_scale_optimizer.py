@@ -3,7 +3,7 @@
 Single-device cases run in the pytest process. The tf.distribute cases need the
 CPU split into two logical devices before TensorFlow initializes its devices,
 which the pytest process may already have done, so they run once in a child
-process (`_CHILD` below imports this module and calls `_distributed_results`)
+process (`replicas.run_child` imports this module and calls `_distributed_results`)
 and the tests assert on the JSON it prints. That keeps this file runnable alone
 and together with other test files.
 
@@ -15,10 +15,6 @@ from __future__ import annotations
 
 import copy
 import doctest
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +23,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from replicas import run_child
 
 import mpt_keras.loss_scale_optimizer as lso_module
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
@@ -39,15 +36,6 @@ INF = [np.inf, 2.0]
 MODES = ["eager", "function", "jit"]
 
 _TESTS_DIR = Path(__file__).resolve().parent
-_CHILD = """
-import tensorflow as tf
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(
-    cpu, [tf.config.LogicalDeviceConfiguration()] * 2
-)
-import json, test_loss_scale_optimizer
-print(json.dumps(test_loss_scale_optimizer._distributed_results()))
-"""
 
 
 @pytest.fixture(autouse=True)
@@ -766,19 +754,7 @@ def test_class_docstring_example_runs():
 
 @pytest.fixture(scope="module")
 def distributed() -> dict[str, Any]:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(_TESTS_DIR.parent), str(_TESTS_DIR), env.get("PYTHONPATH", "")]
-    )
-    child = subprocess.run(
-        [sys.executable, "-c", _CHILD],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
-    assert child.returncode == 0, child.stderr[-4000:]
-    return json.loads(child.stdout.strip().splitlines()[-1])
+    return run_child("test_loss_scale_optimizer", "_distributed_results")
 
 
 STRATEGIES = ["mirrored", "multi_worker"]

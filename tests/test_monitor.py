@@ -25,6 +25,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from replicas import run_child
 
 from mpt_keras import monitor as monitor_module
 from mpt_keras.config import TrainConfig
@@ -33,17 +34,6 @@ from mpt_keras.monitor import MixedPrecisionMonitor
 from mpt_keras.training import Runtime, run_training
 
 BATCH_SIZE = 4
-_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-# Two replicas need the CPU split before TensorFlow initializes its devices,
-# which this process may have done already: they train in a child process.
-_MIRRORED_CHILD = """
-import sys
-import tensorflow as tf
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-import test_monitor
-test_monitor._train_mirrored(sys.argv[1])
-"""
 
 
 class _Tripwire(keras.layers.Layer):
@@ -194,18 +184,8 @@ def _train_mirrored(log_dir):
 
 
 def test_two_replicas_write_the_single_device_values(tmp_path):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.dirname(_TESTS_DIR), _TESTS_DIR, env.get("PYTHONPATH", "")]
-    )
-    child = subprocess.run(
-        [sys.executable, "-c", _MIRRORED_CHILD, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert child.returncode == 0, child.stderr[-4000:]
+    # Two replicas need the CPU split before TensorFlow initializes its devices.
+    run_child("test_monitor", "_train_mirrored", str(tmp_path))
 
     train = _events(str(tmp_path / "train"))
     assert train["loss_scale"] == [(2, 1024.0), (4, 256.0), (6, 256.0)]
