@@ -20,6 +20,10 @@ picks the optimizer Keras compiles it with, by what was passed:
                                  and one verdict for all replicas
     auto_scale_loss=False        as passed (the user's opt-out), and a warning
 
+A model loaded from a `.keras` file saved with the stock
+`keras.optimizers.LossScaleOptimizer` compiles with ours instead, its saved
+state loaded into ours (`LossScaleOptimizer.load_own_variables`).
+
 So every path to training float16 layers (a manifest, a global policy,
 `mpt_keras.xla.compile_model`, a `.keras` file compiled on load) is loss
 scaled by ours, since Keras does not wrap a loss-scale optimizer again. A model
@@ -31,6 +35,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +50,8 @@ _LOGGER = logging.getLogger(__name__)
 _HOOK_MARK = "_mpt_keras_loss_scaling"
 # The name Keras gives the loss-scale optimizer it wraps around a plain one.
 _KERAS_WRAPPER_NAME = "loss_scale_optimizer"
+# Set while Keras compiles a model it loads from a file (this thread only).
+_LOADING = threading.local()
 
 
 def install() -> None:
@@ -59,6 +66,42 @@ def install() -> None:
     hooked = _compile_with_loss_scaling(trainer.compile)
     setattr(hooked, _HOOK_MARK, True)
     trainer.compile = hooked
+    trainer.compile_from_config = _loading(trainer.compile_from_config)
+
+
+def _loading(compile_from_config: Callable[..., Any]) -> Callable[..., Any]:
+    """Keras' `compile_from_config`, during which a stock loss-scale optimizer becomes ours."""
+
+    @functools.wraps(compile_from_config)
+    def hooked_compile_from_config(model: keras.Model, config: Any) -> Any:
+        _LOADING.active = True
+        try:
+            return compile_from_config(model, config)
+        finally:
+            _LOADING.active = False
+
+    return hooked_compile_from_config
+
+
+def _ours_for_stock(optimizer: Any) -> Any:
+    """A stock `keras.optimizers.LossScaleOptimizer` loaded from a file, as ours.
+
+    Same inner optimizer, scale and growth steps; the saved state loads into
+    ours too (`LossScaleOptimizer.load_own_variables`).
+    """
+    stock = keras.optimizers.LossScaleOptimizer
+    if not isinstance(optimizer, stock) or isinstance(optimizer, LossScaleOptimizer):
+        return optimizer
+    _LOGGER.info(
+        "a model saved with keras.optimizers.LossScaleOptimizer loads with "
+        "mpt_keras.LossScaleOptimizer, its state included"
+    )
+    return LossScaleOptimizer(
+        optimizer.inner_optimizer,
+        initial_scale=optimizer.initial_scale,
+        dynamic_growth_steps=optimizer.dynamic_growth_steps,
+        name=optimizer.name,
+    )
 
 
 def _compile_with_loss_scaling(compile_: Callable[..., Any]) -> Callable[..., Any]:
@@ -67,6 +110,10 @@ def _compile_with_loss_scaling(compile_: Callable[..., Any]) -> Callable[..., An
 
     @functools.wraps(compile_)
     def hooked_compile(model: keras.Model, *args: Any, **kwargs: Any) -> Any:
+        if getattr(_LOADING, "active", False):
+            arguments = signature.bind(model, *args, **kwargs)
+            arguments.arguments["optimizer"] = _ours_for_stock(arguments.arguments.get("optimizer"))
+            args, kwargs = arguments.args[1:], arguments.kwargs
         float16_layers = _float16_layers(model)
         if not (float16_layers or _computes_in_float16(model)):
             result = compile_(model, *args, **kwargs)

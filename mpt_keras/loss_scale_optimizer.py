@@ -203,6 +203,27 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             v for v in inner.variables if v.dtype not in ("int32", "int64")
         ]
 
+    def load_own_variables(self, store: Any) -> None:
+        """Loads the state `save_own_variables` saved, or the stock class's.
+
+        A `.keras` file saved with `keras.optimizers.LossScaleOptimizer` holds
+        its four own variables (iterations, learning rate, growth counter,
+        scale) and then the inner optimizer's: those load into ours (the
+        scale clamped to `[min_scale, max_scale]`), the rest of ours starts
+        fresh.
+        """
+        inner_variables = self.inner_optimizer.variables
+        if len(store.keys()) == len(self.variables) or len(store.keys()) != 4 + len(
+            inner_variables
+        ):
+            super().load_own_variables(store)
+            return
+        self.step_counter.assign(store["2"])
+        scale = min(max(float(store["3"][...]), self.min_scale), self.max_scale)
+        self.dynamic_scale.assign(scale)
+        for i, variable in enumerate(inner_variables):
+            variable.assign(store[str(4 + i)])
+
     @property
     def loss_scale(self) -> float | tf.Tensor:
         """The current loss scale: a float eagerly, a tensor in a graph."""

@@ -187,3 +187,33 @@ def test_import_mpt_keras_installs_the_hook(monkeypatch):
     monkeypatch.setattr(trainer, "compile", keras_compile)
     importlib.reload(mpt_keras)
     assert trainer.compile.__wrapped__ is keras_compile
+
+
+@pytest.mark.parametrize("saved_scale", [128.0, float("inf"), 0.0])
+def test_a_file_saved_with_the_stock_optimizer_loads_with_ours_and_its_state(tmp_path, saved_scale):
+    """Keras' own scale may have gone to inf or 0 (its bugs): ours clamps it on load."""
+    model = _net()
+    stock = keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.Adam(0.01), initial_scale=64.0, dynamic_growth_steps=3
+    )
+    model.compile(optimizer=stock, loss="mse")
+    x, y = _data()
+    model.fit(x, y, batch_size=4, verbose=0)
+    assert type(model.optimizer) is keras.optimizers.LossScaleOptimizer  # Kept in code.
+    stock.dynamic_scale.assign(saved_scale)
+    path = tmp_path / "stock.keras"
+    model.save(path)
+
+    restored = keras.saving.load_model(path)
+    ours = restored.optimizer
+    assert type(ours) is LossScaleOptimizer
+    assert ours.loss_scale == min(max(saved_scale, ours.min_scale), ours.max_scale)
+    assert (ours.growth_interval, int(ours.step_counter.numpy())) == (
+        3,
+        int(stock.step_counter.numpy()),
+    )
+    assert int(ours.iterations) == int(stock.iterations)
+    for saved, loaded in zip(stock.inner_optimizer.variables, ours.inner_optimizer.variables):
+        np.testing.assert_array_equal(loaded.numpy(), saved.numpy(), err_msg=saved.path)
+    restored.fit(x, y, batch_size=4, verbose=0)
+    assert int(ours.iterations) > int(stock.iterations)
