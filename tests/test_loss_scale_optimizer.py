@@ -813,6 +813,29 @@ def test_fit_under_mirrored_strategy_matches_single_device(distributed):
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_float16_update_that_overflows_is_undone_on_every_replica(distributed, strategy):
+    result = distributed[strategy]["float16_update_overflow"]
+    assert result["weights_after_overflow"] == [[1.0, 1.0], [1.0, 1.0]]
+    assert result["weights"] == [[0.5, 0.5], [0.5, 0.5]]
+    assert (result["skipped_steps"], result["iterations"]) == (1, 2)
+    assert result["nonfinite_counts"] == {"w": 1}
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_multi_optimizer_under_strategy_applies_the_sum_and_skips_a_nan_on_one_replica(
+    distributed, strategy
+):
+    result = distributed[strategy]["multi_optimizer"]
+    # Step 1, summed over replicas and unscaled: w gets [2, 2] (Adam's first
+    # step moves each element by lr = 0.1), v gets [1, 2] (SGD: 1 - 0.5 * g).
+    w, v = result["weights"]
+    np.testing.assert_allclose(w, [[0.9, 0.9]] * 2, rtol=1e-5)
+    np.testing.assert_allclose(v, [[0.5, 0.0]] * 2, rtol=1e-6)
+    assert result["scale"] == [2.0, 2.0] and result["skipped_steps"] == 1
+    assert result["iterations"] == [2, 2, 2]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_gradient_accumulation_under_strategy_matches_single_device(distributed, strategy):
     result = distributed[strategy]["accumulation"]
     single = distributed["single_device"]["accumulation"]
@@ -1055,6 +1078,54 @@ def _all_reduce_overflow(strategy: tf.distribute.Strategy, dtype: str) -> tuple[
     return var, opt
 
 
+def _float16_update_overflow(strategy: tf.distribute.Strategy) -> dict[str, Any]:
+    """float16 variables of ones, scale 1: each replica's gradient and their sum are finite, the
+    update (1 + 2 * 40000) is not, in float16; then a finite step."""
+    with strategy.scope():
+        var = keras.Variable(np.ones(2, np.float16), name="w", dtype="float16")
+        opt = LossScaleOptimizer(
+            keras.optimizers.SGD(2.0), initial_scale=1.0, min_scale=1.0, max_scale=1.0
+        )
+        opt.build([var])
+
+    @tf.function
+    def step(grad):
+        strategy.run(lambda: opt.apply([tf.constant(grad, tf.float16)], [var]))
+
+    step([-20000.0, 0.125])
+    weights_after_overflow = _local(strategy, var)
+    step([0.125, 0.125])
+    return {
+        "weights_after_overflow": weights_after_overflow,
+        "weights": _local(strategy, var),
+        "skipped_steps": opt.skipped_steps,
+        "nonfinite_counts": opt.nonfinite_counts(),
+        "iterations": int(opt.iterations.numpy()),
+    }
+
+
+def _multi_optimizer_steps(strategy: tf.distribute.Strategy) -> dict[str, Any]:
+    """Adam on `w`, SGD on `v`: a finite step, then a NaN on replica 1 only."""
+
+    def make() -> LossScaleOptimizer:
+        adam, sgd = keras.optimizers.Adam(0.1), keras.optimizers.SGD(0.5)
+        selector = keras.optimizers.MultiOptimizer(lambda v: adam if v.path == "w" else sgd)
+        return LossScaleOptimizer(selector, initial_scale=4.0)
+
+    finite = [[[4.0, 8.0], [4.0, 4.0]], [[4.0, 0.0], [0.0, 4.0]]]
+    nan = [[[4.0, 4.0], [4.0, 4.0]], [[np.nan, 4.0], [4.0, 4.0]]]
+    variables, opt = _apply_per_replica(strategy, make, [finite, nan], shapes=((2,), (2,)))
+    return {
+        "weights": [_local(strategy, v) for v in variables],
+        "scale": _local(strategy, opt.dynamic_scale),
+        "skipped_steps": opt.skipped_steps,
+        "iterations": [
+            int(o.iterations.numpy())
+            for o in [opt.inner_optimizer, *opt.inner_optimizer.optimizers]
+        ],
+    }
+
+
 def _distributed_results() -> dict[str, Any]:
     """Runs the tf.distribute scenarios; needs two logical CPU devices."""
     devices = ["/cpu:0", "/cpu:1"]
@@ -1066,7 +1137,11 @@ def _distributed_results() -> dict[str, Any]:
     }
     results: dict[str, Any] = {}
     for name, strategy in strategies.items():
-        results[name] = {"accumulation": _accumulation(strategy)}
+        results[name] = {
+            "accumulation": _accumulation(strategy),
+            "float16_update_overflow": _float16_update_overflow(strategy),
+            "multi_optimizer": _multi_optimizer_steps(strategy),
+        }
         for bad_replica in (0, 1):
             var, opt = _nan_on_replica(strategy, bad_replica)
             results[name][f"nan_on_replica_{bad_replica}"] = {
