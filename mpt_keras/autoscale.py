@@ -41,7 +41,7 @@ from typing import Any
 
 import keras
 
-from mpt_keras import _keras_compat as compat
+from mpt_keras import keras_compat as compat
 from mpt_keras.layer_paths import iter_layers
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 

@@ -88,7 +88,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mpt_keras import _keras_compat as compat
+from mpt_keras import keras_compat as compat
 from mpt_keras.errors import UserInputError
 from mpt_keras.layer_paths import first_instance_name, iter_layers
 from mpt_keras.manifest import PrecisionManifest, Rule

@@ -57,7 +57,7 @@ from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
 from tensorflow.python.distribute import multi_worker_util
 from tensorflow.python.eager import context
 
-from mpt_keras import _keras_compat as compat
+from mpt_keras import keras_compat as compat
 from mpt_keras.config import STRATEGIES
 from mpt_keras.errors import PeerFailedError, UserInputError
 

@@ -48,7 +48,7 @@ from typing import Any
 
 import keras
 
-from mpt_keras import _keras_compat as compat
+from mpt_keras import keras_compat as compat
 
 
 @dataclasses.dataclass(frozen=True)

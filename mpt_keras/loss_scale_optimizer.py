@@ -17,7 +17,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from mpt_keras import _keras_compat as compat
+from mpt_keras import keras_compat as compat
 from mpt_keras import loss_scale_settings
 from mpt_keras.errors import UserInputError
 from mpt_keras.loss_scale_settings import LossScaleSettings

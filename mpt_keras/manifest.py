@@ -122,8 +122,8 @@ from typing import Any
 
 import keras
 
-from mpt_keras import _keras_compat as compat
 from mpt_keras import autoscale  # noqa: F401 (hooks model.compile: float16 layers loss-scaled)
+from mpt_keras import keras_compat as compat
 from mpt_keras.config import read_json_object
 from mpt_keras.errors import UserInputError
 from mpt_keras.layer_paths import LayerPath, iter_layer_paths, iter_layers

@@ -29,9 +29,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from mpt_keras import _keras_compat as compat
 from mpt_keras import components as components_lib
 from mpt_keras import data as data_lib
+from mpt_keras import keras_compat as compat
 from mpt_keras import keras_objects, models, xla
 from mpt_keras.calibration import CalibrationResult, CalibrationThresholds, calibrate
 from mpt_keras.config import OptimizerConfig, TrainConfig

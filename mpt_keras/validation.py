@@ -68,7 +68,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mpt_keras import _keras_compat as compat
+from mpt_keras import keras_compat as compat
 from mpt_keras import runs
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError

@@ -98,8 +98,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from mpt_keras import _keras_compat as compat
 from mpt_keras import distribute
+from mpt_keras import keras_compat as compat
 from mpt_keras.errors import UserInputError
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 from mpt_keras.policies import check_policy_name, cpu_bfloat16_flags, iter_layers, probe_hardware

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import mpt_keras
-from mpt_keras import _keras_compat as compat
 from mpt_keras import autoscale, xla
+from mpt_keras import keras_compat as compat
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 from mpt_keras.manifest import PrecisionManifest
 from mpt_keras.policies import global_policy

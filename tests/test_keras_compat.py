@@ -1,4 +1,4 @@
-"""Tests of mpt_keras._keras_compat: one per private Keras or TensorFlow touch.
+"""Tests of mpt_keras.keras_compat: one per private Keras or TensorFlow touch.
 
 Each fails with a message naming the Keras and TensorFlow versions, so that an
 upgrade that breaks a touch says which one, here, before a training run does.
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mpt_keras import _keras_compat as compat
+from mpt_keras import keras_compat as compat
 
 VERSIONS = f"Keras {keras.__version__}, TensorFlow {tf.__version__}"
 

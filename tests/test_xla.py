@@ -37,7 +37,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from mpt_keras import _keras_compat as compat
+from mpt_keras import keras_compat as compat
 from mpt_keras import models, xla
 from mpt_keras.errors import UserInputError
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
