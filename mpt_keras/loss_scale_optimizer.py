@@ -762,10 +762,9 @@ def _batch_verdict(loss: tf.Tensor | None, batch: Any) -> tuple[tf.Tensor, tf.Te
     if batch is None:
         flags = [ops.isnan(loss)]
     else:
+        values = [_dense_values(t) for t in keras.tree.flatten(batch)]
         flags = [
-            ~ops.all(ops.isfinite(t))
-            for t in keras.tree.flatten(batch)
-            if t is not None and tf.as_dtype(t.dtype).is_floating
+            ~ops.all(ops.isfinite(v)) for v in values if v is not None and v.dtype.is_floating
         ] or [ops.convert_to_tensor(False)]
     bad = ops.any(ops.stack(flags))
     context = tf.distribute.get_replica_context()
@@ -779,6 +778,15 @@ def _batch_verdict(loss: tf.Tensor | None, batch: Any) -> tuple[tf.Tensor, tf.Te
         )
         bad = votes > 0
     return bad, loss
+
+
+def _dense_values(value: Any) -> tf.Tensor | None:
+    """The values of a batch's tensor (dense, ragged or sparse); None for anything else."""
+    if isinstance(value, tf.RaggedTensor):
+        return value.flat_values
+    if isinstance(value, tf.SparseTensor):
+        return value.values
+    return value if isinstance(value, tf.Tensor) else None
 
 
 def _current_graph() -> Any:

@@ -1420,3 +1420,19 @@ def test_health_reads_the_state_in_one_record():
     assert health.bad_batches == 0 and health.bad_batch_steps == ()
     assert not health.last_step_finite
     assert health.nonfinite_counts == {"w": 1}
+
+
+def test_a_batch_of_ragged_sparse_and_integer_tensors_is_judged_on_its_float_values():
+    var, opt, _ = _stepper("function", initial_scale=4.0)
+    ragged = tf.ragged.constant([[1.0, np.nan], [2.0]])
+    sparse = tf.sparse.from_dense(tf.constant([[0.0, np.inf]]))
+
+    @tf.function
+    def step(batch):
+        return opt.apply([tf.constant([4.0, 4.0])], [var], batch=batch)
+
+    assert not bool(step((tf.constant([1, 2]), tf.ragged.constant([[1.0], [2.0, 3.0]]))))
+    assert bool(step((tf.constant([1, 2]), ragged)))
+    assert bool(step({"ids": tf.constant([3]), "weights": sparse}))
+    assert (opt.bad_batches, opt.skipped_steps, opt.loss_scale) == (2, 2, 4.0)
+    np.testing.assert_allclose(var.numpy(), [0.5, 0.5])  # One applied SGD(0.5) step of 1.
