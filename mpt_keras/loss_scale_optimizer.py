@@ -171,11 +171,10 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         self._last_loss = self.add_variable(
             shape=(), initializer="zeros", dtype="float32", name="last_loss"
         )
-        # The global norm of the last step's unscaled, all-reduced gradients,
-        # before clipping (inf or NaN on a skipped step). Written in-graph,
-        # read only when someone asks.
-        self.gradient_norm = self.add_variable(
-            shape=(), initializer="zeros", dtype="float32", name="gradient_norm"
+        # Half the squared global norm of the last step's unscaled, all-reduced
+        # gradients, before clipping: `gradient_norm` from it, when asked.
+        self._half_squared_norm = self.add_variable(
+            shape=(), initializer="zeros", dtype="float32", name="half_squared_gradient_norm"
         )
 
     def _add_counter(self, name: str, shape: tuple[int, ...] = ()) -> keras.Variable:
@@ -240,6 +239,17 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         return _read(self._bad_batch_counter, int)
 
     @property
+    def gradient_norm(self) -> tf.Tensor:
+        """The global norm of the last step's unscaled, all-reduced gradients, before clipping.
+
+        Inf or NaN on a step whose gradients overflowed. A tensor (`float()` it
+        eagerly), so that a summary in a graph reads the current value.
+        """
+        norm = ops.sqrt(2.0 * ops.convert_to_tensor(self._half_squared_norm))
+        factor = self.inner_optimizer.loss_scale_factor
+        return norm if factor is None else norm / factor
+
+    @property
     def last_loss(self) -> float | tf.Tensor:
         """The loss of the last step whose batch was finite (summed over replicas)."""
         return _read(self._last_loss, float)
@@ -258,7 +268,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             bad_batches=count,
             bad_batch_steps=tuple(int(ring[i % BAD_BATCH_MEMORY]) for i in range(first, count)),
             last_loss=float(self._last_loss.numpy()),
-            gradient_norm=float(self.gradient_norm.numpy()),
+            gradient_norm=float(self.gradient_norm),
             nonfinite_counts=self.nonfinite_counts(),
         )
 
@@ -430,19 +440,16 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             # The inner `apply()` divides by its own loss_scale_factor.
             scale = ops.convert_to_tensor(self.dynamic_scale)
             grads = [g if o else _unscale(g, scale) for g, o in zip(grads, overwritten)]
-        # One op per gradient serves the verdict and the norm: its float32 sum
-        # of squares is finite iff every element is finite and the norm is
-        # below about 1.8e19 (where Adam's second moment would overflow).
+        # One op per gradient serves the verdict and the norm: half its float32
+        # sum of squares, finite iff every element is finite and its norm below
+        # about 1.8e19 (where Adam's second moment would overflow); their sum
+        # is finite iff all are and the global norm is below about 2.6e19.
         judged = [i for i, o in enumerate(overwritten) if not o]
-        halves = ops.stack([_half_sum_of_squares(grads[i]) for i in judged] or [ops.zeros(())])
-        gradient_finite = ops.isfinite(halves)
-        finite = ops.all(gradient_finite) & ~bad_batch
-        # Spread over all variables only when a step is skipped (see _count_skip).
+        halves = [_half_sum_of_squares(grads[i]) for i in judged] or [ops.zeros(())]
+        half_total = tf.add_n(halves)
+        finite = ops.isfinite(half_total) & ~bad_batch
+        # Which variables overflowed is worked out only when a step is skipped.
         positions = [self._positions[id(variables[i])] for i in judged]
-        norm = ops.sqrt(2.0 * ops.sum(halves))
-        factor = self.inner_optimizer.loss_scale_factor
-        if factor is not None:
-            norm = norm / factor
         should_apply, step_ends, accumulation = finite, ops.convert_to_tensor(True), []
         if self._accumulation_steps:
             grads, should_apply, step_ends, accumulation = self._accumulate(
@@ -463,10 +470,10 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             should_apply,
             step_ends,
             finite,
-            gradient_finite,
+            halves,
             bad_batch,
             loss,
-            norm,
+            half_total,
         )
         return bad_batch
 
@@ -538,8 +545,8 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         all-reduced gradients, so the first one speaks for all. Each outcome
         (applied, accumulated, skipped) writes only what it changes.
         """
-        should_apply, step_ends, finite, gradient_finite, bad_batch, loss, norm = (
-            distribution.experimental_local_results(value)[0] for value in verdict
+        should_apply, step_ends, finite, halves, bad_batch, loss, half_total = (
+            _first_replica(distribution, value) for value in verdict
         )
         write = _Writer(distribution)
 
@@ -559,6 +566,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
 
         def count_nonfinite() -> None:
             # A bad batch is not an overflow: no attribution, no change of the scale.
+            gradient_finite = ops.isfinite(ops.stack(halves[: len(positions)] or [0.0]))
             nonfinite = self._per_variable(~gradient_finite[: len(positions)], positions)
             count_skip(nonfinite & ~bad_batch, ~bad_batch)
 
@@ -586,7 +594,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
                 count_nonfinite()
 
         ops.cond(should_apply, apply, do_not_apply)
-        write.assign(self.gradient_norm, norm)
+        write.assign(self._half_squared_norm, half_total)
         for variable, value in zip(accumulation_variables, accumulation_values):
             write.assign(variable, value)
 
@@ -778,6 +786,13 @@ def _batch_verdict(loss: tf.Tensor | None, batch: Any) -> tuple[tf.Tensor, tf.Te
         )
         bad = votes > 0
     return bad, loss
+
+
+def _first_replica(distribution: tf.distribute.Strategy, value: Any) -> Any:
+    """The first replica's value (of each in a list): every replica holds the same."""
+    if isinstance(value, list):
+        return [_first_replica(distribution, v) for v in value]
+    return distribution.experimental_local_results(value)[0]
 
 
 def _dense_values(value: Any) -> tf.Tensor | None:
