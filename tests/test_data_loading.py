@@ -3,7 +3,6 @@
 import contextlib
 import os
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -159,11 +158,10 @@ def test_empty_split(data_dir):
         loading.classification_arrays("mpt_digits", "train[:0]", data_dir)
 
 
-def test_known_but_unprepared_dataset_fails_fast_without_network(tmp_path):
-    start = time.monotonic()
+def test_known_but_unprepared_dataset_fails_without_trying_the_network(tmp_path):
+    # _no_network fails the test if anything tried to connect.
     with _no_network(), pytest.raises(UserInputError) as raised:
         loading.classification_arrays("mnist", "train", str(tmp_path))
-    assert time.monotonic() - start < 5
     assert str(raised.value) == (
         f"Dataset 'mnist' is not prepared in {tmp_path} and cannot be downloaded "
         f"here: run `tfds build mnist --data_dir={tmp_path}` on a machine with "

@@ -95,7 +95,8 @@ def test_killed_worker_stops_its_peer_in_bounded_time_and_a_rerun_resumes(
         deadline = time.monotonic() + FIRST_CHECKPOINT_SECONDS
         while not _last_checkpoint_step(model_dir):
             assert survivor.poll() is None, survivor.communicate()[1][-4000:]
-            assert time.monotonic() < deadline, "no checkpoint saved"
+            if time.monotonic() > deadline:  # Only a hang gets here.
+                pytest.fail(f"no checkpoint saved in {FIRST_CHECKPOINT_SECONDS} s")
             time.sleep(0.2)
         victim.kill()  # SIGKILL: no chance to say goodbye.
         killed_at = time.monotonic()
