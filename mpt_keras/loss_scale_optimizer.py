@@ -5,6 +5,13 @@
 loss-scaling part of a step (unscale, the finite verdict, skip or apply, the
 scale update) and leaves the update itself to the inner optimizer's own
 `apply()`. See the class docstring for what it changes and why.
+
+One module, ~800 lines, because one step is one piece of control flow: the
+verdict, the skip or the inner update, the scale, the bad-batch record and the
+accumulation window are written together in one cross-replica `cond`, so that
+each outcome writes only what it changes (the settings live in
+`loss_scale_settings`, the health record in `step_health`, the private Keras
+touches in `keras_compat`).
 """
 
 from __future__ import annotations
