@@ -279,7 +279,11 @@ def assemble(
     model, manifest, report = build_model(config, components, data, manifest_file)
     optimizer = make_optimizer(config, report)
     jit_compile, jit_reason = xla.resolve_jit_compile(
-        config.jit_compile, tf.distribute.get_strategy(), report["precision"], model
+        config.jit_compile,
+        tf.distribute.get_strategy(),
+        report["precision"],
+        model,
+        deterministic=config.deterministic,
     )
     _LOGGER.info("%s", jit_reason)
     report = {**report, "jit_compile": jit_compile, "jit_compile_reason": jit_reason}

@@ -20,7 +20,9 @@ batch (`apply(..., loss=, batch=)`), so a batch holding a NaN or Inf is skipped
 as bad data; such a batch adds nothing to the reported loss and metrics.
 
 `resolve_jit_compile` turns the `--jit_compile` setting (`auto`, `true`,
-`false`) into that choice. `auto` decides by the replicas' device type and,
+`false`) into that choice. Under `--deterministic` (TensorFlow's op
+determinism) XLA has no MaxPool gradient: `auto` keeps XLA off for a model
+with max pooling, and `true` is refused with one line. `auto` decides by the replicas' device type and,
 on CPUs, by what the model computes, as measured by `mpt-bench` (which
 reports the ratios and the `auto` choice side by side; no GPU or TPU was at
 hand):
@@ -120,6 +122,14 @@ _CONVOLUTIONS = (
     keras.layers.SeparableConv1D,
     keras.layers.SeparableConv2D,
 )
+# Layers whose gradient XLA cannot compute under TensorFlow's op determinism
+# ("GPU MaxPool gradient ops do not yet have a deterministic XLA
+# implementation", on every device type).
+_NO_DETERMINISTIC_XLA_GRADIENT = {
+    keras.layers.MaxPooling1D: "MaxPool",
+    keras.layers.MaxPooling2D: "MaxPool",
+    keras.layers.MaxPooling3D: "MaxPool",
+}
 # What compile_model sets on a model; removed again when it re-compiles (with
 # the build that `distribute.support_multi_worker_fit` sets).
 _INSTALLED_ATTRIBUTES = ("train_step", "test_step")
@@ -208,6 +218,8 @@ def resolve_jit_compile(
     strategy: tf.distribute.Strategy,
     precision: str,
     model: keras.Model | None = None,
+    *,
+    deterministic: bool = False,
 ) -> tuple[bool, str]:
     """Chooses whether to XLA-compile the replicas' train step.
 
@@ -220,12 +232,17 @@ def resolve_jit_compile(
         precision: The run's dtype policy name (`float32`, `mixed_float16`,
             `mixed_bfloat16`).
         model: The model to train; `None` counts as a model without attention.
+        deterministic: Whether the run enables TensorFlow's op determinism.
+            XLA has no deterministic gradient for some layers (max pooling):
+            with such a layer, `auto` keeps XLA off and `true` is refused.
 
     Returns:
         `(jit_compile, reason)`, the reason a one-line explanation for logs.
 
     Raises:
-        UserInputError: For a setting or precision outside the allowed names.
+        UserInputError: For a setting or precision outside the allowed names,
+            or `true` with `deterministic` on a model XLA cannot step
+            deterministically.
 
     Example:
 
@@ -238,8 +255,16 @@ def resolve_jit_compile(
             f"jit_compile: unknown setting '{setting}'. Allowed: {', '.join(JIT_COMPILE_SETTINGS)}"
         )
     check_policy_name(precision)
+    blocker = _no_deterministic_xla_gradient(model) if deterministic else None
+    if setting == "true" and blocker:
+        raise UserInputError(
+            f"jit_compile=true with deterministic: XLA has no deterministic {blocker}. Use "
+            "jit_compile=false or auto (XLA off for this model), or train without deterministic"
+        )
     if setting != "auto":
         return setting == "true", f"jit_compile={setting}: as set"
+    if blocker:
+        return False, f"jit_compile=auto, deterministic: XLA off, it has no deterministic {blocker}"
     device_type = _replica_device_type(strategy)
     prefix = f"jit_compile=auto: {device_type} replicas, {precision}: XLA"
     if device_type != "CPU":
@@ -273,6 +298,16 @@ def resolve_jit_compile(
     return False, (
         f"{prefix} off, no attention layers: TensorFlow's CPU kernels are as fast or faster"
     )
+
+
+def _no_deterministic_xla_gradient(model: keras.Model | None) -> str | None:
+    """What in `model` XLA cannot differentiate deterministically, e.g. "MaxPool gradient
+    (layer 'pool_1')"; None if nothing."""
+    for path, layer in iter_layers(model) if model is not None else ():
+        for layer_type, op in _NO_DETERMINISTIC_XLA_GRADIENT.items():
+            if isinstance(layer, layer_type):
+                return f"{op} gradient (layer '{path}', {type(layer).__name__})"
+    return None
 
 
 def _has_attention(model: keras.Model) -> bool:

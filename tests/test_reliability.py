@@ -19,8 +19,8 @@ import tensorflow as tf
 from tensorflow.python.framework import config as tf_config
 
 from mpt_keras import data
-from mpt_keras.config import TrainConfig
-from mpt_keras.errors import RunStoppedError
+from mpt_keras.config import TrainConfig, resolve_config
+from mpt_keras.errors import RunStoppedError, UserInputError
 from mpt_keras.training import Runtime, run_training
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -250,4 +250,40 @@ def test_kill_9_at_random_points_then_resume_matches_an_uninterrupted_run(tfds_d
     assert metrics == json.loads((straight / "metrics.json").read_text())
     assert metrics["step"] == 30
     for a, b in zip(_weights(straight), _weights(killed), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "name", ["digits_cnn.json", "digits_mlp.json", "python_source_transformer.json"]
+)
+@pytest.mark.parametrize("jit_compile", ["auto", "true"])
+def test_two_deterministic_runs_of_each_bundled_config_are_identical(
+    tfds_dir, tmp_path, name, jit_compile
+):
+    """With XLA where it can be deterministic; refused in one line where it cannot."""
+    override = json.dumps(
+        {
+            "steps": 3,
+            "checkpoint_every": 3,
+            "eval_every": 3,
+            "data": {"data_dir": tfds_dir, "batch_size": 8, "eval_examples": 16},
+        }
+    )
+    config = resolve_config(
+        os.path.join(REPO, "configs", name), override, deterministic=True, jit_compile=jit_compile
+    )
+    if name == "digits_cnn.json" and jit_compile == "true":
+        with pytest.raises(UserInputError) as raised:
+            run_training(config, Runtime(str(tmp_path / "a"), verbose=0))
+        assert str(raised.value) == (
+            "jit_compile=true with deterministic: XLA has no deterministic MaxPool gradient "
+            "(layer 'pool_0', MaxPooling2D). Use jit_compile=false or auto (XLA off for this "
+            "model), or train without deterministic"
+        )
+        assert not (tmp_path / "a").exists()
+        return
+    for run in ("a", "b"):
+        keras.backend.clear_session()
+        run_training(config, Runtime(str(tmp_path / run), verbose=0))
+    for a, b in zip(_weights(str(tmp_path / "a")), _weights(str(tmp_path / "b")), strict=True):
         np.testing.assert_array_equal(a, b)

@@ -432,6 +432,35 @@ def test_auto_on_this_cpu_only_machine(precision):
         )
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_deterministic_keeps_xla_off_where_it_has_no_deterministic_gradient(precision):
+    """XLA has no deterministic MaxPool gradient; every other choice stands."""
+    strategy = tf.distribute.get_strategy()
+    reason = (
+        "jit_compile=auto, deterministic: XLA off, it has no deterministic MaxPool gradient "
+        "(layer 'pool_0', MaxPooling2D)"
+    )
+    assert xla.resolve_jit_compile("auto", strategy, precision, _cnn(), deterministic=True) == (
+        False,
+        reason,
+    )
+    with pytest.raises(UserInputError) as raised:
+        xla.resolve_jit_compile("true", strategy, precision, _cnn(), deterministic=True)
+    assert str(raised.value).startswith("jit_compile=true with deterministic: XLA has no")
+    assert xla.resolve_jit_compile("true", strategy, precision, _cnn()) == (
+        True,
+        "jit_compile=true: as set",
+    )
+    for model in (_transformer(), _mlp()):
+        assert xla.resolve_jit_compile(
+            "auto", strategy, precision, model, deterministic=True
+        ) == xla.resolve_jit_compile("auto", strategy, precision, model)
+    nested = keras.Sequential([keras.Input((8, 8, 1)), keras.Sequential([_cnn()])])
+    assert xla.resolve_jit_compile("auto", strategy, precision, nested, deterministic=True)[0] is (
+        False
+    )
+
+
 @pytest.mark.parametrize(
     ("precision", "expected"),
     [("float32", True), ("mixed_float16", True), ("mixed_bfloat16", False)],
