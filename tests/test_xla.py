@@ -410,8 +410,8 @@ class _CustomAttention(keras.layers.Layer):
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_auto_on_this_cpu_only_machine(precision):
-    strategy = tf.distribute.get_strategy()
+def test_auto_on_cpu_replicas(precision):
+    strategy = _fake_strategy("/device:CPU:0")  # CPU replicas, on any host
     assert xla.resolve_jit_compile("auto", strategy, precision, _transformer()) == (
         True,
         f"jit_compile=auto: CPU replicas, {precision}: XLA on, the model has attention "
@@ -435,7 +435,7 @@ def test_auto_on_this_cpu_only_machine(precision):
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_deterministic_keeps_xla_off_where_it_has_no_deterministic_gradient(precision):
     """XLA has no deterministic MaxPool gradient; every other choice stands."""
-    strategy = tf.distribute.get_strategy()
+    strategy = _fake_strategy("/device:CPU:0")  # CPU replicas, on any host
     reason = (
         "jit_compile=auto, deterministic: XLA off, it has no deterministic MaxPool gradient "
         "(layer 'pool_0', MaxPooling2D)"
@@ -471,7 +471,7 @@ def test_auto_keeps_large_bfloat16_attention_models_off_xla_on_cpu(
     _fake_cpu(monkeypatch, ("avx512_bf16",))
     model = _transformer()
     assert model.count_params() <= xla.XLA_BFLOAT16_MAX_PARAMETERS
-    strategy = tf.distribute.get_strategy()
+    strategy = _fake_strategy("/device:CPU:0")  # CPU replicas, on any host
     assert xla.resolve_jit_compile("auto", strategy, precision, model)[0] is True
     monkeypatch.setattr(xla, "XLA_BFLOAT16_MAX_PARAMETERS", model.count_params() - 1)
     jit_compile, reason = xla.resolve_jit_compile("auto", strategy, precision, model)
@@ -488,7 +488,7 @@ def test_auto_keeps_large_attention_models_on_xla_where_bfloat16_is_emulated(mon
     _fake_cpu(monkeypatch, ("avx2",))
     model = _transformer()
     monkeypatch.setattr(xla, "XLA_BFLOAT16_MAX_PARAMETERS", model.count_params() - 1)
-    strategy = tf.distribute.get_strategy()
+    strategy = _fake_strategy("/device:CPU:0")  # CPU replicas, on any host
     assert xla.resolve_jit_compile("auto", strategy, "mixed_bfloat16", model)[0] is True
     assert xla.resolve_jit_compile("auto", strategy, "mixed_bfloat16", _cnn()) == (
         True,
