@@ -184,26 +184,51 @@ def test_deterministic_runs_are_identical_and_scoped_to_the_run(tfds_dir, tmp_pa
 # --- kill -9 and resume -----------------------------------------------------------
 
 
-def _launch(model_dir, tfds_dir):
+# Runs mpt-train; with MPT_TEST_PAUSE_MARKER set, the first checkpoint it saves
+# pauses after its shards are written and before it is recorded (the marker
+# file says so), for a kill in the middle of a checkpoint write.
+_TRAIN_CHILD = """
+import os, pathlib, sys, time
+from tensorflow.python.checkpoint import checkpoint_management
+marker = os.environ.get("MPT_TEST_PAUSE_MARKER")
+if marker:
+    record = checkpoint_management.update_checkpoint_state_internal
+    def paused(*args, **kwargs):
+        pathlib.Path(marker).touch()
+        time.sleep(60)
+        return record(*args, **kwargs)
+    checkpoint_management.update_checkpoint_state_internal = paused
+sys.argv[0] = "mpt-train"
+from trainers import train
+train.run()
+"""
+KILL_RUN_STEPS = 150
+
+
+def _launch(model_dir, tfds_dir, pause_marker=None):
     override = {
         "checkpoint_every": 3,
         "eval_every": 3,
         "data": {"data_dir": tfds_dir, "batch_size": BATCH, "eval_examples": 64},
         "model": {"options": {"hidden_units": [32], "dropout": 0.2}},
     }
+    env = dict(os.environ)
+    if pause_marker is not None:
+        env["MPT_TEST_PAUSE_MARKER"] = str(pause_marker)
     return subprocess.Popen(
         [
             sys.executable,
-            "-m",
-            "trainers.train",
+            "-c",
+            _TRAIN_CHILD,
             f"--config={os.path.join(REPO, 'configs', 'digits_mlp.json')}",
             f"--model_dir={model_dir}",
             "--precision=mixed_float16",
-            "--steps=30",
+            f"--steps={KILL_RUN_STEPS}",
             "--deterministic",
             f"--config_override={json.dumps(override)}",
         ],
         cwd=REPO,
+        env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -216,39 +241,63 @@ def _finish(process):
     return stderr
 
 
+def _wait_for(condition, process, what):
+    """Polls `condition` while `process` runs; a generous deadline only catches a hang."""
+    deadline = time.monotonic() + 240
+    while not condition():
+        if process.poll() is not None:
+            pytest.fail(f"the run ended before {what}: {process.communicate()[1][-2000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} in 240 s")
+        time.sleep(0.02)
+
+
+def _kill(process):
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+
+
 @pytest.mark.slow
-def test_kill_9_at_random_points_then_resume_matches_an_uninterrupted_run(tfds_dir, tmp_path):
+def test_killed_three_times_then_resumed_matches_an_uninterrupted_run(tfds_dir, tmp_path):
+    """kill -9 mid-interval, mid-checkpoint-write and at a random point after a
+    checkpoint; the resumed run ends bit-identical to an uninterrupted one."""
     straight = tmp_path / "straight"
     _finish(_launch(straight, tfds_dir))
 
     killed = tmp_path / "killed"
-    rng = random.Random(20261122)
-    kills = 0
     checkpoints = killed / "checkpoints"
-    for _ in range(3):
-        process = _launch(killed, tfds_dir)
-        # Wait for a new checkpoint, then kill at a random moment after it:
-        # mid-interval, mid-save or mid-evaluation.
-        before = len(glob.glob(str(checkpoints / "*.index")))
-        deadline = time.monotonic() + 120
-        while (
-            len(glob.glob(str(checkpoints / "*.index"))) <= before
-            and process.poll() is None
-            and time.monotonic() < deadline
-        ):
-            time.sleep(0.05)
-        time.sleep(rng.uniform(0.0, 0.6))
-        if process.poll() is not None:
-            break
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=30)
-        kills += 1
-    assert kills >= 1
-    _finish(_launch(killed, tfds_dir))
+    rng = random.Random(20261124)
 
+    def saved() -> int:
+        """The step of the latest checkpoint whose shards are written (0: none)."""
+        steps = [
+            int(re.search(r"step-(\d+)", p).group(1))
+            for p in glob.glob(str(checkpoints / "*.index"))
+        ]
+        return max(steps, default=0)
+
+    # 1: at a random moment after the first checkpoint.
+    process = _launch(killed, tfds_dir)
+    _wait_for(lambda: saved() > 0, process, "first checkpoint")
+    time.sleep(rng.uniform(0.0, 0.3))
+    _kill(process)
+    # 2: in the middle of writing a checkpoint (shards written, not recorded).
+    marker = tmp_path / "writing"
+    process = _launch(killed, tfds_dir, pause_marker=marker)
+    _wait_for(marker.exists, process, "checkpoint write")
+    _kill(process)
+    # 3: at a random moment after one more checkpoint.
+    before = saved()
+    process = _launch(killed, tfds_dir)
+    _wait_for(lambda: saved() > before, process, "new checkpoint")
+    time.sleep(rng.uniform(0.0, 0.3))
+    assert process.poll() is None, "the run ended before the third kill"
+    _kill(process)
+
+    _finish(_launch(killed, tfds_dir))
     metrics = json.loads((killed / "metrics.json").read_text())
     assert metrics == json.loads((straight / "metrics.json").read_text())
-    assert metrics["step"] == 30
+    assert metrics["step"] == KILL_RUN_STEPS
     for a, b in zip(_weights(straight), _weights(killed), strict=True):
         np.testing.assert_array_equal(a, b)
 
