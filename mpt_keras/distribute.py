@@ -48,7 +48,7 @@ import socket
 import tempfile
 import threading
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import keras
@@ -142,10 +142,10 @@ def make_strategy(
         return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else "/cpu:0")
     if name == "mirrored":
         if virtual_cpus:
-            return tf.distribute.MirroredStrategy(_split_cpu(virtual_cpus))
+            return _mirrored(_split_cpu(virtual_cpus))
         # Without GPUs, MirroredStrategy takes the logical CPU devices: one
         # replica unless this process split the CPU before.
-        return tf.distribute.MirroredStrategy()
+        return _mirrored()
     if name == "multi_worker":
         _check_tf_config()
         _bound_peer_heartbeats()
@@ -156,8 +156,24 @@ def make_strategy(
     if tf.config.list_physical_devices("TPU"):
         return _tpu_strategy("local")
     if len(tf.config.list_physical_devices("GPU")) > 1:
-        return tf.distribute.MirroredStrategy()
+        return _mirrored()
     return tf.distribute.get_strategy()
+
+
+# One MirroredStrategy per device set and process. Each new MirroredStrategy
+# numbers its collective all-reduces from the same keys, and TensorFlow's
+# collective runtime remembers a key's shape for the life of the process: a
+# second run with another model in the same process (a notebook, the canary,
+# validation's baseline and candidate) aborted every collective with "Shape
+# mismatch in the collective instance 101". Reused, the strategy numbers on.
+_MIRRORED: dict[tuple[str, ...], tf.distribute.MirroredStrategy] = {}
+
+
+def _mirrored(devices: Sequence[str] | None = None) -> tf.distribute.MirroredStrategy:
+    key = tuple(devices or ())
+    if key not in _MIRRORED:
+        _MIRRORED[key] = tf.distribute.MirroredStrategy(list(devices) if devices else None)
+    return _MIRRORED[key]
 
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:

@@ -22,10 +22,10 @@ as bad data; such a batch adds nothing to the reported loss and metrics.
 `resolve_jit_compile` turns the `--jit_compile` setting (`auto`, `true`,
 `false`) into that choice. Under `--deterministic` (TensorFlow's op
 determinism) XLA has no MaxPool gradient: `auto` keeps XLA off for a model
-with max pooling, and `true` is refused with one line. `auto` decides by the replicas' device type and,
-on CPUs, by what the model computes, as measured by `mpt-bench` (which
-reports the ratios and the `auto` choice side by side; no GPU or TPU was at
-hand):
+with max pooling, and `true` is refused with one line. `auto` decides by the
+replicas' device type and, on CPUs, by what the model computes, as measured
+by `mpt-bench` (which reports the ratios and the `auto` choice side by side;
+no GPU or TPU was at hand):
 
     TPU replicas   XLA on   TPUStrategy compiles everything with XLA anyway
     GPU replicas   XLA on   XLA fuses the elementwise work between kernels

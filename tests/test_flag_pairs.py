@@ -1,0 +1,180 @@
+"""Every pair of launcher flag values, on every bundled config: it trains, or says why in a line.
+
+A pairwise covering array over `mpt-train`'s flags (config x precision or
+manifest x jit_compile x deterministic x strategy x auto_promote x
+canary_steps x dry_run) keeps the combinations to ~20 runs of two steps each.
+`--precision` and `--manifest` exclude each other (a one-line error, tested
+in tests/test_train_launcher.py), so a manifest is one more value of the
+precision: every pair of it with the other flags trains. They
+run in one child process whose CPU is split into two logical devices first, so
+that `--strategy=mirrored` has two replicas; each run calls the launcher in
+that process (`trainers.train.run`, its flags parsed afresh) and records its
+exit status and what it printed. A run passes if it exits 0 (and trained, or
+printed the precision table for `--dry_run`), or exits 2 with exactly one
+`mpt-train: error:` line; a traceback fails it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import json
+import os
+import sys
+import traceback
+from typing import Any
+
+import pytest
+from replicas import run_child
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = ("digits_cnn.json", "digits_mlp.json", "python_source_transformer.json")
+# A manifest for any of the configs: the safe defaults, one rule by class.
+GENERIC_MANIFEST = {
+    "version": 1,
+    "default": "mixed_float16",
+    "rules": [{"match": {"class": "Dense"}, "policy": "mixed_bfloat16", "reason": "test"}],
+}
+FLAGS = {
+    "config": CONFIGS,
+    # None: the config's own; "manifest": --manifest instead of --precision.
+    "precision": (None, "float32", "mixed_float16", "mixed_bfloat16", "auto", "manifest"),
+    "jit_compile": ("auto", "true", "false"),
+    "strategy": ("auto", "one_device", "mirrored"),
+    "deterministic": (False, True),
+    "auto_promote": (False, True),
+    "canary_steps": (0, 2),
+    "dry_run": (False, True),
+}
+
+
+def pairwise(parameters: dict[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """Rows that hold every pair of values of every two parameters at least once.
+
+    Greedy and deterministic: each row starts from the first pair not yet
+    covered and takes, parameter by parameter, the value that covers the most
+    pairs still missing.
+    """
+    names = list(parameters)
+    missing = {
+        ((a, x), (b, y))
+        for a, b in itertools.combinations(names, 2)
+        for x in parameters[a]
+        for y in parameters[b]
+    }
+    rows = []
+    while missing:
+        (a, x), (b, y) = min(missing, key=lambda pair: (names.index(pair[0][0]), repr(pair)))
+        row = {a: x, b: y}
+        for name in names:
+            if name in row:
+                continue
+            row[name] = max(
+                parameters[name],
+                key=lambda value, name=name: sum(
+                    (((n, row[n]), (name, value)) in missing)
+                    if names.index(n) < names.index(name)
+                    else (((name, value), (n, row[n])) in missing)
+                    for n in row
+                ),
+            )
+        rows.append(row)
+        missing -= {((p, row[p]), (q, row[q])) for p, q in itertools.combinations(names, 2)}
+    return rows
+
+
+ROWS = pairwise(FLAGS)
+
+
+def test_the_rows_cover_every_pair_in_about_twenty_runs():
+    for a, b in itertools.combinations(FLAGS, 2):
+        seen = {(row[a], row[b]) for row in ROWS}
+        assert seen == set(itertools.product(FLAGS[a], FLAGS[b])), (a, b)
+    assert len(ROWS) <= 24
+
+
+def _argv(row: dict[str, Any], model_dir: str, tfds_dir: str, manifest: str) -> list[str]:
+    override = {
+        "steps": 2,
+        "checkpoint_every": 2,
+        "eval_every": 2,
+        "log_every": 1,
+        "data": {"data_dir": tfds_dir, "batch_size": 8, "eval_examples": 16},
+    }
+    argv = [
+        f"--config={os.path.join(REPO, 'configs', row['config'])}",
+        f"--model_dir={model_dir}",
+        f"--config_override={json.dumps(override)}",
+        f"--jit_compile={row['jit_compile']}",
+        f"--strategy={row['strategy']}",
+        f"--canary_steps={row['canary_steps']}",
+    ]
+    if row["precision"] == "manifest":
+        argv.append(f"--manifest={manifest}")
+    elif row["precision"] is not None:
+        argv.append(f"--precision={row['precision']}")
+    for name in ("deterministic", "auto_promote", "dry_run"):
+        if row[name]:
+            argv.append(f"--{name}")
+    return argv
+
+
+def _launch_in_process(argv: list[str]) -> dict[str, Any]:
+    """`mpt-train argv` in this process: its exit status and what it printed."""
+    import keras
+    from absl import flags
+
+    from trainers import train
+
+    flags.FLAGS.unparse_flags()
+    sys.argv = ["mpt-train", *argv]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            train.run()
+            status: Any = 0
+        except SystemExit as exit_:
+            status = exit_.code or 0
+        except BaseException:  # Anything that escapes the launcher is a traceback.
+            status = "traceback"
+            traceback.print_exc(file=stderr)
+    keras.backend.clear_session()
+    return {"status": status, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
+
+
+def _run_rows(tfds_dir: str, work_dir: str) -> list[dict[str, Any]]:
+    """Runs every row (in the child process, see the module docstring)."""
+    manifest = os.path.join(work_dir, "manifest.json")
+    with open(manifest, "w") as file:
+        json.dump(GENERIC_MANIFEST, file)
+    results = []
+    for i, row in enumerate(ROWS):
+        model_dir = os.path.join(work_dir, f"run_{i}")
+        result = _launch_in_process(_argv(row, model_dir, tfds_dir, manifest))
+        result["trained"] = os.path.exists(os.path.join(model_dir, "metrics.json"))
+        results.append(result)
+    return results
+
+
+@pytest.fixture(scope="module")
+def outcomes(tfds_dir, tmp_path_factory) -> list[dict[str, Any]]:
+    work_dir = str(tmp_path_factory.mktemp("flag_pairs"))
+    return run_child("test_flag_pairs", "_run_rows", tfds_dir, work_dir, timeout=1200)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(ROWS)))
+def test_each_row_trains_or_says_why_in_one_line(outcomes, index):
+    row, outcome = ROWS[index], outcomes[index]
+    described = f"{row}: status {outcome['status']}\n{outcome['stderr'][-3000:]}"
+    assert "Traceback" not in outcome["stderr"], described
+    if outcome["status"] == 0:
+        if row["dry_run"]:
+            assert "compute" in outcome["stdout"] or outcome["stdout"].strip(), described
+        else:
+            assert outcome["trained"], described
+        return
+    assert outcome["status"] == 2, described
+    errors = [line for line in outcome["stderr"].splitlines() if line.startswith("mpt-train:")]
+    assert len(errors) == 1 and errors[0].startswith("mpt-train: error: "), described
