@@ -149,7 +149,7 @@ def _hand_batches_over(model: keras.Model) -> None:
     class_step = type(model).train_step
 
     def train_step(data: Any) -> Any:
-        optimizer.hand_over_batch(data)
+        optimizer.hand_over_batch(data, state=model.non_trainable_variables)
         return class_step(model, data)
 
     setattr(train_step, _HOOK_MARK, True)

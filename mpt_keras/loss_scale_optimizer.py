@@ -337,14 +337,20 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         self._hand_over(unscaled=True)
         return [None if g is None else _unscaled_like(g, self.dynamic_scale) for g in grads]
 
-    def hand_over_batch(self, batch: Any) -> None:
+    def hand_over_batch(self, batch: Any, state: Sequence[keras.Variable] = ()) -> None:
         """Gives the next `apply` of this replica the batch to judge (see `apply`).
 
         `model.compile` with this optimizer makes the model's train step call
         it (`mpt_keras.autoscale`), so a plain `model.compile` tells bad data
         from an overflow as exactly as `mpt_keras.xla.compile_model`.
+
+        Args:
+            batch: The step's batch, before the forward pass.
+            state: Variables the forward pass updates (a model's
+                non-trainable ones: batch-norm statistics): read now, and put
+                back if the step is skipped.
         """
-        self._hand_over(batch=batch)
+        self._hand_over(batch=batch, state=state_before(state))
 
     def _hand_over(self, **values: Any) -> None:
         self._handed_over.setdefault(_replica_trace_key(), {}).update(values)
@@ -352,7 +358,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
     def _take_handed_over(self) -> dict[str, Any]:
         values = self._handed_over.pop(_replica_trace_key(), {})
         graph = _current_graph()
-        for name in ("loss", "batch"):
+        for name in ("loss", "batch", "state"):
             tensors = keras.tree.flatten(values.get(name))
             if any(getattr(t, "graph", graph) is not graph for t in tensors):
                 values.pop(name)  # From another trace (a nested function's graph).
@@ -365,6 +371,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         *,
         loss: tf.Tensor | None = None,
         batch: Any = None,
+        state: Sequence[tuple[keras.Variable, tf.Tensor]] | None = None,
     ) -> tf.Tensor:
         """Applies one step: unscale, judge, then the inner `apply()` or a skip.
 
@@ -378,6 +385,10 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             batch: The batch (inputs, labels, sample weights; any nesting),
                 judged like the loss: a NaN or Inf in a floating tensor
                 makes the step a bad batch.
+            state: `state_before(variables)` of the variables the forward
+                pass updated (batch-norm statistics), taken before it: put
+                back if the step is skipped, so that a bad batch leaves no
+                NaN in them.
 
         Returns:
             Whether the step was a bad batch on any replica (a bool tensor,
@@ -410,7 +421,11 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             loss = handed_over.get("loss")
         if batch is None:
             batch = handed_over.get("batch")
-        return self._step(grads, variables, loss, batch, handed_over.get("unscaled", False))
+        if state is None:
+            state = handed_over.get("state", ())
+        return self._step(
+            grads, variables, loss, batch, list(state), handed_over.get("unscaled", False)
+        )
 
     def stateless_apply(
         self,
@@ -430,6 +445,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         variables: list[keras.Variable],
         loss: tf.Tensor | None,
         batch: Any,
+        state: list[tuple[keras.Variable, tf.Tensor]],
         caller_unscaled: bool,
     ) -> tf.Tensor:
         """The replica's part: all-reduce, unscale, judge; then the merged write."""
@@ -468,12 +484,14 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
                 variables,
                 positions,
                 [v for v, _ in accumulation],
+                [v for v, _ in state],
                 checked_batch,
                 *args,
             ),
             tf.distribute.get_strategy(),
             grads,
             [value for _, value in accumulation],
+            [value for _, value in state],
             should_apply,
             step_ends,
             finite,
@@ -540,9 +558,11 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         variables: list[keras.Variable],
         positions: list[int],
         accumulation_variables: list[keras.Variable],
+        state_variables: list[keras.Variable],
         checked_batch: bool,
         grads: list[Any],
         accumulation_values: list[Any],
+        state_values: list[Any],
         *verdict: Any,
     ) -> None:
         """Writes the step in the cross-replica context.
@@ -558,6 +578,8 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         write = _Writer(distribution)
 
         def count_skip(nonfinite: tf.Tensor, overflow: tf.Tensor) -> None:
+            for variable, value in zip(state_variables, state_values):
+                write.assign(variable, value)  # Each replica its own value.
             write.add(self._skipped_counter, 1)
             write.add(self._nonfinite_counter, ops.cast(nonfinite, "int64"))
             if checked_batch:
@@ -793,6 +815,13 @@ def _batch_verdict(loss: tf.Tensor | None, batch: Any) -> tuple[tf.Tensor, tf.Te
         )
         bad = votes > 0
     return bad, loss
+
+
+def state_before(variables: Sequence[keras.Variable]) -> list[tuple[keras.Variable, tf.Tensor]]:
+    """The floating `variables` with a copy of their values now, for `apply(state=...)`."""
+    return [
+        (v, tf.identity(_tf_variable(v))) for v in variables if tf.as_dtype(v.dtype).is_floating
+    ]
 
 
 def _first_replica(distribution: tf.distribute.Strategy, value: Any) -> Any:

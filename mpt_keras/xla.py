@@ -103,7 +103,7 @@ import tensorflow as tf
 from mpt_keras import distribute
 from mpt_keras import keras_compat as compat
 from mpt_keras.errors import UserInputError
-from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
+from mpt_keras.loss_scale_optimizer import LossScaleOptimizer, state_before
 from mpt_keras.policies import check_policy_name, cpu_bfloat16_flags, iter_layers, probe_hardware
 
 JIT_COMPILE_SETTINGS = ("auto", "true", "false")
@@ -373,15 +373,21 @@ def _step(
     model: keras.Model, forward_backward: Callable[[Any, Any, Any], tuple[Any, Any, Any]]
 ) -> Callable[[Any, Any, Any], dict[str, Any]]:
     def replica_train_step(x: Any, y: Any, sample_weight: Any) -> dict[str, Any]:
-        loss, y_pred, gradients = forward_backward(x, y, sample_weight)
-        batch_size = tf.shape(next(i for i in keras.tree.flatten(x) if i is not None))[0]
         optimizer = model.optimizer
         checked = isinstance(optimizer, LossScaleOptimizer)
+        # Batch-norm statistics as before the step: a skipped step puts them back.
+        state = state_before(model.non_trainable_variables) if checked else []
+        loss, y_pred, gradients = forward_backward(x, y, sample_weight)
+        batch_size = tf.shape(next(i for i in keras.tree.flatten(x) if i is not None))[0]
         if checked:
             # The loss and the batch, handed over explicitly: the loss given to
             # `scale_loss` may live in a nested XLA function's graph.
             bad = optimizer.apply(
-                gradients, model.trainable_weights, loss=loss, batch=(x, y, sample_weight)
+                gradients,
+                model.trainable_weights,
+                loss=loss,
+                batch=(x, y, sample_weight),
+                state=state,
             )
         else:
             optimizer.apply(gradients, model.trainable_weights)

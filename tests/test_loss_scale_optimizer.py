@@ -835,6 +835,11 @@ def test_multi_optimizer_under_strategy_applies_the_sum_and_skips_a_nan_on_one_r
     assert result["iterations"] == [2, 2, 2]
 
 
+def test_a_bad_batch_on_one_replica_leaves_no_nan_in_the_batch_norm_statistics(distributed):
+    result = distributed["mirrored"]["batch_norm_fit"]
+    assert result == {"bad_batches": 1, "finite": [True] * 4}
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_gradient_accumulation_under_strategy_matches_single_device(distributed, strategy):
     result = distributed[strategy]["accumulation"]
@@ -1126,6 +1131,28 @@ def _multi_optimizer_steps(strategy: tf.distribute.Strategy) -> dict[str, Any]:
     }
 
 
+def _batch_norm_fit(strategy: tf.distribute.Strategy) -> dict[str, Any]:
+    """Batches of 4 over 2 replicas; the second one's NaN lands on the last replica."""
+    x, y = _nan_batch_data()
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [keras.Input((3,)), keras.layers.Dense(2), keras.layers.BatchNormalization()]
+        )
+        opt = LossScaleOptimizer(keras.optimizers.SGD(0.1))
+        model.compile(optimizer=opt, loss="mse")
+    model.fit(x, np.repeat(y, 2, axis=1), batch_size=4, shuffle=False, verbose=0)
+    norm = model.layers[1]
+    return {
+        "bad_batches": opt.bad_batches,
+        "finite": [
+            bool(np.isfinite(replica_value).all())
+            for variable in (norm.moving_mean, norm.moving_variance)
+            for replica_value in _local(strategy, variable)
+        ],
+    }
+
+
 def _distributed_results() -> dict[str, Any]:
     """Runs the tf.distribute scenarios; needs two logical CPU devices."""
     devices = ["/cpu:0", "/cpu:1"]
@@ -1165,6 +1192,9 @@ def _distributed_results() -> dict[str, Any]:
         results[name]["all_reduce_float32_no_overflow"] = _local(strategy, var)
 
     mirrored = strategies["mirrored"]
+    # fit under one strategy only: a second strategy's collectives in the same
+    # process would reuse its keys (see distribute.make_strategy).
+    results["mirrored"]["batch_norm_fit"] = _batch_norm_fit(mirrored)
     var, opt = _nan_on_replica(mirrored, 1, cls=StockLossScaleOptimizer)
     results["mirrored"]["stock_nan_on_replica_1"] = {
         "finite_weights": bool(np.isfinite(var.numpy()).all()),
@@ -1436,3 +1466,39 @@ def test_a_batch_of_ragged_sparse_and_integer_tensors_is_judged_on_its_float_val
     assert bool(step({"ids": tf.constant([3]), "weights": sparse}))
     assert (opt.bad_batches, opt.skipped_steps, opt.loss_scale) == (2, 2, 4.0)
     np.testing.assert_allclose(var.numpy(), [0.5, 0.5])  # One applied SGD(0.5) step of 1.
+
+
+def _batch_norm_model() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    return keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(4), keras.layers.BatchNormalization()]
+    )
+
+
+@pytest.mark.parametrize("compile_with", ["plain", "compile_model", "compile_model_jit"])
+def test_a_skipped_bad_batch_leaves_the_batch_norm_statistics_as_they_were(compile_with):
+    """The forward pass updates them before the verdict; a skipped step puts them back."""
+    from mpt_keras import xla
+
+    rng = np.random.RandomState(4)
+    x = rng.normal(size=(16, 4)).astype("float32")
+    y = rng.normal(size=(16, 4)).astype("float32")
+    bad_x = x.copy()
+    bad_x[2, 1] = np.nan  # In the first of two batches of 8.
+    statistics = []
+    for features, batches in ((bad_x, slice(0, 16)), (x, slice(8, 16))):
+        model = _batch_norm_model()
+        opt = LossScaleOptimizer(keras.optimizers.SGD(0.1))
+        if compile_with == "plain":
+            model.compile(optimizer=opt, loss="mse")
+        else:
+            xla.compile_model(
+                model, optimizer=opt, loss="mse", jit_compile=compile_with.endswith("jit")
+            )
+        model.fit(features[batches], y[batches], batch_size=8, shuffle=False, verbose=0)
+        norm = model.layers[1]
+        statistics.append([norm.moving_mean.numpy(), norm.moving_variance.numpy()])
+    assert opt.bad_batches == 0  # The reference saw the good batch only.
+    for with_bad, good_only in zip(*statistics):
+        np.testing.assert_allclose(with_bad, good_only, rtol=1e-6)
+        assert np.isfinite(with_bad).all()
