@@ -353,7 +353,12 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         self._hand_over(batch=batch, state=state_before(state))
 
     def _hand_over(self, **values: Any) -> None:
-        self._handed_over.setdefault(_replica_trace_key(), {}).update(values)
+        key = _replica_trace_key()
+        if any(other[0] != key[0] for other in self._handed_over):
+            # Left by a trace that never reached `apply` (a `scale_loss` alone):
+            # only the current graph's hand-overs are kept.
+            self._handed_over = {k: v for k, v in self._handed_over.items() if k[0] == key[0]}
+        self._handed_over.setdefault(key, {}).update(values)
 
     def _take_handed_over(self) -> dict[str, Any]:
         values = self._handed_over.pop(_replica_trace_key(), {})

@@ -1502,3 +1502,10 @@ def test_a_skipped_bad_batch_leaves_the_batch_norm_statistics_as_they_were(compi
     for with_bad, good_only in zip(*statistics):
         np.testing.assert_allclose(with_bad, good_only, rtol=1e-6)
         assert np.isfinite(with_bad).all()
+
+
+def test_hand_overs_no_apply_took_are_dropped_when_another_graph_hands_over():
+    opt = LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    for _ in range(3):  # A new graph each: scale_loss without apply.
+        tf.function(lambda: opt.scale_loss(tf.constant(1.0))).get_concrete_function()
+    assert len(opt._handed_over) == 1
