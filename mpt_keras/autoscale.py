@@ -134,10 +134,11 @@ def _compile_with_loss_scaling(compile_: Callable[..., Any]) -> Callable[..., An
 
 
 def _hand_batches_over(model: keras.Model) -> None:
-    """With our optimizer, Keras' train step hands it each batch to judge.
+    """With our optimizer, Keras' train step hands it each batch to judge, and logs its state.
 
     So a batch holding a NaN or Inf counts as bad data, not an overflow, under
-    a plain `model.compile` too. The class's own `train_step` is wrapped, so
+    a plain `model.compile` too, and the step's logs (those every callback gets)
+    hold `LossScaleOptimizer.step_logs()`. The class's own `train_step` is wrapped, so
     compiling again does not stack wrappers, and a compile with another
     optimizer removes it.
     """
@@ -150,7 +151,10 @@ def _hand_batches_over(model: keras.Model) -> None:
 
     def train_step(data: Any) -> Any:
         optimizer.hand_over_batch(data, state=model.non_trainable_variables)
-        return class_step(model, data)
+        logs = class_step(model, data)
+        if not isinstance(logs, dict):
+            return logs
+        return {**logs, **optimizer.step_logs()}
 
     setattr(train_step, _HOOK_MARK, True)
     model.train_step = train_step

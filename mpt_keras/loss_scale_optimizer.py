@@ -26,6 +26,7 @@ from keras import ops
 
 from mpt_keras import keras_compat as compat
 from mpt_keras import loss_scale_settings
+from mpt_keras import telemetry_layout as tags
 from mpt_keras.errors import UserInputError
 from mpt_keras.loss_scale_settings import LossScaleSettings
 from mpt_keras.step_health import BAD_BATCH_MEMORY, StepHealth
@@ -260,6 +261,23 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
     def last_loss(self) -> float | tf.Tensor:
         """The loss of the last step whose batch was finite (summed over replicas)."""
         return _read(self._last_loss, float)
+
+    def step_logs(self) -> dict[str, tf.Tensor]:
+        """The loss-scaling state after this step, for the logs a train step returns.
+
+        Read in the train step's graph after `apply()`, so each step's Keras
+        logs hold that step's values, also where callbacks run behind the
+        steps: `loss_scale`, `skipped_steps` and `bad_batches` (since the
+        start of training) and `gradient_norm` (this step's), as float32
+        scalars. Both train steps add them: Keras' own (through `model.compile`)
+        and `mpt_keras.xla.compile_model`'s.
+        """
+        return {
+            tags.LOSS_SCALE: ops.convert_to_tensor(self.dynamic_scale),
+            tags.SKIPPED_STEPS: ops.cast(self._skipped_counter, "float32"),
+            tags.BAD_BATCHES: ops.cast(self._bad_batch_counter, "float32"),
+            tags.GRADIENT_NORM: self.gradient_norm,
+        }
 
     def health(self) -> StepHealth:
         """Everything the last steps left in this optimizer, read in one record.
@@ -627,7 +645,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             else:
                 count_nonfinite()
 
-        ops.cond(should_apply, apply, do_not_apply)
+        compat.called_cond(should_apply, apply, do_not_apply)
         write.assign(self._half_squared_norm, half_total)
         for variable, value in zip(accumulation_variables, accumulation_values):
             write.assign(variable, value)

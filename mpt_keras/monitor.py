@@ -7,6 +7,7 @@
     learning_rate               the inner optimizer's current learning rate
     loss_scale                  the loss scale (a `LossScaleOptimizer`'s)
     skipped_steps               steps skipped so far for non-finite gradients
+    bad_batches                 of those, steps whose batch or loss held NaN/Inf
     overflow_rate               skipped / steps, over the interval
     nonfinite/<variable path>   steps so far whose gradient of that variable was
                                 non-finite; at the intervals where it was
@@ -37,8 +38,9 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import keras
@@ -62,11 +64,18 @@ class MixedPrecisionMonitor(GlobalStepCallback):
     synchronisation to the other steps. The tags are listed in the module
     docstring.
 
-    Step time is the wall time from the start of a train batch to its end as
-    Keras reports it (Keras fetches the batch's logs first, so the step has
-    finished); the first batch of each `fit` (tracing, compilation),
-    validation and checkpoints are left out. A step of a custom train loop
-    that does not advance `optimizer.iterations` is not counted.
+    It is `async_safe`: it adds no sync to `fit`'s steps, so Keras may call
+    its batch hook on a worker thread, behind the steps. What it writes for a
+    step is what that step logged: with our optimizer, its loss scale,
+    skipped steps, bad batches and gradient norm (`LossScaleOptimizer.
+    step_logs`); the per-variable non-finite counts and the learning rate
+    are read when the interval is written.
+
+    Step time is the wall time between the ends of train batches as Keras
+    reports them (with the batch's logs, so the step has finished), over the
+    steps between them: the first batch of each epoch (tracing, compilation)
+    and the time between epochs (validation) are left out. A step of a custom
+    train loop that does not advance `optimizer.iterations` is not counted.
 
     Peak memory is `tf.config.experimental.get_memory_info(device)["peak"]`
     for each local device, reset at each write. TensorFlow 2.21 reports it for
@@ -106,6 +115,10 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         # then: tensorboard --logdir /tmp/run/logs
     """
 
+    # Keras dispatches the batch hooks of `fit` to a thread when every
+    # callback with one says so: no sync per step.
+    async_safe = True
+
     def __init__(
         self,
         log_dir: str,
@@ -136,8 +149,8 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         self._probe: keras.Model | None = None
         self._memory_devices: list[str] = []
         self._last_logs: dict[str, Any] = {}
-        self._batch_start = 0.0
-        self._timing = False
+        self._lock = threading.Lock()
+        self._last_batch_end: float | None = None
         # What the current interval started from.
         self._interval_start_step = 0
         self._skipped_steps = 0
@@ -161,25 +174,34 @@ class MixedPrecisionMonitor(GlobalStepCallback):
             self._skipped_steps = optimizer.skipped_steps
             self._nonfinite_counts = optimizer.nonfinite_counts()
         self._start_interval()
-        self._timing = False  # The first batch traces and compiles.
 
-    def on_train_batch_begin(self, batch, logs=None):
-        self._batch_start = time.perf_counter()
+    def on_epoch_begin(self, epoch, logs=None):
+        super().on_epoch_begin(epoch, logs)
+        self._last_batch_end = None  # The time between epochs (validation) is not a step's.
 
     def on_train_batch_end(self, batch, logs=None):
-        previous_step = self.global_step
-        super().on_train_batch_end(batch, logs)
-        if not self._is_writer:
-            return
-        if self._timing:
-            self._timed_seconds += time.perf_counter() - self._batch_start
-            self._timed_steps += self.global_step - previous_step
-        self._timing = True
-        self._last_logs = logs or {}
-        if _crossed(previous_step, self.global_step, self.update_freq):
-            self._write_interval()
-        if self.histogram_freq and _crossed(previous_step, self.global_step, self.histogram_freq):
-            self._write_sample_statistics()
+        # Keras may call this on a worker thread, behind the steps, and two
+        # calls at once (`async_safe`): a lock, and a batch that arrives after
+        # a later one is dropped (its values are older).
+        with self._lock:
+            previous_step = self.global_step
+            if self._epoch_start_step + batch + 1 <= previous_step:
+                return
+            super().on_train_batch_end(batch, logs)
+            if not self._is_writer:
+                return
+            now = time.perf_counter()
+            if self._last_batch_end is not None:
+                self._timed_seconds += now - self._last_batch_end
+                self._timed_steps += self.global_step - previous_step
+            self._last_batch_end = now
+            self._last_logs = logs or {}
+            if _crossed(previous_step, self.global_step, self.update_freq):
+                self._write_interval()
+            if self.histogram_freq and _crossed(
+                previous_step, self.global_step, self.histogram_freq
+            ):
+                self._write_sample_statistics()
 
     def on_epoch_end(self, epoch, logs=None):
         validation = {
@@ -226,22 +248,23 @@ class MixedPrecisionMonitor(GlobalStepCallback):
             self._skipped_steps = skipped
         self._start_interval()
 
-    def _optimizer_scalars(self, interval: tf.Tensor) -> dict[str, tf.Tensor]:
-        """The optimizer's scalars, read in the graph of a writing function.
+    def _optimizer_scalars(self, present: Collection[str]) -> dict[str, tf.Tensor]:
+        """The optimizer's scalars not among the logged ones, read in a writing function's graph.
 
-        Args:
-            interval: `[skipped steps before the interval, steps in it]`.
+        Our optimizer's train steps log its state (`LossScaleOptimizer.
+        step_logs`), exact for each step; it is read here only where a train
+        step did not log it (a custom training loop), when the interval is
+        written.
         """
         optimizer = self.model.optimizer
         scalars = {"learning_rate": optimizer.learning_rate}
         if isinstance(optimizer, LossScaleOptimizer):
-            skipped = optimizer.skipped_steps  # Tensors here, in a graph.
-            scalars[tags.LOSS_SCALE] = optimizer.loss_scale
-            scalars[tags.SKIPPED_STEPS] = skipped
-            scalars[tags.OVERFLOW_RATE] = tf.cast(skipped - interval[0], tf.float32) / tf.cast(
-                interval[1], tf.float32
-            )
-            scalars[tags.GRADIENT_NORM] = optimizer.gradient_norm
+            readers = {
+                tags.LOSS_SCALE: lambda: optimizer.loss_scale,
+                tags.SKIPPED_STEPS: lambda: tf.cast(optimizer.skipped_steps, tf.float32),
+                tags.GRADIENT_NORM: lambda: optimizer.gradient_norm,
+            }
+            scalars.update({tag: read() for tag, read in readers.items() if tag not in present})
         return scalars
 
     def _report_overflow(self, optimizer: LossScaleOptimizer, skipped: int) -> None:
@@ -333,12 +356,9 @@ class MixedPrecisionMonitor(GlobalStepCallback):
                 key[1],
                 None if interval is None else self._optimizer_scalars,
             )
-        values = [float(keras.ops.convert_to_numpy(value)) for value in scalars.values()]
-        return self._scalar_writers[key](
-            tf.constant(values, tf.float32),
-            tf.constant(self.global_step, tf.int64),
-            tf.constant(interval or (0, 0), tf.int64),
-        )
+        # One argument: each costs the call about 40 us of Python.
+        arguments = [self.global_step, *(interval or (0, 0)), *map(float, scalars.values())]
+        return self._scalar_writers[key](tf.constant(np.array(arguments, np.float64)))
 
 
 def _check_count(name: str, value: Any, minimum: int) -> None:
@@ -349,29 +369,34 @@ def _check_count(name: str, value: Any, minimum: int) -> None:
 def _scalar_writer(
     writer: tf.summary.SummaryWriter,
     names: tuple[str, ...],
-    read_scalars: Callable[[tf.Tensor], dict[str, tf.Tensor]] | None,
-) -> Callable[[tf.Tensor, tf.Tensor, tf.Tensor], tf.Tensor | None]:
-    """A function writing `values[i]` as scalar `names[i]` at `step`, and what it reads.
+    read_scalars: Callable[[Collection[str]], dict[str, tf.Tensor]] | None,
+) -> Callable[[tf.Tensor], tf.Tensor | None]:
+    """A function writing scalars `names` at a step, and what it reads.
 
-    It calls `read_scalars(interval)` in its graph, writes those scalars too,
-    and returns the skipped steps among them, if any.
+    Its one argument is `[step, skipped steps before the interval, steps in
+    it, *values]`, `values[i]` the value of `names[i]`.
+
+    It calls `read_scalars(names)` in its graph for the scalars not among
+    `names`, writes those too, and, given skipped steps (logged or read), the
+    interval's overflow rate; it returns the skipped steps, if any.
     """
 
-    @tf.function(
-        input_signature=[
-            tf.TensorSpec([len(names)], tf.float32),
-            tf.TensorSpec([], tf.int64),
-            tf.TensorSpec([2], tf.int64),
-        ]
-    )
-    def write(values: tf.Tensor, step: tf.Tensor, interval: tf.Tensor) -> tf.Tensor | None:
-        read = read_scalars(interval) if read_scalars else {}
+    @tf.function(input_signature=[tf.TensorSpec([3 + len(names)], tf.float64)])
+    def write(arguments: tf.Tensor) -> tf.Tensor | None:
+        step = tf.cast(arguments[0], tf.int64)
+        interval = arguments[1:3]
+        values = tf.cast(arguments[3:], tf.float32)
+        scalars = {name: values[index] for index, name in enumerate(names)}
+        if read_scalars:
+            scalars.update(read_scalars(names))
+        skipped = scalars.get(tags.SKIPPED_STEPS) if read_scalars else None
+        if skipped is not None:
+            before, steps = tf.unstack(tf.cast(interval, tf.float32))
+            scalars[tags.OVERFLOW_RATE] = (skipped - before) / steps
         with writer.as_default(step=step):
-            for index, name in enumerate(names):
-                tf.summary.scalar(name, values[index])
-            for name, value in read.items():
+            for name, value in scalars.items():
                 tf.summary.scalar(name, value)
-        return read.get(tags.SKIPPED_STEPS)
+        return skipped
 
     # Its concrete function: calling the `tf.function` itself costs twice as
     # much, in the Python that matches arguments to traces.

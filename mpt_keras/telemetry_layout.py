@@ -10,8 +10,11 @@ from __future__ import annotations
 import tensorflow as tf
 from tensorboard.plugins.custom_scalar import layout_pb2, metadata
 
+# Also entries of the Keras logs of every train step with our optimizer
+# (`LossScaleOptimizer.step_logs`).
 LOSS_SCALE = "loss_scale"
 SKIPPED_STEPS = "skipped_steps"
+BAD_BATCHES = "bad_batches"
 OVERFLOW_RATE = "overflow_rate"
 GRADIENT_NORM = "gradient_norm"
 EXAMPLES_PER_SECOND = "examples_per_second"

@@ -100,7 +100,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from mpt_keras import distribute
+from mpt_keras import distribute, train_function
 from mpt_keras import keras_compat as compat
 from mpt_keras.errors import UserInputError
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer, state_before
@@ -210,6 +210,7 @@ def compile_model(
         vars(model).pop(name, None)
     compat.restore_maybe_symbolic_build(model)
     model.train_step = _replica_train_step(model, jit_compile)
+    train_function.install(model)
     distribute.support_multi_worker_fit(model)
 
 
@@ -409,8 +410,8 @@ def _step(
             for variable, value in zip(variables, before):
                 variable.assign(value)
 
-        tf.cond(bad, restore, lambda: None)
-        return model.get_metrics_result()
+        compat.called_cond(bad, restore, lambda: None)
+        return {**model.get_metrics_result(), **optimizer.step_logs()}
 
     return replica_train_step
 

@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from replicas import run_child
 
 from mpt_keras import keras_compat as compat
 
@@ -59,6 +60,57 @@ def test_gradients_already_reduced_makes_keras_all_reduce_the_identity():
     assert compat._REDUCED_DEPTH == 0
     # Outside the context the original runs (the default strategy: identity too).
     np.testing.assert_array_equal(replica_sum(already_reduced=False)[0][0], [1.0, 2.0])
+
+
+def _if_ops_and_result(pred: bool) -> tuple[list, float]:
+    variable = tf.Variable(0.0)
+
+    def add_one() -> None:
+        variable.assign_add(1.0)
+
+    @tf.function
+    def step(pred: tf.Tensor) -> tf.Tensor:
+        compat.called_cond(pred, add_one, lambda: None)
+        return variable.read_value()
+
+    result = float(step(tf.constant(pred)))
+    graph = step.get_concrete_function(tf.constant(pred)).graph
+    lowering = [
+        op.get_attr("_lower_using_switch_merge")
+        for op in graph.get_operations()
+        if op.type in ("If", "StatelessIf")
+    ]
+    return lowering, result
+
+
+def test_called_cond_is_one_unlowered_if_that_runs_the_chosen_branch():
+    assert _if_ops_and_result(True) == ([False], 1.0), (
+        f"{VERSIONS}: the If op's _lower_using_switch_merge attribute changed"
+    )
+    assert _if_ops_and_result(False) == ([False], 0.0)
+    ran = []
+    compat.called_cond(tf.constant(True), lambda: ran.append(True), lambda: ran.append(False))
+    assert ran == [True]  # Eagerly: the branch, no If op.
+
+
+def lowering_under_two_replicas() -> list:
+    """`_if_ops_and_result(True)` under a strategy over two CPUs (in a child process)."""
+    with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
+        lowering, result = _if_ops_and_result(True)
+    return [lowering, result]
+
+
+def test_called_cond_stays_lowered_across_several_devices():
+    # An unlowered If cannot place a branch writing on two devices.
+    assert run_child("test_keras_compat", "lowering_under_two_replicas") == [[True], 1.0]
+
+
+def test_reduce_per_replica_means_over_replicas_as_keras_train_function():
+    strategy = tf.distribute.get_strategy()
+    outputs = {"loss": tf.constant(2.0)}
+    assert compat.reduce_per_replica(outputs, strategy) == outputs, (
+        f"{VERSIONS}: keras.src.backend.tensorflow.trainer.reduce_per_replica changed"
+    )
 
 
 def test_install_wraps_once():
@@ -271,6 +323,8 @@ _TOUCHES = [
     "compile_config",
     "call_has_training_arg",
     "compute_loss",
+    "called_cond",
+    "reduce_per_replica",
     "loss_tracker",
     "unscale_loss_for_distribution",
     "learning_rate_schedule",

@@ -1,0 +1,81 @@
+"""Every train step with our optimizer logs its state: in `History`, `CSVLogger` and batch hooks.
+
+The batches are chosen so that each step's values are known in advance: a
+finite batch, a batch holding a NaN (a bad batch: skipped, the scale kept),
+a finite batch so large that the loss overflows (skipped, the scale halved),
+and a finite batch again.
+"""
+
+import csv
+
+import keras
+import numpy as np
+import pytest
+
+from mpt_keras import xla
+from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
+
+BATCH = 2
+# Per step: loss_scale, skipped_steps, bad_batches.
+EXPECTED = [(1024.0, 0.0, 0.0), (1024.0, 1.0, 1.0), (512.0, 2.0, 1.0), (512.0, 2.0, 1.0)]
+
+
+def _model(compile_with: str) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, name="out")], name="net")
+    optimizer = LossScaleOptimizer(
+        keras.optimizers.SGD(0.01), initial_scale=1024.0, growth_interval=100
+    )
+    if compile_with == "compile":
+        model.compile(optimizer=optimizer, loss="mse")
+    else:
+        xla.compile_model(
+            model, optimizer=optimizer, loss="mse", jit_compile=compile_with == "compile_model_xla"
+        )
+    return model
+
+
+def _data() -> tuple[np.ndarray, np.ndarray]:
+    x = np.random.default_rng(0).normal(size=(4 * BATCH, 3)).astype("float32")
+    x[1 * BATCH] = np.nan
+    x[2 * BATCH] = 1e30
+    return x, np.ones((4 * BATCH, 1), "float32")
+
+
+@pytest.mark.parametrize("compile_with", ["compile", "compile_model", "compile_model_xla"])
+def test_each_step_logs_the_scale_skips_bad_batches_and_norm(tmp_path, compile_with):
+    model = _model(compile_with)
+    batch_logs = []
+    record = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: batch_logs.append(dict(logs))
+    )
+    csv_path = tmp_path / "log.csv"
+    history = model.fit(
+        *_data(),
+        batch_size=BATCH,
+        shuffle=False,
+        verbose=0,
+        callbacks=[record, keras.callbacks.CSVLogger(str(csv_path))],
+    )
+
+    got = [(logs["loss_scale"], logs["skipped_steps"], logs["bad_batches"]) for logs in batch_logs]
+    assert got == EXPECTED
+    norms = [logs["gradient_norm"] for logs in batch_logs]
+    assert np.isfinite(norms[0]) and np.isfinite(norms[3])
+    assert not np.isfinite(norms[1]) and not np.isfinite(norms[2])
+    assert {key: values[-1] for key, values in history.history.items() if key != "loss"} == {
+        "loss_scale": 512.0,
+        "skipped_steps": 2.0,
+        "bad_batches": 1.0,
+        "gradient_norm": norms[3],
+    }
+    with open(csv_path, newline="") as file:
+        [row] = list(csv.DictReader(file))
+    assert (row["loss_scale"], row["skipped_steps"], row["bad_batches"]) == ("512.0", "2.0", "1.0")
+
+
+def test_a_model_without_our_optimizer_logs_only_its_metrics():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    history = model.fit(np.ones((4, 3)), np.ones((4, 1)), batch_size=2, verbose=0)
+    assert list(history.history) == ["loss"]
