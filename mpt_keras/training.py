@@ -47,11 +47,14 @@ from mpt_keras.files import (
 )
 from mpt_keras.guards import BadBatchLimit, Diverged, DivergenceGuard, promote_low_precision_layers
 from mpt_keras.manifest import PrecisionManifest
+from mpt_keras.metrics_csv import MetricsCsv
 from mpt_keras.monitor import MixedPrecisionMonitor
+from mpt_keras.prometheus import PrometheusExporter
 
 CONFIG_FILE = "config.json"
 PRECISION_REPORT_FILE = "precision_report.json"
 METRICS_FILE = "metrics.json"
+METRICS_CSV_FILE = "metrics.csv"
 MODEL_FILE = "model.keras"
 PROMOTED_MANIFEST_FILE = "promoted_manifest.json"
 LOGS_SUBDIR = "logs"
@@ -85,11 +88,14 @@ class Runtime:
         verbose: Keras `fit` verbosity; `None` shows a progress bar on a
             terminal and one line per checkpoint interval otherwise.
         callbacks: More Keras callbacks for `model.fit`, after the toolkit's.
+        metrics_port: Serve the run's Prometheus metrics on this port, from
+            the chief (`mpt_keras.prometheus`); None: no endpoint.
     """
 
     model_dir: str
     verbose: int | None = None
     callbacks: tuple[keras.callbacks.Callback, ...] = ()
+    metrics_port: int | None = None
 
 
 def run_training(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
@@ -121,8 +127,20 @@ def run_training(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
     _check_model_dir(runtime.model_dir, config)
     # Splitting the CPU into virtual devices must precede any TF op.
     strategy = distribute.make_strategy(config.strategy, config.virtual_cpus, config.tpu)
-    with _op_determinism(config.deterministic):
-        return _run(config, runtime, strategy, components)
+    exporter = None
+    if runtime.metrics_port is not None and distribute.is_chief(strategy):
+        exporter = PrometheusExporter(
+            runtime.metrics_port,
+            run_name=os.path.basename(os.path.normpath(runtime.model_dir)),
+            examples_per_step=config.data.batch_size,
+            update_every=config.log_every,
+        )
+    try:
+        with _op_determinism(config.deterministic):
+            return _run(config, runtime, strategy, components, exporter)
+    finally:
+        if exporter is not None:
+            exporter.close()
 
 
 def _run(
@@ -130,6 +148,7 @@ def _run(
     runtime: Runtime,
     strategy: tf.distribute.Strategy,
     components: runs.Components,
+    exporter: PrometheusExporter | None,
 ) -> dict[str, Any]:
     chief = distribute.is_chief(strategy)
     model_dir = runtime.model_dir
@@ -156,7 +175,14 @@ def _run(
             validation = _sharded_by_data(run_data.eval_batches(config.data.eval_batch_size))
             if step < config.steps:
                 fit = _Fit(
-                    run.model, run.manifest, config, runtime, checkpointer, run_data, validation
+                    run.model,
+                    run.manifest,
+                    config,
+                    runtime,
+                    checkpointer,
+                    run_data,
+                    validation,
+                    exporter,
                 )
                 _fit(fit, step)
             else:
@@ -222,6 +248,7 @@ class _Fit:
     checkpointer: Checkpointer
     data: runs.RunData
     validation: tf.data.Dataset
+    exporter: PrometheusExporter | None
 
 
 def _fit(fit: _Fit, step: int) -> None:
@@ -314,6 +341,8 @@ def _fit_from(fit: _Fit, step: int, guard: DivergenceGuard | None) -> None:
                 update_freq=config.log_every,
                 examples_per_step=config.data.batch_size,
             ),
+            MetricsCsv(os.path.join(runtime.model_dir, METRICS_CSV_FILE), config.log_every),
+            *([] if fit.exporter is None else [fit.exporter]),
             SaveCheckpoints(fit.checkpointer, healthy=None if guard is None else guard.healthy),
             *_auto_promote(fit.manifest, config, runtime),
             *runtime.callbacks,

@@ -8,34 +8,15 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from tiny_runs import Crash, CrashAtStep, tiny_config
 
 from mpt_keras import runs as runs_module
-from mpt_keras.callbacks import GlobalStepCallback
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError
 from mpt_keras.manifest import PrecisionManifest
 from mpt_keras.policies import iter_layers
 from mpt_keras.runs import format_precision_table, plan_precision
 from mpt_keras.training import Runtime, run_training
-
-
-def _config(tfds_dir, **changes):
-    values = {
-        "precision": "float32",
-        "steps": 6,
-        "checkpoint_every": 3,
-        "eval_every": 3,
-        "log_every": 2,
-        "data": {"name": "mpt_digits", "data_dir": tfds_dir, "batch_size": 16, "eval_examples": 64},
-        "model": {"name": "mlp", "options": {"hidden_units": [16]}},
-        "optimizer": {
-            "name": "adam",
-            "learning_rate": 0.01,
-            "schedule": "cosine",
-            "warmup_steps": 2,
-        },
-    }
-    return TrainConfig.from_dict(values).merged(changes)
 
 
 def _weights(model_dir):
@@ -58,7 +39,7 @@ def _scalars(event_dir):
 
 def test_run_writes_every_output(tfds_dir, tmp_path):
     model_dir = str(tmp_path / "run")
-    config = _config(tfds_dir)
+    config = tiny_config(tfds_dir)
     metrics = run_training(config, Runtime(model_dir, verbose=0))
 
     assert TrainConfig.from_json(os.path.join(model_dir, "config.json")) == config
@@ -109,31 +90,18 @@ def test_run_writes_every_output(tfds_dir, tmp_path):
     assert validation["loss"][-1][1] == pytest.approx(metrics["val_loss"], rel=1e-5)
 
 
-class _Crash(Exception):
-    pass
-
-
-class _CrashAtStep(GlobalStepCallback):
-    def __init__(self, step):
-        super().__init__()
-        self.step = step
-
-    def on_train_batch_end(self, batch, logs=None):
-        super().on_train_batch_end(batch, logs)
-        if self.global_step == self.step:
-            raise _Crash
-
-
 def test_resume_after_a_crash_reaches_the_same_weights_as_an_uninterrupted_run(tfds_dir, tmp_path):
     # Dropout and a warm-up + cosine schedule make the weights depend on the
     # exact step, data position, dropout seeds and optimizer state.
-    config = _config(tfds_dir, steps=9, model={"options": {"hidden_units": [16], "dropout": 0.3}})
+    config = tiny_config(
+        tfds_dir, steps=9, model={"options": {"hidden_units": [16], "dropout": 0.3}}
+    )
     straight = str(tmp_path / "straight")
     run_training(config, Runtime(straight, verbose=0))
 
     resumed = str(tmp_path / "resumed")
-    with pytest.raises(_Crash):
-        run_training(config, Runtime(resumed, verbose=0, callbacks=(_CrashAtStep(5),)))
+    with pytest.raises(Crash):
+        run_training(config, Runtime(resumed, verbose=0, callbacks=(CrashAtStep(5),)))
     assert not os.path.exists(os.path.join(resumed, "metrics.json"))
     keras.backend.clear_session()
     metrics = run_training(config, Runtime(resumed, verbose=0))
@@ -147,8 +115,8 @@ def test_resume_from_a_step_off_the_checkpoint_grid(tfds_dir, tmp_path):
     # A run that ended at step 4 is extended with checkpoint_every=3: it
     # continues at 4 and checkpoints at 7, then at its end.
     model_dir = str(tmp_path / "run")
-    run_training(_config(tfds_dir, steps=4), Runtime(model_dir, verbose=0))
-    metrics = run_training(_config(tfds_dir, steps=8), Runtime(model_dir, verbose=0))
+    run_training(tiny_config(tfds_dir, steps=4), Runtime(model_dir, verbose=0))
+    metrics = run_training(tiny_config(tfds_dir, steps=8), Runtime(model_dir, verbose=0))
     assert metrics["step"] == 8
     steps = sorted(
         int(name.split("-")[1].split(".")[0])
@@ -160,16 +128,16 @@ def test_resume_from_a_step_off_the_checkpoint_grid(tfds_dir, tmp_path):
 
 def test_finished_run_only_evaluates(tfds_dir, tmp_path):
     model_dir = str(tmp_path / "run")
-    first = run_training(_config(tfds_dir), Runtime(model_dir, verbose=0))
+    first = run_training(tiny_config(tfds_dir), Runtime(model_dir, verbose=0))
     keras.backend.clear_session()
-    again = run_training(_config(tfds_dir), Runtime(model_dir, verbose=0))
+    again = run_training(tiny_config(tfds_dir), Runtime(model_dir, verbose=0))
     assert again == pytest.approx(first)
 
 
 def test_model_dir_of_another_run_is_refused(tfds_dir, tmp_path):
     model_dir = str(tmp_path / "run")
-    run_training(_config(tfds_dir, steps=3), Runtime(model_dir, verbose=0))
-    other = _config(tfds_dir, seed=5)
+    run_training(tiny_config(tfds_dir, steps=3), Runtime(model_dir, verbose=0))
+    other = tiny_config(tfds_dir, seed=5)
     with pytest.raises(UserInputError) as raised:
         run_training(other, Runtime(model_dir, verbose=0))
     assert str(raised.value) == (
@@ -186,7 +154,7 @@ def test_mixed_precision_keeps_float32_master_weights_and_safe_layers(
     tfds_dir, tmp_path, precision, compute_dtype
 ):
     model_dir = str(tmp_path / "run")
-    config = _config(tfds_dir, precision=precision, steps=3)
+    config = tiny_config(tfds_dir, precision=precision, steps=3)
     metrics = run_training(config, Runtime(model_dir, verbose=0))
     assert metrics["step"] == 3
     with open(os.path.join(model_dir, "precision_report.json")) as file:
@@ -221,7 +189,9 @@ def test_manifest_decides_each_layer_and_float16_layers_get_dynamic_scaling(tfds
         )
     )
     model_dir = str(tmp_path / "run")
-    config = _config(tfds_dir, manifest=str(manifest), steps=2, checkpoint_every=2, eval_every=2)
+    config = tiny_config(
+        tfds_dir, manifest=str(manifest), steps=2, checkpoint_every=2, eval_every=2
+    )
     metrics = run_training(config, Runtime(model_dir, verbose=0))
     with open(os.path.join(model_dir, "precision_report.json")) as file:
         report = json.load(file)
@@ -245,14 +215,16 @@ def test_auto_precision_is_resolved_and_explained(tfds_dir, monkeypatch):
         "resolve_auto_policy",
         lambda: ("mixed_float16", "GPU compute capability 7.0: float16 tensor cores"),
     )
-    report = plan_precision(_config(tfds_dir, precision="auto"))
+    report = plan_precision(tiny_config(tfds_dir, precision="auto"))
     assert report["precision"] == "mixed_float16"
     assert report["precision_reason"] == "GPU compute capability 7.0: float16 tensor cores"
     assert report["layers"][1]["compute_dtype"] == "float16"
 
 
 def test_precision_table_lists_each_layer_and_its_decision(tfds_dir):
-    table = format_precision_table(plan_precision(_config(tfds_dir, precision="mixed_bfloat16")))
+    table = format_precision_table(
+        plan_precision(tiny_config(tfds_dir, precision="mixed_bfloat16"))
+    )
     assert table == (
         "path       class    policy          decided_by\n"
         "flatten    Flatten  mixed_bfloat16  default\n"
@@ -292,7 +264,7 @@ def test_float16_overflows_are_skipped_counted_and_back_the_scale_off(tfds_dir, 
     # At a scale of 2**24 the float16 gradients overflow: each such step is
     # skipped and halves the scale, and still counts as a step of the run.
     model_dir = str(tmp_path / "run")
-    config = _config(
+    config = tiny_config(
         tfds_dir,
         precision="mixed_float16",
         steps=15,
@@ -313,7 +285,7 @@ def test_float16_overflows_are_skipped_counted_and_back_the_scale_off(tfds_dir, 
 
 def test_loss_scale_errors_name_the_config_section_when_the_config_is_read(tfds_dir, tmp_path):
     with pytest.raises(UserInputError) as raised:
-        _config(tfds_dir, precision="mixed_float16", loss_scale={"growth_factor": 0.5})
+        tiny_config(tfds_dir, precision="mixed_float16", loss_scale={"growth_factor": 0.5})
     assert str(raised.value).endswith(
         "config section loss_scale: Argument growth_factor must be a finite number > 1. "
         "Received: growth_factor=0.5"
@@ -335,7 +307,7 @@ def test_auto_promote_moves_layers_that_keep_overflowing_out_of_float16(tfds_dir
     )
     model_dir = str(tmp_path / "run")
     pinned = {"initial_scale": 2.0**24, "min_scale": 2.0**24, "max_scale": 2.0**24}
-    config = _config(
+    config = tiny_config(
         tfds_dir,
         manifest=str(manifest),
         steps=12,
@@ -370,7 +342,7 @@ def test_a_bad_config_leaves_model_dir_untouched_and_the_fixed_rerun_trains(
     tfds_dir, tmp_path, bad, fix, message
 ):
     model_dir = tmp_path / "run"
-    config = _config(tfds_dir, precision="mixed_float16", steps=3)
+    config = tiny_config(tfds_dir, precision="mixed_float16", steps=3)
     with pytest.raises(UserInputError) as raised:
         run_training(config.merged(bad), Runtime(str(model_dir), verbose=0))
     assert str(raised.value) == message

@@ -61,13 +61,21 @@ _CANARY_STEPS = flags.DEFINE_integer(
     "stop if the run's precision diverges (0: no canary).",
     lower_bound=0,
 )
+_METRICS_PORT = flags.DEFINE_integer(
+    "metrics_port",
+    None,
+    "Serve Prometheus metrics on http://HOST:PORT/metrics from the chief during the run "
+    "(default: no endpoint).",
+    lower_bound=1,
+    upper_bound=65535,
+)
 _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False, "Print each layer's precision and exit without training."
 )
 
 
 _HELP_GROUPS = {
-    "The run": ("config", "model_dir", "config_override", "steps", "dry_run"),
+    "The run": ("config", "model_dir", "config_override", "steps", "dry_run", "metrics_port"),
     "Precision": ("precision", "manifest", "auto_promote", "canary_steps"),
     "Distribution and XLA": ("strategy", "virtual_cpus", "tpu", "jit_compile", "deterministic"),
 }
@@ -98,7 +106,7 @@ def main(argv: Sequence[str]) -> None:
     if _DRY_RUN.value:
         print(mpt_keras.format_precision_table(mpt_keras.plan_precision(config)), end="")
         return
-    runtime = mpt_keras.Runtime(model_dir=_MODEL_DIR.value)
+    runtime = mpt_keras.Runtime(model_dir=_MODEL_DIR.value, metrics_port=_METRICS_PORT.value)
     if _CANARY_STEPS.value:
         mpt_keras.train_with_canary(config, runtime, _CANARY_STEPS.value)
     else:

@@ -1,0 +1,45 @@
+"""A tiny `run_training` config, and a callback that crashes a run at a step, for tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpt_keras.callbacks import GlobalStepCallback
+from mpt_keras.config import TrainConfig
+
+
+def tiny_config(tfds_dir: str, **changes: Any) -> TrainConfig:
+    """The digits MLP for 6 steps: checkpoints and validation every 3, telemetry every 2."""
+    values = {
+        "precision": "float32",
+        "steps": 6,
+        "checkpoint_every": 3,
+        "eval_every": 3,
+        "log_every": 2,
+        "data": {"name": "mpt_digits", "data_dir": tfds_dir, "batch_size": 16, "eval_examples": 64},
+        "model": {"name": "mlp", "options": {"hidden_units": [16]}},
+        "optimizer": {
+            "name": "adam",
+            "learning_rate": 0.01,
+            "schedule": "cosine",
+            "warmup_steps": 2,
+        },
+    }
+    return TrainConfig.from_dict(values).merged(changes)
+
+
+class Crash(Exception):
+    """What `CrashAtStep` raises: a run that dies mid-interval."""
+
+
+class CrashAtStep(GlobalStepCallback):
+    """Raises `Crash` at the end of the given global step."""
+
+    def __init__(self, step: int):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, logs)
+        if self.global_step == self.step:
+            raise Crash
