@@ -67,6 +67,11 @@ once, at the first. Safe defaults stay on, so the
 model outputs and normalization layers stay float32 whatever their numbers
 (which are still recorded).
 
+A batch that is not finite in float32 is diagnosed (`diagnose_nonfinite`): a
+layer's output that is not finite is an error naming the first such layer,
+as no precision mends it; a gradient that is not finite is named in the
+statistics' `diagnosis` and the last line of the table.
+
 Example:
 
     result = calibrate(model, (features, labels), keras.losses.MeanSquaredError(), steps=4)
@@ -89,6 +94,7 @@ import numpy as np
 import tensorflow as tf
 
 from mpt_keras import keras_compat as compat
+from mpt_keras.diagnosis import diagnose_nonfinite
 from mpt_keras.errors import UserInputError
 from mpt_keras.layer_paths import first_instance_name, iter_layers
 from mpt_keras.manifest import PrecisionManifest, Rule
@@ -168,7 +174,9 @@ class CalibrationResult:
             policy; `null` when the output was not finite), `policy` and
             `reason`, and per variable path (`gradients`) its `layer`, `max`,
             `norm`, `flushed_norm_fraction`, `nonzero_fraction` and
-            `overflow_fraction`.
+            `overflow_fraction`; and `diagnosis`, where the first batch whose
+            gradients were not finite stopped being finite (`statistics
+            batch 2 of 8: first non-finite gradient: dense/kernel`), or null.
         manifest: The decided precision manifest, a reason on every rule.
 
     Example:
@@ -247,7 +255,11 @@ def calibrate(
 
 
 def format_calibration_table(statistics: dict[str, Any]) -> str:
-    """The layers of calibration statistics as an aligned text table."""
+    """The layers of calibration statistics as an aligned text table.
+
+    A last line tells where the first batch whose gradients were not finite
+    stopped being finite, if one was not (`statistics["diagnosis"]`).
+    """
     columns = ("path", "class", "act_max", "fp16_err", "bf16_err", "policy", "reason")
     rows = [columns]
     for path, layer in statistics["layers"].items():
@@ -267,6 +279,8 @@ def format_calibration_table(statistics: dict[str, Any]) -> str:
     lines = [
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows
     ]
+    if statistics.get("diagnosis"):
+        lines.append(statistics["diagnosis"])
     return "\n".join(lines) + "\n"
 
 
@@ -432,6 +446,7 @@ class _Calibration:
     def run(self, batches, loss, seed: int) -> CalibrationResult:
         self._record(batches)
         gradients = self._gradient_statistics(batches, loss)
+        diagnosis = self._diagnosis(batches, loss, gradients)
         layers = {}
         for site in self._sites:
             references = site.outputs()
@@ -469,6 +484,7 @@ class _Calibration:
             "default": default_policy,
             "layers": layers,
             "gradients": gradients,
+            "diagnosis": diagnosis,
         }
         manifest = self._uncaught(PrecisionManifest(default_policy, rules), layers)
         return CalibrationResult(statistics, manifest)
@@ -483,6 +499,34 @@ class _Calibration:
         finally:
             for site in self._sites:
                 del site.layer.call
+
+    def _diagnosis(self, batches, loss, gradients) -> str | None:
+        """The diagnosis of the first batch not finite in float32, if one was not.
+
+        Returns:
+            `statistics batch <n> of <steps>: first non-finite gradient: <path>`
+            (`diagnose_nonfinite`), or None when every gradient was finite.
+
+        Raises:
+            UserInputError: If a layer's output was not finite, which no
+                precision mends and no decision can be made on.
+        """
+        outputs_finite = all(
+            np.isfinite(output).all() for site in self._sites for output in site.outputs()
+        )
+        if outputs_finite and all(figures["max"] is not None for figures in gradients.values()):
+            return None
+        for index, (features, labels, sample_weight) in enumerate(batches):
+            report = diagnose_nonfinite(self._model, features, labels, sample_weight, loss=loss)
+            batch = f"statistics batch {index + 1} of {len(batches)}"
+            if report.first_layer is not None:
+                raise UserInputError(
+                    f"{batch} is not finite in float32: {report}. "
+                    "Allowed: a model and data whose float32 outputs are finite"
+                )
+            if not report.finite:
+                return f"{batch}: {report}"
+        return None
 
     def _rules(self, path: str, policy: str, reason: str) -> list[Rule]:
         members = [member for member, _ in self._members[path]]

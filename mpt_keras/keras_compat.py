@@ -70,6 +70,12 @@ Multi-worker `fit` (`distribute`, working around keras-team/keras#20585):
   the first replica's batch (and as Keras does again after a re-compile).
 - `in_multi_worker_mode`: whether a strategy spans several workers (a
   `MultiWorkerMirroredStrategy` without a cluster runs on one).
+
+The precision report's (`policies`), which traces a model once:
+
+- `call_records_restored`: what a call records on a layer (`_called`,
+  `_parent_path`, the losses of the last call), put back as it was before
+  the trace.
 """
 
 from __future__ import annotations
@@ -78,7 +84,7 @@ import contextlib
 import functools
 import importlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import keras
@@ -413,6 +419,28 @@ def in_multi_worker_mode(strategy: tf.distribute.Strategy) -> bool:
     return strategy.extended._in_multi_worker_mode()
 
 
+@contextlib.contextmanager
+def call_records_restored(layers: Iterable[keras.layers.Layer]) -> Iterator[None]:
+    """Puts back, on exit (even on error), what calls in the block record on each layer.
+
+    A layer's first call sets `_called` (which Keras' export reads: whether a
+    subclassed model was called) and `_parent_path` (the name scope it makes
+    variables in later); a model's call clears the losses of the last call
+    (`model.losses`) in every layer, and adds its own.
+
+    Args:
+        layers: The layers (a model included) to restore.
+    """
+    kept = [(layer, layer._called, layer._parent_path, list(layer._losses)) for layer in layers]
+    try:
+        yield
+    finally:
+        for layer, called, parent_path, losses in kept:
+            layer._called = called
+            layer._parent_path = parent_path
+            layer._losses[:] = losses
+
+
 def check() -> list[str]:
     """The names touched above that this Keras or TensorFlow no longer has.
 
@@ -469,5 +497,6 @@ def check() -> list[str]:
     )
     require(optimizer, "optimizer", attributes=["_learning_rate"])
     require(layer, "layer", attributes=["_dtype_policy", "_inbound_nodes"])
+    require(layer, "layer", attributes=["_called", "_parent_path", "_losses"])
     require(model.outputs[0], "symbolic tensor", attributes=["_keras_history"])
     return problems

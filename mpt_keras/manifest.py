@@ -228,6 +228,8 @@ class LayerPrecision:
         policy: The policy it computes with.
         compute_dtype: The dtype it computes in.
         variable_dtype: The dtype of its variables (float32).
+        output_dtype: The dtype it output in the traced forward pass
+            (`policies.precision_report`); None if it was not called.
         decided_by: `rules[<i>] (<match>)`, `safe default: <kind>` or `default`.
         reason: The rule's or safe default's reason, if any.
 
@@ -245,6 +247,7 @@ class LayerPrecision:
     policy: str
     compute_dtype: str
     variable_dtype: str
+    output_dtype: str | None
     decided_by: str
     reason: str | None = None
 
@@ -260,6 +263,9 @@ class ManifestReport:
         shadowed_rules: Rules that matched layers, but only layers an earlier
             rule decided.
         trainable_variables: How many trainable variables have each dtype.
+        output_dtype_mismatches: The paths of the layers that made an output
+            of another floating dtype than they compute in (as
+            `policies.precision_report`).
 
     Example:
 
@@ -274,6 +280,7 @@ class ManifestReport:
     unmatched_rules: tuple[str, ...]
     shadowed_rules: tuple[str, ...]
     trainable_variables: Mapping[str, int]
+    output_dtype_mismatches: tuple[str, ...]
 
     @property
     def policies(self) -> dict[str, str]:
@@ -292,6 +299,7 @@ class ManifestReport:
             "model": self.model,
             "layers": layers,
             "trainable_variables": dict(self.trainable_variables),
+            "output_dtype_mismatches": list(self.output_dtype_mismatches),
             "unmatched_rules": list(self.unmatched_rules),
             "shadowed_rules": list(self.shadowed_rules),
         }
@@ -382,7 +390,7 @@ class PrecisionManifest:
         """The manifest as indented JSON text."""
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
-    def apply(self, model: keras.Model) -> ManifestReport:
+    def apply(self, model: keras.Model, inputs: Any = None) -> ManifestReport:
         """Sets the dtype policy of every layer of `model`, nested ones included.
 
         Works on Sequential, functional and subclassed models, built or not;
@@ -392,6 +400,10 @@ class PrecisionManifest:
         Args:
             model: The model. Its variables must be float32 (built under
                 float32 or a `mixed_*` policy).
+            inputs: What a built model is traced on to report each layer's
+                output dtype (`policies.precision_report`): example inputs or
+                their specs; default a functional or Sequential model's own.
+                A model not built yet is not traced.
 
         Returns:
             What was decided for each layer, and which rules matched nothing.
@@ -413,7 +425,7 @@ class PrecisionManifest:
             decisions.update(application.apply_to_unit(unit))
         matched = {index for decision in decisions.values() for index in decision.matched}
         deciding = {decision.matched[0] for decision in decisions.values() if decision.matched}
-        described = precision_report(model)
+        described = precision_report(model, inputs)
         return ManifestReport(
             model=described["model"],
             layers=tuple(
@@ -423,6 +435,7 @@ class PrecisionManifest:
                     policy=entry["policy"],
                     compute_dtype=entry["compute_dtype"],
                     variable_dtype=entry["variable_dtype"],
+                    output_dtype=entry["output_dtype"],
                     decided_by=decisions[entry["path"]].decided_by,
                     reason=decisions[entry["path"]].reason,
                 )
@@ -437,6 +450,7 @@ class PrecisionManifest:
                 _rule_label(index, self.rules[index]) for index in sorted(matched - deciding)
             ),
             trainable_variables=described["trainable_variables"],
+            output_dtype_mismatches=tuple(described["output_dtype_mismatches"]),
         )
 
 

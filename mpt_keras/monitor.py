@@ -13,6 +13,9 @@
                                 non-finite; at the intervals where it was
     nonfinite_gradients         (text) at each such interval: the steps, layers
                                 and variables; also logged as a WARNING
+    nonfinite_diagnosis         (text) with `diagnosis_data`, where a step went
+                                wrong: the first non-finite layer output or
+                                gradient (`diagnose_nonfinite`); also a WARNING
     gradient_norm               global norm of the last step's unscaled
                                 gradients (a `mpt_keras.LossScaleOptimizer`)
     step_time_seconds           mean wall time of the interval's train steps
@@ -37,6 +40,7 @@ chart). `log_dir` itself holds the "Mixed precision" custom-scalars dashboard.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -49,6 +53,7 @@ import tensorflow as tf
 
 from mpt_keras import telemetry_layout as tags
 from mpt_keras.callbacks import GlobalStepCallback
+from mpt_keras.diagnosis import describe_for_log, diagnose_nonfinite
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 
 FLOAT16_MAX = 65504.0
@@ -101,6 +106,19 @@ class MixedPrecisionMonitor(GlobalStepCallback):
             layers (functional and `Sequential` models only).
         examples_per_step: Global batch size, for `examples_per_second`; None
             writes step time only.
+        diagnosis_data: What `diagnose_nonfinite` runs on when a step goes
+            wrong (below): a batch `(x, y)` (or `(x, y, sample_weight)`: the
+            weights are left out), or a function of a step that returns the
+            batch that step trained on (`mpt-train` passes one:
+            its data is a function of the step). None: no diagnosis.
+        diagnosis_every: At most one diagnosis in this many steps.
+
+    When a step is skipped for a bad batch, or for an overflow while the loss
+    scale is at its floor (with a fixed scale, every overflow), or the logged
+    loss turns non-finite, the monitor runs `mpt_keras.diagnose_nonfinite` on
+    `diagnosis_data` and writes one WARNING line and a TensorBoard text event
+    (`nonfinite_diagnosis`), e.g. `step 412: first non-finite output:
+    block_1/attention/softmax (float16), input max 7.1e+04`.
 
     Example:
 
@@ -126,10 +144,13 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         histogram_freq: int = 0,
         histogram_data: tuple[Any, Any] | None = None,
         examples_per_step: int | None = None,
+        diagnosis_data: tuple[Any, Any] | Callable[[int], tuple[Any, Any]] | None = None,
+        diagnosis_every: int = 100,
     ):
         super().__init__()
         _check_count("update_freq", update_freq, minimum=1)
         _check_count("histogram_freq", histogram_freq, minimum=0)
+        _check_count("diagnosis_every", diagnosis_every, minimum=1)
         if examples_per_step is not None:
             _check_count("examples_per_step", examples_per_step, minimum=1)
         if histogram_freq and histogram_data is None:
@@ -142,6 +163,9 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         self.histogram_freq = histogram_freq
         self.histogram_data = histogram_data
         self.examples_per_step = examples_per_step
+        self.diagnosis_data = diagnosis_data
+        self.diagnosis_every = diagnosis_every
+        self._last_diagnosis: int | None = None
         self._writers: dict[str, tf.summary.SummaryWriter] = {}
         self._scalar_writers: dict[tuple[str, tuple[str, ...], int | None], Callable] = {}
         self._is_writer = True
@@ -154,6 +178,7 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         # What the current interval started from.
         self._interval_start_step = 0
         self._skipped_steps = 0
+        self._bad_batches = 0
         self._nonfinite_counts: dict[str, int] = {}
         self._timed_seconds = 0.0
         self._timed_steps = 0
@@ -172,6 +197,7 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         optimizer = self.model.optimizer
         if isinstance(optimizer, LossScaleOptimizer):
             self._skipped_steps = optimizer.skipped_steps
+            self._bad_batches = optimizer.bad_batches
             self._nonfinite_counts = optimizer.nonfinite_counts()
         self._start_interval()
 
@@ -195,7 +221,9 @@ class MixedPrecisionMonitor(GlobalStepCallback):
                 self._timed_seconds += now - self._last_batch_end
                 self._timed_steps += self.global_step - previous_step
             self._last_batch_end = now
-            self._last_logs = logs or {}
+            previous_logs, self._last_logs = self._last_logs, logs or {}
+            if self.diagnosis_data is not None and self._went_wrong(previous_logs):
+                self._diagnose()
             if _crossed(previous_step, self.global_step, self.update_freq):
                 self._write_interval()
             if self.histogram_freq and _crossed(
@@ -221,6 +249,32 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         for writer in self._writers.values():
             writer.flush()
 
+    def _went_wrong(self, previous_logs: dict[str, Any]) -> bool:
+        """Whether this step was skipped for a bad batch or at the scale's floor, or the
+        loss turned non-finite."""
+        logs, optimizer = self._last_logs, self.model.optimizer
+        if "loss" in logs and not math.isfinite(float(logs["loss"])):
+            if math.isfinite(float(previous_logs.get("loss", 0.0))):
+                return True
+        skipped = logs.get(tags.SKIPPED_STEPS, 0.0) > previous_logs.get(tags.SKIPPED_STEPS, 0.0)
+        if not skipped or not isinstance(optimizer, LossScaleOptimizer):
+            return False
+        bad_batch = logs.get(tags.BAD_BATCHES, 0.0) > previous_logs.get(tags.BAD_BATCHES, 0.0)
+        return bad_batch or logs.get(tags.LOSS_SCALE, math.inf) <= optimizer.min_scale
+
+    def _diagnose(self) -> None:
+        """Runs `diagnose_nonfinite` on this step's batch: a log line and a text event."""
+        step = self.global_step
+        if self._last_diagnosis is not None and step - self._last_diagnosis < self.diagnosis_every:
+            return
+        self._last_diagnosis = step
+        data = self.diagnosis_data
+        batch = tuple(data(step) if callable(data) else data)
+        line = describe_for_log(step, diagnose_nonfinite(self.model, *batch[:2]))
+        _LOGGER.warning("%s", line)
+        with self._writer("train").as_default(step=step):
+            tf.summary.text(tags.NONFINITE_DIAGNOSIS, line)
+
     def _start_interval(self) -> None:
         self._interval_start_step = self.global_step
         self._timed_seconds = 0.0
@@ -243,9 +297,12 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         optimizer = self.model.optimizer
         if isinstance(optimizer, LossScaleOptimizer):
             skipped = int(skipped)
-            if skipped > self._skipped_steps:
-                self._report_overflow(optimizer, skipped - self._skipped_steps)
-            self._skipped_steps = skipped
+            # Bad batches are skipped too, but are no overflow (the guards report them).
+            bad = int(float(self._last_logs.get(tags.BAD_BATCHES, self._bad_batches)))
+            overflows = skipped - self._skipped_steps - (bad - self._bad_batches)
+            if overflows > 0:
+                self._report_overflow(optimizer, overflows)
+            self._skipped_steps, self._bad_batches = skipped, bad
         self._start_interval()
 
     def _optimizer_scalars(self, present: Collection[str]) -> dict[str, tf.Tensor]:

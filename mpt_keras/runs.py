@@ -208,7 +208,9 @@ def build_model(
         The model, the manifest applied to it, and the precision report:
         `precision` (the run's policy, `auto` resolved), `precision_reason`,
         `manifest` (its path or null) and the manifest report's `layers`,
-        `trainable_variables`, `unmatched_rules` and `shadowed_rules`.
+        `trainable_variables`, `output_dtype_mismatches` (the model traced on
+        one evaluation example; each logged as a warning), `unmatched_rules`
+        and `shadowed_rules`.
     """
     precision, reason = _resolve_precision(config.precision)
     if config.manifest is None:
@@ -237,8 +239,20 @@ def build_model(
                 f"the model factory returned {type(model).__name__}. Allowed: a keras.Model"
             )
         # Before the manifest and the optimizer, which need every variable.
-        build_on_data(model, data)
-        applied = manifest.apply(model)
+        example = build_on_data(model, data)
+        applied = manifest.apply(model, inputs=example)
+    for layer in applied.layers:
+        if layer.path in applied.output_dtype_mismatches:
+            _LOGGER.warning(
+                "Layer %s (%s) computes in %s but outputs %s: an op in its call mixes in a "
+                "%s value (a NumPy array, a variable) or casts to it; cast to "
+                "self.compute_dtype if that is not meant.",
+                layer.path,
+                layer.layer_class,
+                layer.compute_dtype,
+                layer.output_dtype,
+                layer.output_dtype,
+            )
     for rule in applied.unmatched_rules:
         _LOGGER.warning("Manifest rule %s matched no layer.", rule)
     for rule in applied.shadowed_rules:
@@ -252,13 +266,19 @@ def build_model(
     return model, manifest, report
 
 
-def build_on_data(model: keras.Model, data: RunData) -> None:
+def build_on_data(model: keras.Model, data: RunData) -> Any:
     """Builds `model` on one evaluation example, unless it is built already.
 
     A subclassed model makes its variables on its first call.
+
+    Returns:
+        The example's inputs, a batch of one: what the precision report
+        traces the model on.
     """
+    example = keras.utils.unpack_x_y_sample_weight(next(iter(data.eval_batches(1))))[0]
     if not model.built:
-        model(keras.utils.unpack_x_y_sample_weight(next(iter(data.eval_batches(1))))[0])
+        model(example)
+    return example
 
 
 def assemble(
@@ -340,12 +360,23 @@ def plan_precision(config: TrainConfig) -> dict[str, Any]:
 
 
 def format_precision_table(report: Mapping[str, Any]) -> str:
-    """The layers of a precision report as an aligned text table."""
+    """The layers of a precision report as an aligned text table.
+
+    A layer in `output_dtype_mismatches` is marked at the end of its row:
+    `<- outputs float32, computes in bfloat16`.
+    """
     columns = ("path", "class", "policy", "decided_by")
     rows = [columns] + [tuple(str(layer[key]) for key in columns) for layer in report["layers"]]
     widths = [max(len(row[index]) for row in rows) for index in range(len(columns))]
+    marks = [""] + [
+        f"<- outputs {layer['output_dtype']}, computes in {layer['compute_dtype']}"
+        if layer["path"] in report["output_dtype_mismatches"]
+        else ""
+        for layer in report["layers"]
+    ]
     lines = [
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows
+        "  ".join([*(cell.ljust(width) for cell, width in zip(row, widths)), mark]).rstrip()
+        for row, mark in zip(rows, marks)
     ]
     return "\n".join(lines) + "\n"
 

@@ -22,6 +22,7 @@ STEP_TIME = "step_time_seconds"
 PEAK_MEMORY = "peak_memory_mib/"  # + device, e.g. "CPU:0"
 NONFINITE = "nonfinite/"  # + variable path
 NONFINITE_TEXT = "nonfinite_gradients"
+NONFINITE_DIAGNOSIS = "nonfinite_diagnosis"
 # Sample-batch statistics, + layer name (activations) or variable path (gradients).
 ACTIVATION = "activation"
 GRADIENT = "gradient"

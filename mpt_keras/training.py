@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -340,6 +341,7 @@ def _fit_from(fit: _Fit, step: int, guard: DivergenceGuard | None) -> None:
                 os.path.join(runtime.model_dir, LOGS_SUBDIR),
                 update_freq=config.log_every,
                 examples_per_step=config.data.batch_size,
+                diagnosis_data=functools.partial(_batch_of_step, fit),
             ),
             MetricsCsv(os.path.join(runtime.model_dir, METRICS_CSV_FILE), config.log_every),
             *([] if fit.exporter is None else [fit.exporter]),
@@ -350,6 +352,18 @@ def _fit_from(fit: _Fit, step: int, guard: DivergenceGuard | None) -> None:
         shuffle=False,  # The stream is shuffled by the data pipeline, by step.
         verbose=verbose,
     )
+
+
+def _batch_of_step(fit: _Fit, step: int) -> tuple[Any, ...]:
+    """The global batch step `step` (1-based) trained on: the data is a function of the step."""
+    config = fit.config
+    batches = fit.data.train_batches(
+        config.data.batch_size,
+        seed=config.seed,
+        start_step=step - 1,
+        shuffle_buffer=config.data.shuffle_buffer,
+    )
+    return tuple(next(iter(batches.take(1))))
 
 
 def _auto_promote(

@@ -1,19 +1,21 @@
 """mpt-bench runs (at a tiny size), reports every field, and counts FLOPs exactly.
 
 The benchmark suite is not a timed test: these tests check that it runs and
-what it writes, never how fast anything was.
+what it writes, never how fast anything was. The full run is the installed
+`mpt-bench` in its own process; the bad flags run its entry point in this one
+(tests/launchers.py).
 """
 
 import json
 import math
 import os
-import subprocess
 import sys
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from launchers import launch_console_script, launch_in_process
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 from benchmarks import chart, flops, op_profile, suite, suite_report, workloads
@@ -63,14 +65,10 @@ AUTO_FIELDS = {
 }
 
 
-def _launch(*flags):
-    command = [sys.executable, "-m", "trainers.bench", *flags]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
-
-
 def test_the_launcher_prints_the_table_and_writes_every_field(tmp_path):
     rounds = 2
-    result = _launch(
+    result = launch_console_script(
+        "mpt-bench",
         "--models=cnn",
         "--precisions=float32",
         "--xla=off,on",
@@ -85,7 +83,7 @@ def test_the_launcher_prints_the_table_and_writes_every_field(tmp_path):
         "--profile_steps=2",
         f"--output={tmp_path / 'out'}",
     )
-    assert result.returncode == 0, result.stderr
+    assert result.status == 0, result.stderr
     names = [
         "cnn/float32/xla_off/ours",
         "cnn/float32/xla_off/stock",
@@ -345,8 +343,9 @@ def test_a_model_files_layers_compute_in_each_variants_policy(user_config, tmp_p
 
 
 def test_config_and_models_together_are_one_line_naming_both_flags():
-    result = _launch("--config=examples/configs/small_cnn_digits.json", "--models=cnn")
-    assert result.returncode == 2
+    config = os.path.join(REPO, "examples", "configs", "small_cnn_digits.json")
+    result = launch_in_process("mpt-bench", f"--config={config}", "--models=cnn")
+    assert result.status == 2
     assert result.stderr.splitlines()[-1] == (
         "mpt-bench: error: --config and --models: received both. Allowed: one of them; with "
         "--config the config decides (its model.name, model.factory or model.file: edit it or "
@@ -356,10 +355,9 @@ def test_config_and_models_together_are_one_line_naming_both_flags():
 
 
 def test_a_bad_flag_is_one_line_on_stderr_and_status_2():
-    # One launch: each pays TensorFlow's import (absl's own flag checks, such
-    # as --rounds=0, go the same way through trainers.cli).
-    result = _launch("--models=cnn,resnet")
-    assert result.returncode == 2
+    # absl's own flag checks, such as --rounds=0, go the same way through trainers.cli.
+    result = launch_in_process("mpt-bench", "--models=cnn,resnet")
+    assert result.status == 2
     assert result.stderr.splitlines()[-1] == (
         "mpt-bench: error: models: unknown 'resnet'. "
         "Allowed: one or more of transformer_lm, cnn, mlp, each once"

@@ -1,19 +1,17 @@
-"""End-to-end tests of the mpt-calibrate launcher, and mpt-train on what it writes."""
+"""End-to-end tests of the mpt-calibrate launcher, and mpt-train on what it writes.
+
+The first calibration runs the installed `mpt-calibrate` in its own process;
+everything else runs the launchers' entry points in this one (tests/launchers.py).
+"""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from launchers import launch_console_script, launch_in_process
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, "configs", "digits_mlp.json")
-
-
-def _launch(module, *flags):
-    command = [sys.executable, "-m", module, *flags]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
 def _tiny(tfds_dir):
@@ -28,14 +26,14 @@ def _tiny(tfds_dir):
 
 def test_the_calibrated_manifest_trains_with_mpt_train(tfds_dir, tmp_path):
     manifest = str(tmp_path / "manifests" / "mlp.json")
-    calibrated = _launch(
-        "trainers.calibrate",
+    calibrated = launch_console_script(
+        "mpt-calibrate",
         f"--config={CONFIG}",
         "--steps=2",
         f"--output={manifest}",
         f"--config_override={_tiny(tfds_dir)}",
     )
-    assert calibrated.returncode == 0, calibrated.stderr
+    assert calibrated.status == 0, calibrated.stderr
     with open(str(tmp_path / "manifests" / "mlp.stats.json")) as file:
         statistics = json.load(file)
     assert statistics["steps"] == 2
@@ -57,15 +55,15 @@ def test_the_calibrated_manifest_trains_with_mpt_train(tfds_dir, tmp_path):
     assert [line.split()[0] for line in lines[1:]] == list(statistics["layers"])
 
     model_dir = str(tmp_path / "run")
-    trained = _launch(
-        "trainers.train",
+    trained = launch_in_process(
+        "mpt-train",
         f"--config={CONFIG}",
         f"--model_dir={model_dir}",
         f"--manifest={manifest}",
         "--steps=2",
         f"--config_override={_tiny(tfds_dir)}",
     )
-    assert trained.returncode == 0, trained.stderr
+    assert trained.status == 0, trained.stderr
     with open(os.path.join(model_dir, "precision_report.json")) as file:
         report = json.load(file)
     # The config says float32: mixed_float16 layers come from the manifest.
@@ -79,15 +77,15 @@ def test_the_calibrated_manifest_trains_with_mpt_train(tfds_dir, tmp_path):
 
 def test_stats_output_puts_the_statistics_where_asked(tfds_dir, tmp_path):
     manifest, stats = str(tmp_path / "m.json"), str(tmp_path / "elsewhere" / "s.json")
-    result = _launch(
-        "trainers.calibrate",
+    result = launch_in_process(
+        "mpt-calibrate",
         f"--config={CONFIG}",
         "--steps=1",
         f"--output={manifest}",
         f"--stats_output={stats}",
         f"--config_override={_tiny(tfds_dir)}",
     )
-    assert result.returncode == 0, result.stderr
+    assert result.status == 0, result.stderr
     assert sorted(os.listdir(tmp_path)) == ["elsewhere", "m.json"]
     with open(stats) as file:
         assert json.load(file)["steps"] == 1
@@ -105,8 +103,8 @@ def test_bad_input_is_one_line_on_stderr_and_status_2(tmp_path, flags, message):
     missing = str(tmp_path / "missing.json")
     arguments = [f"--config={CONFIG}", f"--output={tmp_path / 'm.json'}"]
     arguments += [flag.format(missing=missing) for flag in flags]
-    result = _launch("trainers.calibrate", *arguments)
-    assert result.returncode == 2
+    result = launch_in_process("mpt-calibrate", *arguments)
+    assert result.status == 2
     assert result.stderr.strip().splitlines()[-1] == (
         f"mpt-calibrate: error: {message.format(missing=missing)}"
     )

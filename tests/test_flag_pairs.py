@@ -8,24 +8,22 @@ in tests/test_train_launcher.py), so a manifest is one more value of the
 precision: every pair of it with the other flags trains. They
 run in one child process whose CPU is split into two logical devices first, so
 that `--strategy=mirrored` has two replicas; each run calls the launcher in
-that process (`trainers.train.run`, its flags parsed afresh) and records its
-exit status and what it printed. A run passes if it exits 0 (and trained, or
-printed the precision table for `--dry_run`), or exits 2 with exactly one
-`mpt-train: error:` line; a traceback fails it.
+that process (tests/launchers.py) and records its exit status and what it
+printed. A run passes if it exits 0 (and trained, or printed the precision
+table for `--dry_run`), or exits 2 with exactly one `mpt-train: error:` line;
+a traceback fails it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
+import dataclasses
 import itertools
 import json
 import os
-import sys
-import traceback
 from typing import Any
 
 import pytest
+from launchers import launch_in_process
 from replicas import run_child
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -120,29 +118,6 @@ def _argv(row: dict[str, Any], model_dir: str, tfds_dir: str, manifest: str) -> 
     return argv
 
 
-def _launch_in_process(argv: list[str]) -> dict[str, Any]:
-    """`mpt-train argv` in this process: its exit status and what it printed."""
-    import keras
-    from absl import flags
-
-    from trainers import train
-
-    flags.FLAGS.unparse_flags()
-    sys.argv = ["mpt-train", *argv]
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        try:
-            train.run()
-            status: Any = 0
-        except SystemExit as exit_:
-            status = exit_.code or 0
-        except BaseException:  # Anything that escapes the launcher is a traceback.
-            status = "traceback"
-            traceback.print_exc(file=stderr)
-    keras.backend.clear_session()
-    return {"status": status, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
-
-
 def _run_rows(tfds_dir: str, work_dir: str) -> list[dict[str, Any]]:
     """Runs every row (in the child process, see the module docstring)."""
     manifest = os.path.join(work_dir, "manifest.json")
@@ -151,7 +126,8 @@ def _run_rows(tfds_dir: str, work_dir: str) -> list[dict[str, Any]]:
     results = []
     for i, row in enumerate(ROWS):
         model_dir = os.path.join(work_dir, f"run_{i}")
-        result = _launch_in_process(_argv(row, model_dir, tfds_dir, manifest))
+        launched = launch_in_process("mpt-train", *_argv(row, model_dir, tfds_dir, manifest))
+        result = dataclasses.asdict(launched)
         result["trained"] = os.path.exists(os.path.join(model_dir, "metrics.json"))
         results.append(result)
     return results

@@ -11,21 +11,18 @@ Examples are derandomized and no example database is kept, so CI sees the same
 inputs on every run.
 """
 
-import contextlib
 import copy
 import glob
-import io
 import json
 import math
 import os
-import subprocess
-import sys
 from unittest import mock
 
 import keras
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from launchers import launch_in_process
 
 from mpt_keras.config import TrainConfig, parse_json_object, resolve_config
 from mpt_keras.errors import UserInputError
@@ -342,9 +339,9 @@ def test_manifest_file_parses_or_raises_one_line(tmp_path, text):
         _assert_one_line(error, prefix=f"{path}: ")
 
 
-# Launcher flags. mpt-train runs in this process (`--dry_run` always last, so
-# nothing trains); mpt-calibrate and mpt-validate in one child process each,
-# their heavy work stubbed, since the three define flags of the same names.
+# Launcher flags, each launcher run in this process (tests/launchers.py):
+# mpt-train with `--dry_run` always last, so nothing trains; mpt-calibrate and
+# mpt-validate with their heavy work stubbed.
 
 _FLAG_TEXT = st.one_of(
     st.sampled_from(["", "0", "-1", "1", "2", "1e3", "nan", "inf", "true", "none", "a\nb"]),
@@ -435,27 +432,14 @@ TRAIN_FLAGS = (
 
 @pytest.fixture
 def train_in_process(tmp_path, tfds_dir, monkeypatch):
-    """Runs mpt-train's `run()` here; returns (exit status, stderr)."""
-    from absl import flags
-
-    from trainers import train
-
+    """Runs mpt-train here; returns (exit status, stderr)."""
     monkeypatch.chdir(tmp_path)  # Relative paths a fuzzed flag names land here.
 
     def launch(argv):
-        flags.FLAGS.unparse_flags()
-        stderr = io.StringIO()
-        with (
-            mock.patch.object(sys, "argv", ["mpt-train", *argv]),
-            contextlib.redirect_stderr(stderr),
-            contextlib.redirect_stdout(io.StringIO()),
-            pytest.raises(SystemExit) as exited,
-        ):
-            train.run()
-        return exited.value.code, stderr.getvalue()
+        launched = launch_in_process("mpt-train", *argv)
+        return launched.status, launched.stderr
 
-    yield launch
-    flags.FLAGS.unparse_flags()
+    return launch
 
 
 @pytest.fixture(scope="module")
@@ -505,45 +489,18 @@ def test_train_config_values_fuzzed_exit_with_one_line_or_run(
     check()
 
 
-# mpt-calibrate and mpt-validate: one child process each runs a batch of flag
-# lists through the launcher's `run()`, the calibration or validation itself
+# mpt-calibrate and mpt-validate: the calibration or validation itself is
 # replaced by an exit 0 (flag and config checks come before it).
-_BATCH_RUNNER = """
-import contextlib, importlib, io, json, sys, traceback
-from unittest import mock
-from absl import flags
-module_name, stubbed, program = sys.argv[1:4]
-module = importlib.import_module(module_name)
-results = []
-with mock.patch(stubbed, side_effect=SystemExit(0)):
-    for argv in json.load(sys.stdin):
-        flags.FLAGS.unparse_flags()
-        sys.argv = [program, *argv]
-        stderr = io.StringIO()
-        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
-            try:
-                module.run()
-                status = 0
-            except SystemExit as exit:
-                status = exit.code
-            except BaseException:
-                traceback.print_exc()
-                status = "traceback"
-        results.append([argv, status, stderr.getvalue()])
-json.dump(results, sys.stdout)
-"""
-
 CALIBRATE_FLAGS = ("output", "stats_output", "steps", "config")
 VALIDATE_FLAGS = ("precision", "manifest", "output", "tensorboard_dir", "steps", "output_rtol")
 VALIDATE_FLAGS += ("min_top1_agreement", "max_kl", "max_metric_delta", "max_loss_gap")
 
 
 @pytest.mark.parametrize(
-    "module, stubbed, program, names, required",
+    "stubbed, program, names, required",
     [
-        ("trainers.calibrate", "mpt_keras.run_calibration", "mpt-calibrate", CALIBRATE_FLAGS, []),
+        ("mpt_keras.run_calibration", "mpt-calibrate", CALIBRATE_FLAGS, []),
         (
-            "trainers.validate",
             "mpt_keras.validation.run_validation",
             "mpt-validate",
             VALIDATE_FLAGS,
@@ -552,26 +509,18 @@ VALIDATE_FLAGS += ("min_top1_agreement", "max_kl", "max_metric_delta", "max_loss
     ],
 )
 def test_calibrate_and_validate_flags_fuzzed_exit_with_one_line(
-    fuzz_files, tmp_path, module, stubbed, program, names, required
+    fuzz_files, tmp_path, monkeypatch, stubbed, program, names, required
 ):
-    argvs = []
+    monkeypatch.chdir(tmp_path)  # Relative paths a fuzzed flag names land here.
 
     @_fuzz_settings(max_examples=30)
     @given(flags=_launcher_flags(names, fuzz_files))
-    def collect(flags):  # Hypothesis draws the batch; the child runs it.
+    def check(flags):
         output = f"--output={tmp_path / 'out.json'}"
-        argvs.append([f"--config={fuzz_files['config']}", output, *required, *flags])
+        argv = [f"--config={fuzz_files['config']}", output, *required, *flags]
+        launched = launch_in_process(program, *argv)
+        assert launched.status != "traceback", (argv, launched.stderr)
+        _assert_usage_error_or_success(program, launched.status, launched.stderr)
 
-    collect()
-    child = subprocess.run(
-        [sys.executable, "-c", _BATCH_RUNNER, module, stubbed, program],
-        input=json.dumps(argvs),
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=300,
-    )
-    assert child.returncode == 0, child.stderr[-3000:]
-    for argv, status, stderr in json.loads(child.stdout):
-        assert status != "traceback", (argv, stderr)
-        _assert_usage_error_or_success(program, status, stderr)
+    with mock.patch(stubbed, side_effect=SystemExit(0)):
+        check()

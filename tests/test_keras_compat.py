@@ -315,6 +315,25 @@ def test_in_multi_worker_mode_is_false_on_one_worker():
         )
 
 
+def test_call_records_restored_puts_back_what_calls_record():
+    dense = keras.layers.Dense(2, activity_regularizer="l2", name="compat_records_dense")
+    dense(np.ones((1, 3), "float32"))
+    eager_loss = dense.losses[0]
+    dropout = keras.layers.Dropout(0.5, name="compat_records_dropout")
+    assert (dropout._called, dropout._parent_path) == (False, None)
+    with compat.call_records_restored([dense, dropout]):
+        dense(np.zeros((1, 3), "float32"))
+        dropout(np.ones((1, 2), "float32"))
+        assert dense.losses[0] is not eager_loss
+        assert (dropout._called, dropout._parent_path) == (True, "")
+    assert (dropout._called, dropout._parent_path) == (False, None), (
+        f"{VERSIONS}: layer._called or layer._parent_path changed"
+    )
+    assert len(dense.losses) == 1 and dense.losses[0] is eager_loss, (
+        f"{VERSIONS}: layer._losses changed"
+    )
+
+
 _TOUCHES = [
     "maybe_merge_call",
     "gradients_already_reduced",
@@ -336,6 +355,7 @@ _TOUCHES = [
     "replace_maybe_symbolic_build",
     "restore_maybe_symbolic_build",
     "in_multi_worker_mode",
+    "call_records_restored",
 ]
 
 

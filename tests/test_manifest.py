@@ -1,5 +1,6 @@
 """Tests of mpt_keras.manifest: parsing, precedence, safe defaults, apply, saving."""
 
+import functools
 import json
 import os
 import re
@@ -110,9 +111,9 @@ def test_apply_sets_exact_compute_and_variable_dtypes_of_nested_layers():
 
 def test_layers_built_under_float32_compute_in_their_new_dtypes(monkeypatch):
     model = _tiny_lm()
-    PrecisionManifest.from_dict(LM_MANIFEST).apply(model)
+    report = PrecisionManifest.from_dict(LM_MANIFEST).apply(model)
 
-    assert _output_dtypes(model, _tokens(), monkeypatch) == {
+    expected = {
         "token_embedding": "float16",
         "position_embedding": "float16",
         "block_0": "float16",
@@ -129,6 +130,17 @@ def test_layers_built_under_float32_compute_in_their_new_dtypes(monkeypatch):
         "final_norm": "float32",
         "logits": "float32",
     }
+    assert _output_dtypes(model, _tokens(), monkeypatch) == expected
+    # The report's traced forward pass sees what the eager call does; the fused
+    # attention calls neither its softmax nor its dropout layer.
+    assert {layer.path: layer.output_dtype for layer in report.layers} == {
+        **expected,
+        "block_0/attention/_softmax": None,
+        "block_0/attention/_dropout_layer": None,
+    }
+    # The attention (mixed_float16) returns its output projection's bfloat16,
+    # which that projection computes in: no layer made another dtype.
+    assert report.output_dtype_mismatches == ()
 
 
 def test_report_to_dict_extends_precision_report():
@@ -146,9 +158,12 @@ def test_report_to_dict_extends_precision_report():
         "policy": "float32",
         "compute_dtype": "float32",
         "variable_dtype": "float32",
+        "output_dtype": "float32",
         "decided_by": "safe default: normalization",
         "reason": "mean and variance round badly in float16/bfloat16",
     }
+    assert report["layers"][-1]["output_dtype"] == "float32"  # logits, the model output
+    assert report["output_dtype_mismatches"] == described["output_dtype_mismatches"] == []
     assert report["unmatched_rules"] == report["shadowed_rules"] == []
     json.dumps(report)
 
@@ -204,7 +219,11 @@ class _Subclassed(keras.Model):
 
 
 @pytest.mark.parametrize(
-    "build_model", [_sequential, _Subclassed], ids=["sequential", "subclassed"]
+    # Named: Keras would name it "__subclassed", which no tf.function (fit's
+    # step, the report's trace) takes as a name scope.
+    "build_model",
+    [_sequential, functools.partial(_Subclassed, name="subclassed")],
+    ids=["sequential", "subclassed"],
 )
 @pytest.mark.parametrize("built", [False, True], ids=["before_build", "after_build"])
 def test_apply_to_sequential_and_subclassed_models(build_model, built, monkeypatch):
@@ -212,7 +231,7 @@ def test_apply_to_sequential_and_subclassed_models(build_model, built, monkeypat
     inputs = np.ones((2, 5, 4), "float32")
     if built:
         model(inputs)
-    report = PrecisionManifest.from_dict(SMALL_MANIFEST).apply(model)
+    report = PrecisionManifest.from_dict(SMALL_MANIFEST).apply(model, inputs=inputs)
     if not built:
         model(inputs)
 
@@ -222,10 +241,15 @@ def test_apply_to_sequential_and_subclassed_models(build_model, built, monkeypat
         assert layers[path].compute_dtype == COMPUTE_DTYPES[policy], path
     assert {variable.dtype for variable in model.weights} == {"float32"}
     assert _output_dtypes(model, inputs, monkeypatch)["block/attention/query"] == "bfloat16"
+    output_dtypes = {layer.path: layer.output_dtype for layer in report.layers}
+    assert report.output_dtype_mismatches == ()
     if built:
         assert report.policies == SMALL_EXPECTED
         assert report.unmatched_rules == ()
+        assert output_dtypes["block/attention/query"] == "bfloat16"
+        assert output_dtypes["out"] == "float32"
     else:
+        assert set(output_dtypes.values()) == {None}  # Not traced: that would build it.
         # The attention projections did not exist yet: decided when built.
         assert "block/attention/query" not in report.policies
         assert report.unmatched_rules == ("rules[0] (path 'block/attention/.*')",)
@@ -679,7 +703,7 @@ def test_bundled_manifests_apply_cleanly(name, model_name, options, dimensions, 
 def test_the_examples_of_the_precision_docs_run():
     with open(os.path.join(REPO, "docs", "precision.md"), encoding="utf-8") as file:
         blocks = re.findall(r"```python\n(.*?)```", file.read(), flags=re.DOTALL)
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     namespace = {}
     for block in blocks:  # One session, as a reader runs them.
         exec(block, namespace)

@@ -454,3 +454,39 @@ def test_tensorboard_serves_the_run(tfds_dir, tmp_path):
     finally:
         server.kill()
         server.wait()
+
+
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "jit"])
+def test_a_step_skipped_at_the_scale_floor_is_diagnosed_on_its_batch(tmp_path, caplog, jit_compile):
+    # A fixed scale: every overflow is at the floor. Steps 3 and 4 overflow;
+    # one diagnosis per 100 steps.
+    fixed = LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=1.0, dynamic=False)
+    model = _tripwire_model(fixed, jit_compile=jit_compile)
+    x, y = _data(6, flagged_steps=(3, 4))
+    batches = []
+
+    def batch_of_step(step):
+        batches.append(step)
+        rows = slice((step - 1) * BATCH_SIZE, step * BATCH_SIZE)
+        return x[rows], y[rows]
+
+    monitor = MixedPrecisionMonitor(str(tmp_path), update_freq=2, diagnosis_data=batch_of_step)
+    with caplog.at_level(logging.WARNING, logger="mpt_keras.monitor"):
+        model.fit(x, y, batch_size=BATCH_SIZE, shuffle=False, verbose=0, callbacks=[monitor])
+    assert batches == [3]
+    line = "step 3: first non-finite gradient: net/tripwire/gain"
+    assert _warnings(caplog)[0] == line
+    assert _events(str(tmp_path / "train"))["nonfinite_diagnosis"] == [(3, line)]
+
+
+def test_a_bad_batch_is_diagnosed_as_non_finite_inputs(tmp_path, caplog):
+    model = _tripwire_model()
+    x, y = _data(4)
+    x[BATCH_SIZE + 1, 0] = np.nan  # Step 2.
+    monitor = MixedPrecisionMonitor(str(tmp_path), diagnosis_data=(x[BATCH_SIZE:], y[BATCH_SIZE:]))
+    with caplog.at_level(logging.WARNING, logger="mpt_keras.monitor"):
+        model.fit(x, y, batch_size=BATCH_SIZE, shuffle=False, verbose=0, callbacks=[monitor])
+    assert _warnings(caplog) == [
+        "step 2: first non-finite output: tripwire (float32), input max 2.3, "
+        "its inputs already non-finite"
+    ]

@@ -3,7 +3,7 @@
 The models are the ones `examples/` ships: a `keras.applications` MobileNetV2
 and a keras_hub GPT-2 built from arguments (no preset, no network), fed by data
 factories over data that ships offline. Each launcher runs in its own process
-(the point here), a few steps each.
+(the point here), a few steps each; `--help` runs in this one (tests/launchers.py).
 """
 
 import json
@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from launchers import launch_in_process
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MOBILENET = os.path.join(REPO, "examples", "configs", "mobilenet_v2_digits.json")
@@ -162,8 +163,8 @@ def test_a_config_error_comes_before_tensorflow_is_imported(tmp_path):
     ],
 )
 def test_help_shows_the_launchers_own_flags_grouped_with_defaults(launcher, groups):
-    result = _launch(launcher, "--help")
-    assert result.returncode == 0, result.stderr
+    result = launch_in_process(f"mpt-{launcher}", "--help")
+    assert result.status == 0, result.stderr
     lines = result.stdout.splitlines()
     titles = [line for line, after in zip(lines, lines[1:]) if after.startswith("  --")]
     assert [title for title in titles if not title.startswith("  --")] == groups

@@ -79,11 +79,17 @@ def test_nan_batches_are_skipped_counted_and_reported_with_their_step(
     tfds_dir, tmp_path, monkeypatch, caplog, precision
 ):
     _poison(monkeypatch, tfds_dir, bad_steps=[2, 5])
+    caplog.set_level(logging.WARNING, logger="mpt_keras.monitor")
     with caplog.at_level(logging.WARNING, logger="mpt_keras.guards"):
         metrics = run_training(
             _config(tfds_dir, precision=precision), Runtime(str(tmp_path), verbose=0)
         )
     assert (metrics["step"], metrics["bad_batches"], metrics["skipped_steps"]) == (6, 2, 2)
+    # The monitor diagnoses the first bad batch on the batch of its step (one a
+    # 100 steps): its NaN is in the model's input.
+    [diagnosis] = [r.getMessage() for r in caplog.records if r.name == "mpt_keras.monitor"]
+    assert diagnosis.startswith("step 2: first non-finite output: ")
+    assert diagnosis.endswith(", its inputs already non-finite")
     # Not overflows: the float16 scale did not back off.
     assert metrics["loss_scale"] == (32768.0 if precision == "mixed_float16" else 1.0)
     assert all(np.isfinite(w).all() for w in _weights(str(tmp_path)))

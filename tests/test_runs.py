@@ -1,5 +1,6 @@
 """Tests of `mpt_keras.runs`: components from a config or the user's objects, and their data."""
 
+import logging
 import os
 import subprocess
 import sys
@@ -62,6 +63,27 @@ def user_code(tmp_path, monkeypatch):
 
             def squared_error(y_true, y_pred):
                 return keras.ops.mean((keras.ops.cast(y_true, "float32") - y_pred) ** 2)
+
+            class Scale(keras.layers.Layer):
+                # A float32 NumPy constant times a bfloat16 input is float32.
+                def call(self, inputs):
+                    return keras.ops.multiply(inputs, np.full((4,), 2.0, "float32"))
+
+            def scaling_model(input_shape, num_classes):
+                inputs = keras.Input(input_shape)
+                hidden = keras.layers.Dense(4, name="hidden")(inputs)
+                logits = keras.layers.Dense(num_classes, name="logits")(Scale(name="scale")(hidden))
+                return keras.Model(inputs, logits)
+
+            class ScalingModel(keras.Model):
+                def __init__(self, num_classes):
+                    super().__init__(name="scaling_model")
+                    self.hidden = keras.layers.Dense(4, name="hidden")
+                    self.scale = Scale(name="scale")
+                    self.logits = keras.layers.Dense(num_classes, name="logits")
+
+                def call(self, inputs):
+                    return self.logits(self.scale(self.hidden(inputs)))
             """
         )
     )
@@ -353,3 +375,46 @@ def test_the_example_manifest_keeps_the_gpt2_softmax_float32(tfds_dir, monkeypat
     assert {layers[path]["compute_dtype"] for path in softmaxes} == {"float32"}
     query = layers["gpt2_backbone/transformer_layer_0/self_attention/query"]
     assert query["compute_dtype"] == "float16"
+
+
+@pytest.mark.parametrize(
+    "factory",
+    ["user_code:scaling_model", "user_code:ScalingModel"],
+    ids=["functional", "subclassed"],
+)
+def test_a_layer_outputting_another_dtype_is_marked_in_the_table_and_warned(
+    user_code, factory, caplog
+):
+    # A subclassed model has no inputs of its own: it is traced on an example.
+    config = _blobs_config(precision="mixed_bfloat16").merged({"model": {"factory": factory}})
+    with caplog.at_level(logging.WARNING, logger="mpt_keras.runs"):
+        report = runs.plan_precision(config)
+    assert [(layer["path"], layer["output_dtype"]) for layer in report["layers"]] == [
+        ("hidden", "bfloat16"),
+        ("scale", "float32"),
+        ("logits", "float32"),
+    ]
+    assert report["output_dtype_mismatches"] == ["scale"]
+    assert runs.format_precision_table(report) == (
+        "path    class  policy          decided_by\n"
+        "hidden  Dense  mixed_bfloat16  default\n"
+        "scale   Scale  mixed_bfloat16  default                     "
+        "<- outputs float32, computes in bfloat16\n"
+        "logits  Dense  float32         safe default: model output\n"
+    )
+    assert caplog.messages == [
+        "Layer scale (Scale) computes in bfloat16 but outputs float32: an op in its call "
+        "mixes in a float32 value (a NumPy array, a variable) or casts to it; cast to "
+        "self.compute_dtype if that is not meant."
+    ]
+
+
+def test_a_run_without_such_layers_marks_and_warns_nothing(user_code, caplog):
+    with caplog.at_level(logging.WARNING, logger="mpt_keras.runs"):
+        report = runs.plan_precision(_blobs_config(precision="mixed_float16"))
+    assert [
+        (layer["path"], layer["compute_dtype"], layer["output_dtype"]) for layer in report["layers"]
+    ] == [("dense", "float16", "float16"), ("logits", "float32", "float32")]
+    assert report["output_dtype_mismatches"] == []
+    assert "<-" not in runs.format_precision_table(report)
+    assert caplog.messages == []

@@ -1,12 +1,18 @@
-"""End-to-end tests of the mpt-train launcher, run as a user runs it."""
+"""End-to-end tests of the mpt-train launcher, run as a user runs it.
+
+The installed `mpt-train` runs in its own process once: on an unwritable
+`model_dir` it fails after importing TensorFlow, whose native start-up lines
+only a new process would show. `python -m` runs and resumes in processes of
+its own. The other cases run the entry point in this process (tests/launchers.py).
+"""
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
+from launchers import launch_console_script, launch_in_process
 
 from mpt_keras.policies import resolve_auto_policy
 
@@ -14,15 +20,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, "configs", "digits_mlp.json")
 
 
-def _launch(*flags, module=False, cwd=REPO):
-    if module:
-        command = [sys.executable, "-m", "trainers.train", *flags]
-    else:
-        command = [
-            shutil.which("mpt-train") or os.path.join(os.path.dirname(sys.executable), "mpt-train"),
-            *flags,
-        ]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300)
+def _python_dash_m(*flags):
+    command = [sys.executable, "-m", "trainers.train", *flags]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
 def _tiny(tfds_dir):
@@ -38,14 +38,15 @@ def _tiny(tfds_dir):
 @pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16", "mixed_float16"])
 def test_each_precision_trains_end_to_end(tfds_dir, tmp_path, precision):
     model_dir = str(tmp_path / "run")
-    result = _launch(
+    result = launch_in_process(
+        "mpt-train",
         f"--config={CONFIG}",
         f"--model_dir={model_dir}",
         f"--precision={precision}",
         "--steps=4",
         f"--config_override={_tiny(tfds_dir)}",
     )
-    assert result.returncode == 0, result.stderr
+    assert result.status == 0, result.stderr
     with open(os.path.join(model_dir, "metrics.json")) as file:
         metrics = json.load(file)
     assert (metrics["step"], metrics["precision"]) == (4, precision)
@@ -55,6 +56,7 @@ def test_each_precision_trains_end_to_end(tfds_dir, tmp_path, precision):
         "checkpoints",
         "config.json",
         "logs",
+        "metrics.csv",
         "metrics.json",
         "model.keras",
         "precision_report.json",
@@ -71,9 +73,9 @@ def test_python_dash_m_runs_and_resumes_to_the_exact_step(tfds_dir, tmp_path):
         f"--model_dir={model_dir}",
         f"--config_override={_tiny(tfds_dir)}",
     ]
-    first = _launch(*flags, "--steps=2", module=True)
+    first = _python_dash_m(*flags, "--steps=2")
     assert first.returncode == 0, first.stderr
-    second = _launch(*flags, "--steps=4", module=True)
+    second = _python_dash_m(*flags, "--steps=4")
     assert second.returncode == 0, second.stderr
     assert f"Resumed from {model_dir}/checkpoints/step-2 at step 2." in second.stderr
     with open(os.path.join(model_dir, "metrics.json")) as file:
@@ -152,8 +154,8 @@ def test_bad_input_is_one_line_on_stderr_and_status_2(tmp_path, flags, message):
     flags = [flag.format(**paths) for flag in flags]
     if not any(flag.startswith("--config=") for flag in flags):
         flags.append(f"--config={CONFIG}")
-    result = _launch(*flags, f"--model_dir={tmp_path / 'run'}")
-    assert result.returncode == 2
+    result = launch_in_process("mpt-train", *flags, f"--model_dir={tmp_path / 'run'}")
+    assert result.status == 2
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("mpt-train: error: " + message.format(**paths)), lines[0]
@@ -162,13 +164,14 @@ def test_bad_input_is_one_line_on_stderr_and_status_2(tmp_path, flags, message):
 def test_unwritable_model_dir_is_one_line_before_training(tfds_dir, tmp_path):
     (tmp_path / "file").write_text("")
     model_dir = tmp_path / "file" / "run"
-    result = _launch(
+    result = launch_console_script(
+        "mpt-train",
         f"--config={CONFIG}",
         f"--model_dir={model_dir}",
         "--steps=2",
         f"--config_override={_tiny(tfds_dir)}",
     )
-    assert result.returncode == 2
+    assert result.status == 2
     assert result.stderr.splitlines() == [
         f"mpt-train: error: model_dir {model_dir}: cannot be created (Not a directory)"
     ]
@@ -178,14 +181,15 @@ def test_unwritable_model_dir_is_one_line_before_training(tfds_dir, tmp_path):
 def test_manifest_and_dry_run_print_the_layers_and_write_nothing(tfds_dir, tmp_path):
     model_dir = tmp_path / "run"
     manifest = os.path.join(REPO, "configs", "manifests", "digits_cnn.json")
-    result = _launch(
+    result = launch_in_process(
+        "mpt-train",
         f"--config={os.path.join(REPO, 'configs', 'digits_cnn.json')}",
         f"--model_dir={model_dir}",
         f"--manifest={manifest}",
         "--dry_run",
         f"--config_override={_tiny(tfds_dir)}",
     )
-    assert result.returncode == 0, result.stderr
+    assert result.status == 0, result.stderr
     assert result.stdout.splitlines() == [
         "path     class         policy          decided_by",
         "conv_0   Conv2D        float32         rules[0] (path 'conv_0')",
@@ -201,14 +205,15 @@ def test_manifest_and_dry_run_print_the_layers_and_write_nothing(tfds_dir, tmp_p
 
 
 def test_precision_auto_says_why(tfds_dir, tmp_path):
-    result = _launch(
+    result = launch_in_process(
+        "mpt-train",
         f"--config={CONFIG}",
         f"--model_dir={tmp_path / 'run'}",
         "--precision=auto",
         "--dry_run",
         f"--config_override={_tiny(tfds_dir)}",
     )
-    assert result.returncode == 0, result.stderr
+    assert result.status == 0, result.stderr
     # What this machine gets (tests/test_policies.py fakes each kind of machine).
     policy, reason = resolve_auto_policy()
     assert f"precision auto -> {policy}: {reason}" in result.stderr
@@ -216,7 +221,8 @@ def test_precision_auto_says_why(tfds_dir, tmp_path):
 
 def test_canary_lets_a_healthy_run_through_and_records_it(tfds_dir, tmp_path):
     model_dir = tmp_path / "run"
-    result = _launch(
+    result = launch_in_process(
+        "mpt-train",
         f"--config={CONFIG}",
         f"--model_dir={model_dir}",
         "--precision=mixed_bfloat16",
@@ -224,7 +230,7 @@ def test_canary_lets_a_healthy_run_through_and_records_it(tfds_dir, tmp_path):
         "--steps=2",
         f"--config_override={_tiny(tfds_dir)}",
     )
-    assert result.returncode == 0, result.stderr
+    assert result.status == 0, result.stderr
     canary = json.loads((model_dir / "canary.json").read_text())
     assert canary["diverged"] is False
     assert json.loads((model_dir / "metrics.json").read_text())["step"] == 2
@@ -234,14 +240,15 @@ def test_canary_stops_a_run_that_diverges(tfds_dir, tmp_path):
     model_dir = tmp_path / "run"
     override = json.loads(_tiny(tfds_dir))
     override["optimizer"] = {"learning_rate": 1e6, "schedule": "constant", "warmup_steps": 0}
-    result = _launch(
+    result = launch_in_process(
+        "mpt-train",
         f"--config={CONFIG}",
         f"--model_dir={model_dir}",
         "--precision=mixed_float16",
         "--canary_steps=6",
         f"--config_override={json.dumps(override)}",
     )
-    assert result.returncode == 2
+    assert result.status == 2
     lines = result.stderr.splitlines()
     assert lines[-1].startswith("mpt-train: error: canary: "), result.stderr
     assert lines[-1].endswith("; the full run was not started")

@@ -1,19 +1,17 @@
-"""End-to-end tests of the mpt-validate launcher, run as a user (or CI) runs it."""
+"""End-to-end tests of the mpt-validate launcher, run as a user (or CI) runs it.
+
+The passing candidate runs the installed `mpt-validate` in its own process; the
+other cases run its entry point in this one (tests/launchers.py).
+"""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from launchers import launch_console_script, launch_in_process
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, "configs", "digits_mlp.json")
-
-
-def _launch(*flags):
-    command = [sys.executable, "-m", "trainers.validate", f"--config={CONFIG}", *flags]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
 def _data(tfds_dir):
@@ -22,14 +20,16 @@ def _data(tfds_dir):
 
 def test_a_passing_candidate_exits_0_and_writes_its_report(tfds_dir, tmp_path):
     output = tmp_path / "validation" / "report.json"
-    result = _launch(
+    result = launch_console_script(
+        "mpt-validate",
+        f"--config={CONFIG}",
         "--precision=mixed_bfloat16",
         f"--output={output}",
         "--steps=3",
         f"--tensorboard_dir={tmp_path / 'tb'}",
         _data(tfds_dir),
     )
-    assert result.returncode == 0, result.stderr
+    assert result.status == 0, result.stderr
     # TFDS may print its first preparation of the dataset before the report.
     assert "candidate mixed_bfloat16 vs float32: PASS\n" in result.stdout
     assert json.loads(output.read_text())["passed"] is True
@@ -40,14 +40,16 @@ def test_a_passing_candidate_exits_0_and_writes_its_report(tfds_dir, tmp_path):
 
 def test_an_impossible_threshold_exits_1_naming_the_check(tfds_dir, tmp_path):
     output = tmp_path / "report.json"
-    result = _launch(
+    result = launch_in_process(
+        "mpt-validate",
+        f"--config={CONFIG}",
         "--precision=mixed_float16",
         f"--output={output}",
         "--steps=3",
         "--output_rtol=0",
         _data(tfds_dir),
     )
-    assert result.returncode == 1, result.stderr
+    assert result.status == 1, result.stderr
     failures = [line for line in result.stderr.splitlines() if "check failed" in line]
     assert len(failures) == 1
     assert failures[0].startswith("mpt-validate: check failed: output_relative_error: ")
@@ -72,7 +74,9 @@ def test_an_impossible_threshold_exits_1_naming_the_check(tfds_dir, tmp_path):
     ],
 )
 def test_usage_errors_exit_2_with_one_line(tmp_path, flags, message):
-    result = _launch(*flags, f"--output={tmp_path / 'report.json'}")
-    assert result.returncode == 2
+    result = launch_in_process(
+        "mpt-validate", f"--config={CONFIG}", *flags, f"--output={tmp_path / 'report.json'}"
+    )
+    assert result.status == 2
     assert result.stderr.strip().splitlines()[-1] == message
     assert "Traceback" not in result.stderr

@@ -10,7 +10,9 @@ first `--steps` train batches; each layer gets float16, bfloat16 or float32
 with the reason and its numbers. The model, data and loss are the config's,
 a reference model or the user's own (`model.factory`, `model.file`). The
 statistics go to `<output stem>.stats.json` (or `--stats_output`); a table of
-the decisions is printed.
+the decisions is printed, with a last line naming the first non-finite
+gradient if a batch had one (a non-finite layer output is an error naming
+the layer).
 """
 
 from __future__ import annotations
