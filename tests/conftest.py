@@ -1,7 +1,6 @@
 """Fixtures shared by the test files."""
 
 import os
-import socket
 
 # As the launchers do (trainers/__init__.py): CPU memory statistics on every
 # CPU, so the monitor's and the benchmarks' memory figures are tested here too.
@@ -29,22 +28,6 @@ def no_memory_statistics(monkeypatch):
         raise ValueError(f"Allocator stats not available for device '{device}'")
 
     monkeypatch.setattr(tf.config.experimental, "get_memory_info", untracked)
-
-
-@pytest.fixture
-def loopback_workers():
-    """A function giving two `127.0.0.1:port` addresses with free ports (a 2-worker TF_CONFIG)."""
-
-    def addresses():
-        sockets = [socket.socket() for _ in range(2)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        ports = [sock.getsockname()[1] for sock in sockets]
-        for sock in sockets:
-            sock.close()
-        return [f"127.0.0.1:{port}" for port in ports]
-
-    return addresses
 
 
 @pytest.fixture

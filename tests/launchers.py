@@ -55,6 +55,10 @@ LAUNCHERS = {
 _LOGGERS = ("", "absl", "mpt_keras")
 # Each imported launcher module's own flags, registered while it runs.
 _FLAGS_OF: dict[str, list[flags.Flag]] = {}
+# The packages whose modules define program flags (launchers, benchmarks).
+_PROGRAM_PACKAGES = ("trainers.", "benchmarks.")
+# Flags of other programs, set aside while a launcher runs: name -> (flag, module).
+_SET_ASIDE: dict[str, tuple[flags.Flag, str]] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +103,7 @@ def launch_in_process(program: str, *argv: str) -> Launched:
             traceback.print_exc(file=stderr)
         finally:
             flags.FLAGS.unparse_flags()
+            _restore_set_aside()
     return Launched(status, stdout.getvalue(), stderr.getvalue())
 
 
@@ -122,17 +127,23 @@ def launch_console_script(program: str, *argv: str, timeout: float = 300) -> Lau
 
 
 def _entry_point(program: str) -> Callable[[], None]:
-    """The launcher's `run`, with its flags registered in place of the other launchers'."""
+    """The launcher's `run`, with its flags registered in place of any other program's.
+
+    Every flag a module of `trainers` or `benchmarks` defined (another
+    launcher's, `benchmarks.common_flags`', even one of a launcher whose
+    import failed half-way) is set aside first, so that the launcher's import
+    defines its own; the ones whose names stay free are registered again by
+    `_restore_set_aside`.
+    """
     module_name = LAUNCHERS[program]
     for name in LAUNCHERS.values():
         if name in sys.modules and name not in _FLAGS_OF:  # Imported without this module.
             _FLAGS_OF[name] = flags.FLAGS.get_flags_for_module(name)
-    for name, defined in _FLAGS_OF.items():
-        if name == module_name:
-            continue
-        for flag in defined:
-            if flag.name in flags.FLAGS and flags.FLAGS[flag.name] is flag:
-                delattr(flags.FLAGS, flag.name)
+    for name in list(flags.FLAGS):
+        module = flags.FLAGS.find_module_defining_flag(name)
+        if module and module != module_name and module.startswith(_PROGRAM_PACKAGES):
+            _SET_ASIDE[name] = (flags.FLAGS[name], module)
+            delattr(flags.FLAGS, name)
     module = importlib.import_module(module_name)  # Defines its flags on first import.
     if module_name not in _FLAGS_OF:
         _FLAGS_OF[module_name] = flags.FLAGS.get_flags_for_module(module_name)
@@ -142,6 +153,15 @@ def _entry_point(program: str) -> Callable[[], None]:
             # `--help` lists the flags registered by the launcher's module.
             flags.FLAGS.register_flag_by_module(module_name, flag)
     return module.run
+
+
+def _restore_set_aside() -> None:
+    """Registers again the set-aside flags whose names the launcher left free."""
+    for name, (flag, module) in list(_SET_ASIDE.items()):
+        if name not in flags.FLAGS:
+            flags.FLAGS[name] = flag
+            flags.FLAGS.register_flag_by_module(module, flag)
+            del _SET_ASIDE[name]
 
 
 @contextlib.contextmanager

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from replicas import run_child
+from replicas import communicate_all, run_child, start_workers
 
 from mpt_keras import data, distribute, models, xla
 from mpt_keras.errors import UserInputError
@@ -41,15 +40,6 @@ _TF_CONFIG_SHAPE = (
 _TPU_ALLOWED = "Allowed: a TPU address via --tpu, or another --strategy"
 GLOBAL_BATCH = 8
 STEPS = 3
-
-
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    env.pop("TF_CONFIG", None)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(_TESTS_DIR.parent), str(_TESTS_DIR), env.get("PYTHONPATH", "")]
-    )
-    return env
 
 
 def _free_port() -> int:
@@ -279,31 +269,10 @@ def test_local_tpu_without_a_tpu_fails_fast(local):
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory) -> dict[str, Any]:
     model_dir = tmp_path_factory.mktemp("model_dir")
-    cluster = {"worker": [f"127.0.0.1:{_free_port()}" for _ in range(2)]}
-    processes = []
-    for index in range(2):
-        env = _child_env()
-        env["TF_CONFIG"] = json.dumps(
-            {"cluster": cluster, "task": {"type": "worker", "index": index}}
-        )
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, "-c", _WORKER, str(model_dir)],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=env,
-            )
-        )
+    processes = start_workers([sys.executable, "-c", _WORKER, str(model_dir)])
     results = []
-    for process in processes:
-        try:
-            stdout, stderr = process.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            for other in processes:
-                other.kill()
-            raise
-        assert process.returncode == 0, stderr[-4000:]
+    for returncode, stdout, stderr in communicate_all(processes, timeout=300):
+        assert returncode == 0, stderr[-4000:]
         results.append(json.loads(stdout.strip().splitlines()[-1]))
     return {"workers": results, "model_dir": str(model_dir)}
 

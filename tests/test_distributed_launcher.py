@@ -8,6 +8,7 @@ import sys
 import keras
 import numpy as np
 import pytest
+from replicas import communicate_all, start_workers
 
 import mpt_keras  # noqa: F401  (registers the classes model.keras refers to)
 
@@ -54,37 +55,20 @@ def test_mirrored_on_two_virtual_cpus_with_xla(tfds_dir, tmp_path, precision):
     assert report["jit_compile"] is True
 
 
-def test_two_workers_on_loopback_finish_with_identical_weights_and_loss_scale(
-    tfds_dir, tmp_path, loopback_workers
-):
-    workers = loopback_workers()
-    processes = []
-    for index in range(2):
-        environment = dict(
-            os.environ,
-            TF_CONFIG=json.dumps(
-                {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-            ),
-        )
-        processes.append(
-            subprocess.Popen(
-                _command(
-                    f"--model_dir={tmp_path / 'run'}",
-                    "--precision=mixed_float16",
-                    "--strategy=multi_worker",
-                    "--steps=4",
-                    f"--config_override={_override(tfds_dir)}",
-                ),
-                cwd=REPO,
-                env=environment,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    outputs = [process.communicate(timeout=400) for process in processes]
-    for process, (_, stderr) in zip(processes, outputs):
-        assert process.returncode == 0, stderr
+def test_two_workers_on_loopback_finish_with_identical_weights_and_loss_scale(tfds_dir, tmp_path):
+    processes = start_workers(
+        _command(
+            f"--model_dir={tmp_path / 'run'}",
+            "--precision=mixed_float16",
+            "--strategy=multi_worker",
+            "--steps=4",
+            f"--config_override={_override(tfds_dir)}",
+        ),
+        env=os.environ,
+    )
+    outputs = communicate_all(processes)
+    for returncode, _, stderr in outputs:
+        assert returncode == 0, stderr
     model_dir = tmp_path / "run"
     metrics = json.loads((model_dir / "metrics.json").read_text())
     assert metrics["step"] == 4
@@ -92,7 +76,7 @@ def test_two_workers_on_loopback_finish_with_identical_weights_and_loss_scale(
     # weights and loss scale are in its log line of the final metrics.
     finals = [
         line.split("Final metrics: ", 1)[1]
-        for _, stderr in outputs
+        for _, _, stderr in outputs
         for line in stderr.splitlines()
         if "Final metrics: " in line
     ]

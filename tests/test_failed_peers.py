@@ -14,6 +14,7 @@ import time
 
 import pytest
 import tensorflow as tf
+from replicas import start_workers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, "configs", "digits_mlp.json")
@@ -27,7 +28,7 @@ RUN_SECONDS = 300
 PEER_FAILED_STATUS = 75
 
 
-def _start_workers(tfds_dir, tmp_path, steps, loopback_workers):
+def _start_workers(tfds_dir, tmp_path, steps):
     """Starts both workers of a run on tmp_path/run; returns their processes."""
     override = json.dumps(
         {
@@ -36,38 +37,22 @@ def _start_workers(tfds_dir, tmp_path, steps, loopback_workers):
             "data": {"data_dir": tfds_dir, "batch_size": 16, "eval_examples": 32},
         }
     )
-    workers = loopback_workers()
     # A killed worker leaves its temporary write_dir behind: keep it in tmp_path.
     (tmp_path / "tmp").mkdir(exist_ok=True)
-    processes = []
-    for index in range(2):
-        environment = dict(
-            os.environ,
-            TMPDIR=str(tmp_path / "tmp"),
-            TF_CONFIG=json.dumps(
-                {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-            ),
-        )
-        processes.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "trainers.train",
-                    f"--config={CONFIG}",
-                    f"--model_dir={tmp_path / 'run'}",
-                    "--strategy=multi_worker",
-                    f"--steps={steps}",
-                    f"--config_override={override}",
-                ],
-                cwd=REPO,
-                env=environment,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    return processes
+    return start_workers(
+        [
+            sys.executable,
+            "-m",
+            "trainers.train",
+            f"--config={CONFIG}",
+            f"--model_dir={tmp_path / 'run'}",
+            "--strategy=multi_worker",
+            f"--steps={steps}",
+            f"--config_override={override}",
+        ],
+        env=dict(os.environ, TMPDIR=str(tmp_path / "tmp")),
+        stdout=subprocess.DEVNULL,
+    )
 
 
 def _stop(processes):
@@ -84,12 +69,10 @@ def _last_checkpoint_step(model_dir):
 
 
 @pytest.mark.slow
-def test_killed_worker_stops_its_peer_in_bounded_time_and_a_rerun_resumes(
-    tfds_dir, tmp_path, loopback_workers
-):
+def test_killed_worker_stops_its_peer_in_bounded_time_and_a_rerun_resumes(tfds_dir, tmp_path):
     model_dir = tmp_path / "run"
     # Far more steps than run before the kill.
-    processes = _start_workers(tfds_dir, tmp_path, steps=100_000, loopback_workers=loopback_workers)
+    processes = _start_workers(tfds_dir, tmp_path, steps=100_000)
     survivor, victim = processes
     try:
         deadline = time.monotonic() + FIRST_CHECKPOINT_SECONDS
@@ -123,7 +106,7 @@ def test_killed_worker_stops_its_peer_in_bounded_time_and_a_rerun_resumes(
 
     resumed_step = _last_checkpoint_step(model_dir)
     steps = resumed_step + INTERVAL
-    processes = _start_workers(tfds_dir, tmp_path, steps=steps, loopback_workers=loopback_workers)
+    processes = _start_workers(tfds_dir, tmp_path, steps=steps)
     try:
         outputs = [process.communicate(timeout=RUN_SECONDS)[1] for process in processes]
     finally:

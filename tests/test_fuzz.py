@@ -501,7 +501,7 @@ VALIDATE_FLAGS += ("min_top1_agreement", "max_kl", "max_metric_delta", "max_loss
     [
         ("mpt_keras.run_calibration", "mpt-calibrate", CALIBRATE_FLAGS, []),
         (
-            "mpt_keras.validation.run_validation",
+            "mpt_keras.run_validation",
             "mpt-validate",
             VALIDATE_FLAGS,
             ["--precision=mixed_bfloat16"],

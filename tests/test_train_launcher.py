@@ -8,6 +8,7 @@ its own. The other cases run the entry point in this process (tests/launchers.py
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -176,6 +177,27 @@ def test_unwritable_model_dir_is_one_line_before_training(tfds_dir, tmp_path):
         f"mpt-train: error: model_dir {model_dir}: cannot be created (Not a directory)"
     ]
     assert result.stdout == ""  # Nothing trained: no progress bar, no metrics.
+
+
+def test_a_metrics_port_in_use_is_one_line_before_training(tfds_dir, tmp_path):
+    model_dir = tmp_path / "run"
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = launch_in_process(
+            "mpt-train",
+            f"--config={CONFIG}",
+            f"--model_dir={model_dir}",
+            f"--metrics_port={port}",
+            f"--config_override={_tiny(tfds_dir)}",
+        )
+    assert result.status == 2
+    assert result.stderr.splitlines()[-1] == (
+        f"mpt-train: error: metrics_port {port}: already in use on 0.0.0.0; allowed: a free "
+        "TCP port (or no --metrics_port: no Prometheus endpoint)"
+    )
+    assert not model_dir.exists()
 
 
 def test_manifest_and_dry_run_print_the_layers_and_write_nothing(tfds_dir, tmp_path):
