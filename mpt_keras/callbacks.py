@@ -34,6 +34,14 @@ class GlobalStepCallback(keras.callbacks.Callback):
         # With steps_per_execution > 1, `batch` is the index of the last step run.
         self.global_step = self._epoch_start_step + batch + 1
 
+    def is_older_batch(self, batch: int) -> bool:
+        """Whether `batch` ends no later than the steps counted already.
+
+        A callback Keras runs on worker threads (`async_safe`) may get a
+        batch's hook after a later batch's: its values are older.
+        """
+        return self._epoch_start_step + batch + 1 <= self.global_step
+
 
 class StopAtStep(GlobalStepCallback):
     """Stops `model.fit` once the global step reaches `last_step`.

@@ -210,9 +210,9 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         # calls at once (`async_safe`): a lock, and a batch that arrives after
         # a later one is dropped (its values are older).
         with self._lock:
-            previous_step = self.global_step
-            if self._epoch_start_step + batch + 1 <= previous_step:
+            if self.is_older_batch(batch):
                 return
+            previous_step = self.global_step
             super().on_train_batch_end(batch, logs)
             if not self._is_writer:
                 return

@@ -130,9 +130,8 @@ class PrometheusExporter(GlobalStepCallback):
 
     def on_train_batch_end(self, batch, logs=None):
         with self._lock:
-            previous = self.global_step
-            if self._epoch_start_step + batch + 1 <= previous:
-                return  # An older batch, handled after a newer one.
+            if self.is_older_batch(batch):
+                return
             super().on_train_batch_end(batch, logs)
             logs = logs or {}
             self._count("mpt_train_steps", self.global_step)

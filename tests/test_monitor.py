@@ -323,6 +323,10 @@ def test_a_non_chief_worker_writes_and_logs_nothing(tmp_path, caplog, monkeypatc
     [
         ({"update_freq": 0}, "update_freq must be an integer >= 1. Received: update_freq=0"),
         (
+            {"diagnosis_every": 0},
+            "diagnosis_every must be an integer >= 1. Received: diagnosis_every=0",
+        ),
+        (
             {"histogram_freq": -1},
             "histogram_freq must be an integer >= 0. Received: histogram_freq=-1",
         ),

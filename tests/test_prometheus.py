@@ -106,6 +106,13 @@ def test_a_port_in_use_is_one_line_before_anything_runs(tfds_dir, tmp_path):
     assert not model_dir.exists()
 
 
+@pytest.mark.parametrize("port", [0, 65536, True])
+def test_a_port_out_of_range_is_one_line(port):
+    with pytest.raises(UserInputError) as raised:
+        PrometheusExporter(port, run_name="x")
+    assert str(raised.value) == f"metrics_port must be a TCP port, 1-65535. Received: {port!r}"
+
+
 def test_a_run_serves_its_metrics_and_stops_serving_at_its_end(tfds_dir, tmp_path):
     port = _free_port()
     scraper = _Scraper(port, steps=(2, 5))
