@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from mpt_keras import models
-from mpt_keras.policies import probe_hardware
+from mpt_keras.precision.hardware import probe_hardware
 
 VOCAB_SIZE = 256
 _LOW_PRECISION_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")

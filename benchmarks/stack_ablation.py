@@ -1,7 +1,8 @@
 """Where our stack's step time goes: stock Keras, then each piece of ours added in turn.
 
     python -m benchmarks.stack_ablation [--model=mlp --precision=float32 --xla=off
-                                         --rounds=20 --steps_per_round=10]
+                                         --rounds=20 --steps_per_round=10
+                                         --add_to=benchmarks/results/stack_ablation.json]
 
 For one reference model, precision and XLA setting, five variants train from
 the same initial weights on the same batches (`benchmarks.stacks`): `stock`,
@@ -12,18 +13,36 @@ one process, interleaved round by round. The result is each variant's median
 step time, its step time over stock, and each piece's cost: the variant's step
 time over the one before it (ratio of the medians, and median of the
 per-round ratios: the figure least disturbed by other load).
+
+One run measures one cell (model, precision, XLA setting) of the table in
+docs/benchmarks.md. `--add_to` adds the cell, with its `run` record
+(`benchmarks.result_files`), to a results file of cells, replacing an earlier
+measurement of the same cell; `python -m benchmarks.docs_tables` makes the
+table from it (`benchmarks.ablation_table`). `--output` writes this run's
+result alone.
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 import tempfile
 from collections.abc import Sequence
 
 from absl import app, flags
 
-from benchmarks import common_flags, harness, stacks, suite, workloads
-from mpt_keras.policies import global_policy
+from benchmarks import (
+    ablation_table,
+    common_flags,
+    harness,
+    result_files,
+    stacks,
+    suite,
+    workloads,
+)
+from mpt_keras.errors import UserInputError
+from mpt_keras.precision.names import POLICY_NAMES
+from mpt_keras.precision.policies import global_policy
 
 VARIANTS = ("stock", *(f"+{piece}" for piece in stacks.PIECES))
 
@@ -31,9 +50,15 @@ VARIANTS = ("stock", *(f"+{piece}" for piece in stacks.PIECES))
 def _define_flags() -> None:
     """Defines this program's own flags; only when it runs, as their names are common."""
     flags.DEFINE_enum("model", "transformer_lm", suite.MODELS, "The reference model.")
-    flags.DEFINE_enum("precision", "mixed_float16", suite.PRECISIONS, "Global dtype policy.")
+    flags.DEFINE_enum("precision", "mixed_float16", POLICY_NAMES, "Global dtype policy.")
     flags.DEFINE_enum("xla", "off", suite.XLA_SETTINGS, "Compile the train step with XLA.")
     flags.DEFINE_integer("image_batch_size", 64, "CNN and MLP images per batch.", lower_bound=1)
+    flags.DEFINE_string(
+        "add_to",
+        None,
+        "Results file (JSON) to add this cell to, replacing the cell's earlier measurement; "
+        "created if absent. The docs' table is made from benchmarks/results/stack_ablation.json.",
+    )
 
 
 def measure(
@@ -74,7 +99,7 @@ def measure(
         for loop in loops.values():
             loop.end()
     return {
-        "benchmark": "stack_ablation",
+        "benchmark": ablation_table.BENCHMARK,
         "model": model_name,
         "precision": precision,
         "xla": jit_compile,
@@ -119,6 +144,16 @@ def lines(result: dict) -> list[str]:
 def main(argv: Sequence[str]) -> None:
     del argv
     options = flags.FLAGS
+    run = result_files.record(["python", "-m", "benchmarks.stack_ablation", *sys.argv[1:]])
+    if options.add_to:
+        # Before measuring: a wrong file or another machine's cells cost no run.
+        try:
+            earlier = ablation_table.load_cells(options.add_to)
+            result_files.one_machine(
+                [*earlier, {"machine": harness.machine(), "run": run}], options.add_to
+            )
+        except UserInputError as error:
+            sys.exit(f"stack_ablation: error: {error}")
     is_lm = options.model == "transformer_lm"
     result = measure(
         options.model,
@@ -132,7 +167,10 @@ def main(argv: Sequence[str]) -> None:
         common_flags.NUM_LAYERS.value,
         common_flags.D_MODEL.value,
     )
+    result["run"] = run
     harness.report(result, lines(result), common_flags.OUTPUT.value)
+    if options.add_to:
+        ablation_table.add_cell(options.add_to, result)
 
 
 if __name__ == "__main__":

@@ -29,8 +29,8 @@ import keras
 from mpt_keras import xla
 from mpt_keras.errors import UserInputError
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
-from mpt_keras.manifest import PrecisionManifest
 from mpt_keras.monitor import MixedPrecisionMonitor
+from mpt_keras.precision.manifest import PrecisionManifest
 
 PIECES = ("train_step", "loss_scale_optimizer", "manifest", "monitor")
 

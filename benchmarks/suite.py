@@ -78,6 +78,11 @@ float32's, and the speed-up its step would have if its matmuls ran at the
 measured matmul peak (`op_profile.speedup_with_peak_matmuls`). With an
 output directory the traces stay under `<output>/profile`, for TensorBoard's
 Profile tab.
+
+Why one module: the variants are measured together, interleaved in one
+process, and every figure of a variant is a ratio to another variant's;
+the pieces that stand alone (the loop and interleaving, the workloads, the
+stacks, FLOPs, the op profile, the report) are modules of their own.
 """
 
 from __future__ import annotations
@@ -99,15 +104,14 @@ from benchmarks import flops, harness, matmul_peak, op_profile, stacks, suite_re
 from mpt_keras import xla
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError
-from mpt_keras.policies import global_policy
+from mpt_keras.precision.names import COMPUTE_DTYPES, POLICY_NAMES
+from mpt_keras.precision.policies import global_policy
 
 _LOGGER = logging.getLogger(__name__)
 
 MODELS = ("transformer_lm", "cnn", "mlp")
-PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 XLA_SETTINGS = ("off", "on")
 STACKS = ("ours", "stock")
-COMPUTE_DTYPES = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
 JSON_FILE = "bench.json"
 PLOT_FILE = "bench.png"
 PROFILE_SUBDIR = "profile"
@@ -137,7 +141,7 @@ class Settings:
             instead of the reference models (`benchmarks.workloads`).
         config_name: The config's model's name in the variants' names and
             the result (no `/`).
-        precisions: Global dtype policies, of `PRECISIONS`.
+        precisions: Global dtype policies, of `POLICY_NAMES`.
         xla: XLA settings, of `XLA_SETTINGS`.
         stacks: `ours` and/or `stock` (see the module docstring).
         rounds: Interleaved measurement rounds.
@@ -168,7 +172,7 @@ class Settings:
     models: tuple[str, ...] | None = None
     config: TrainConfig | None = None
     config_name: str = "config"
-    precisions: tuple[str, ...] = PRECISIONS
+    precisions: tuple[str, ...] = POLICY_NAMES
     xla: tuple[str, ...] = XLA_SETTINGS
     stacks: tuple[str, ...] = STACKS
     rounds: int = 10
@@ -205,7 +209,7 @@ class Settings:
             object.__setattr__(self, "models", MODELS)
         for name, allowed in (
             ("models", MODELS),
-            ("precisions", PRECISIONS),
+            ("precisions", POLICY_NAMES),
             ("xla", XLA_SETTINGS),
             ("stacks", STACKS),
         ):
@@ -545,11 +549,11 @@ def _record(
             "vs_stock": speed_over(stack="stock") if variant.stack == "ours" else None,
             "vs_no_xla": speed_over(xla="off") if variant.xla == "on" else None,
         },
-        "op_profile": _op_profile(variant, measured, peak),
+        "op_profile": variant_op_profile(variant, measured, peak),
     }
 
 
-def _op_profile(
+def variant_op_profile(
     variant: Variant, measured: Measurements, peak: dict[str, Any]
 ) -> dict[str, Any] | None:
     """The variant's profiled op time by category, and what limits its precision's speed-up."""

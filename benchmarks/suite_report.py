@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks import chart
-
 
 def table(result: dict[str, Any]) -> str:
     """The result as a text table: one row per variant, then the peak and `auto` lines."""
@@ -104,6 +102,9 @@ def plot(result: dict[str, Any]) -> bytes:
 
     A variant whose model's FLOPs were not counted has no bar.
     """
+    # Here, not at the top: the table (and the docs' tables) need no TensorFlow.
+    from benchmarks import chart
+
     short = {
         "transformer_lm": "lm",
         "float32": "f32",

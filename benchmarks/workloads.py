@@ -40,7 +40,7 @@ import tensorflow as tf
 from benchmarks import harness
 from mpt_keras import models, runs
 from mpt_keras.config import TrainConfig
-from mpt_keras.manifest import PrecisionManifest
+from mpt_keras.precision.manifest import PrecisionManifest
 
 LANGUAGE_MODEL = "transformer_lm"
 

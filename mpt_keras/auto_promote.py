@@ -12,10 +12,10 @@ float32, mid-`fit`:
   variables (the most of any one of them) at a check where the scale is at
   its floor; a check where the layer had none, or where the scale is above the
   floor, ends its streak.
-- A streak of `k` or more promotes the layer: a rule for its exact path goes
-  first in the manifest (first match wins), the manifest is applied to the
-  model and the train function rebuilt (`model.make_train_function(force=True)`:
-  Keras 3 `fit` looks `model.train_function` up at every step, so the next
+- A streak of `k` or more promotes the layer (`mpt_keras.precision.promote`):
+  a rule for its exact path goes first in the manifest (first match wins),
+  the manifest is applied to the model and the train function rebuilt
+  (Keras 3 `fit` looks `model.train_function` up at every step, so the next
   step is traced with the new dtypes; weights and optimizer state are kept).
 - Each promotion is logged (WARNING), written as TensorBoard text under
   `log_dir/auto_promote` if `log_dir` is given, and the updated manifest is
@@ -30,7 +30,6 @@ one owning the variable (`block_0/mlp_up` for `block_0/mlp_up/kernel`).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 
@@ -39,11 +38,11 @@ import tensorflow as tf
 from mpt_keras.callbacks import GlobalStepCallback
 from mpt_keras.errors import UserInputError
 from mpt_keras.files import write_text_atomic
+from mpt_keras.layer_paths import iter_layers
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
-from mpt_keras.manifest import PrecisionManifest, Rule
-from mpt_keras.policies import iter_layers, precision_report
+from mpt_keras.precision.manifest import PrecisionManifest
+from mpt_keras.precision.promote import Promotion, promote
 
-PROMOTIONS = {"mixed_float16": "mixed_bfloat16", "mixed_bfloat16": "float32"}
 _LOGGER = logging.getLogger(__name__)
 
 
@@ -150,39 +149,35 @@ class AutoPromote(GlobalStepCallback):
             self._promote(due)
 
     def _promote(self, paths: list[str]) -> None:
-        policies = {
-            layer["path"]: layer["policy"] for layer in precision_report(self.model)["layers"]
-        }
-        rules = []
-        for path in paths:
-            old = policies[path]
-            new = PROMOTIONS.get(old)
-            if new is None:
-                if path not in self._at_float32:
-                    self._at_float32.add(path)
-                    _LOGGER.warning(
-                        "AutoPromote: layer %s keeps overflowing in %s; nothing wider to go to",
-                        path,
-                        old,
-                    )
-                continue
-            message = (
-                f"step {self.global_step}: layer {path} {old} -> {new}: non-finite gradients "
-                f"on {self._streaks[path]} steps at loss scale "
-                f"{self.model.optimizer.loss_scale:g} (the floor)"
-            )
-            rules.append(Rule(new, path=path, reason=f"AutoPromote {message}"))
-            self.promotions.append((self.global_step, path, old, new))
-            self._streaks[path] = 0
+        self.manifest, promotions = promote(
+            self.model,
+            self.manifest,
+            lambda promotion: f"AutoPromote {self._message(promotion)}",
+            paths,
+        )
+        for promotion in promotions:
+            message = self._message(promotion)
+            self.promotions.append((self.global_step, promotion.path, promotion.old, promotion.new))
+            self._streaks[promotion.path] = 0
             _LOGGER.warning("AutoPromote %s", message)
             if self._writer is not None:
                 with self._writer.as_default():
                     tf.summary.text("auto_promote", message, step=self.global_step)
                 self._writer.flush()
-        if not rules:
-            return
-        self.manifest = dataclasses.replace(self.manifest, rules=(*rules, *self.manifest.rules))
-        self.manifest.apply(self.model)
-        self.model.make_train_function(force=True)
-        if self.manifest_path is not None:
+        promoted = {promotion.path for promotion in promotions}
+        for path in paths:
+            if path not in promoted and path not in self._at_float32:
+                self._at_float32.add(path)
+                _LOGGER.warning(
+                    "AutoPromote: layer %s keeps overflowing in float32; nothing wider to go to",
+                    path,
+                )
+        if promotions and self.manifest_path is not None:
             write_text_atomic(self.manifest_path, self.manifest.to_json())
+
+    def _message(self, promotion: Promotion) -> str:
+        return (
+            f"step {self.global_step}: layer {promotion.path} {promotion.old} -> {promotion.new}: "
+            f"non-finite gradients on {self._streaks[promotion.path]} steps at loss scale "
+            f"{self.model.optimizer.loss_scale:g} (the floor)"
+        )

@@ -9,7 +9,7 @@ and said nothing: their small gradients underflowed to zero.
 
 `install` hooks Keras' `Trainer.compile`, which every `keras.Model` runs, once
 however often it is called (`import mpt_keras` calls it, and so does importing
-`mpt_keras.manifest`). When the model computes in float16 (its own policy, or
+`mpt_keras.precision.manifest`). When the model computes in float16 (its own policy, or
 any layer at any depth, in nested models and inside layers too), the hook
 picks the optimizer Keras compiles it with, by what was passed:
 

@@ -78,6 +78,12 @@ Example:
     result.manifest.default            # 'mixed_float16'
     result.statistics["layers"]["big"]["reason"]
     # 'activation max 1.2e+06 > 8188 (float16 max 65504 / headroom 8) -> mixed_bfloat16'
+
+Why one module: the measurement (one recording forward and backward pass per
+batch) and the decision per layer are one procedure whose statistics are
+its output; split, each half would carry the other's layout of those
+statistics. The manifest it writes, the diagnosis and the layer paths live
+in their own modules.
 """
 
 from __future__ import annotations
@@ -97,12 +103,12 @@ from mpt_keras import keras_compat as compat
 from mpt_keras.diagnosis import diagnose_nonfinite
 from mpt_keras.errors import UserInputError
 from mpt_keras.layer_paths import first_instance_name, iter_layers
-from mpt_keras.manifest import PrecisionManifest, Rule
+from mpt_keras.precision.manifest import PrecisionManifest, Rule
+from mpt_keras.precision.names import LOW_PRECISION_POLICIES
 
 FLOAT16_MAX = 65504.0
 FLOAT16_SMALLEST_NORMAL = 2.0**-14
 FLOAT16_SMALLEST_SUBNORMAL = 2.0**-24
-LOW_PRECISION_POLICIES = ("mixed_float16", "mixed_bfloat16")
 _QUANTILES = {"p99": 0.99, "p99.9": 0.999, "p99.99": 0.9999}
 _MODEL_ALLOWED = "Allowed: a keras.Model, or a function of no arguments returning one"
 _DATA_ALLOWED = (

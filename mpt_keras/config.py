@@ -13,7 +13,12 @@ TensorFlow nor Keras, so a bad config fails in well under a second.
 Example:
 
     config = TrainConfig.from_json("configs/digits_cnn.json")
-    config = config.merged({"train": {"steps": 20}})
+    config = config.merged({"steps": 20, "data": {"batch_size": 32}})
+
+Why one module: the sections' dataclasses and the one strict parser that
+builds them from JSON (`_build`, `_convert`) are read together; a section
+moved out would import the parser back, and the config file's schema would
+have no single page.
 """
 
 from __future__ import annotations
@@ -31,8 +36,8 @@ from typing import Any
 from mpt_keras.components import FACTORY_SYNTAX
 from mpt_keras.errors import UserInputError
 from mpt_keras.loss_scale_settings import LossScaleSettings
+from mpt_keras.precision.names import PRECISIONS
 
-PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
 JIT_COMPILE = ("auto", "true", "false")
 OPTIMIZERS = ("adam", "adamw", "sgd")

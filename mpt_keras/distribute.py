@@ -35,6 +35,10 @@ Example:
         model = ...
     with worker_write_dir(model_dir, strategy) as write_dir:
         model.save(os.path.join(write_dir, "model.keras"))
+
+Why one module: making a strategy, knowing the chief, writing per worker
+and surviving a dead peer all read the same cluster description (TF_CONFIG,
+the coordination service); split, each part would parse it again.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ been non-finite, or above `max_loss`, for `patience` steps in a row. It raises
 from inside `model.fit`, so the epoch does not end: no checkpoint is saved of
 the diverged state. `mpt_keras.training` catches it and rolls back to the last
 checkpoint with a lower learning rate (`ScaledLearningRate`), or with the
-low-precision layers promoted, or stops (see `DivergenceConfig`).
+low-precision layers promoted (`mpt_keras.precision.promote`), or stops (see
+`DivergenceConfig`).
 
 Both read one scalar from the device per check: `BadBatchLimit` every
 `check_every` steps and at the end of each epoch, `DivergenceGuard` every step.
@@ -25,20 +26,15 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
-import re
 from typing import Any
 
 import keras
 
-from mpt_keras.auto_promote import PROMOTIONS
 from mpt_keras.callbacks import GlobalStepCallback
 from mpt_keras.errors import RunStoppedError, UserInputError
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
-from mpt_keras.manifest import PrecisionManifest, Rule
-from mpt_keras.policies import precision_report
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -202,25 +198,3 @@ class ScaledLearningRate(keras.optimizers.schedules.LearningRateSchedule):
         if isinstance(base, dict):
             base = keras.saving.deserialize_keras_object(base)
         return cls(base, config["scale"])
-
-
-def promote_low_precision_layers(
-    model: keras.Model, manifest: PrecisionManifest, reason: str
-) -> tuple[PrecisionManifest, list[tuple[str, str, str]]]:
-    """Moves every float16 layer to bfloat16 and every bfloat16 layer to float32.
-
-    Rules for the promoted layers' paths go first in the manifest, which is
-    applied to `model`; rebuild its train function afterwards.
-
-    Returns:
-        The new manifest and `(path, old policy, new policy)` of each layer.
-    """
-    promoted = []
-    for layer in precision_report(model)["layers"]:
-        new = PROMOTIONS.get(layer["policy"])
-        if new is not None:
-            promoted.append((layer["path"], layer["policy"], new))
-    rules = tuple(Rule(new, path=re.escape(path), reason=reason) for path, _, new in promoted)
-    manifest = dataclasses.replace(manifest, rules=(*rules, *manifest.rules))
-    manifest.apply(model)
-    return manifest, promoted

@@ -47,7 +47,7 @@ rebuilt around the loss-scale optimizer:
 - `loss_tracker` and `unscale_loss_for_distribution`: the `loss` metric, and
   the per-replica loss undone back to the model's loss before it is tracked.
 
-The layers' (`manifest`, `calibration`, `layer_paths`, `validation`):
+The layers' (`precision.manifest`, `calibration`, `layer_paths`, `validation`):
 
 - `replace_dtype_policy`: the public `dtype_policy` setter writes into a
   `DTypePolicyMap` the layer holds (after an earlier apply, or loading)
@@ -71,11 +71,15 @@ Multi-worker `fit` (`distribute`, working around keras-team/keras#20585):
 - `in_multi_worker_mode`: whether a strategy spans several workers (a
   `MultiWorkerMirroredStrategy` without a cluster runs on one).
 
-The precision report's (`policies`), which traces a model once:
+The precision report's (`precision.report`), which traces a model once:
 
 - `call_records_restored`: what a call records on a layer (`_called`,
   `_parent_path`, the losses of the last call), put back as it was before
   the trace.
+
+Why one module: its size is the list above. Keeping every private touch
+here is the point: one file to read, and one test file to run, when Keras
+changes.
 """
 
 from __future__ import annotations

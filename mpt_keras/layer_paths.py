@@ -1,8 +1,8 @@
 """Layer paths: the path of every layer of a model, and the forms a rule's path is tried in.
 
 A layer's path is the names of the layers from the model down, joined by "/"
-(`transformer_layer_0/self_attention/query`): `precision_report`'s and a
-`ManifestReport`'s keys. For a layer with a build step it is Keras' own
+(`transformer_layer_0/self_attention/query`): the key of each layer in a
+`PrecisionReport`. For a layer with a build step it is Keras' own
 `layer.path` in a functional or loaded model.
 
 Layers without a Keras path. Keras gives no path to a layer without a build

@@ -35,6 +35,11 @@ every `histogram_freq` steps, from a forward/backward pass on `histogram_data`:
 and `validation/loss`, ... at each validation, under `log_dir/validation` (the
 layout of Keras' TensorBoard callback, so train and validation curves share a
 chart). `log_dir` itself holds the "Mixed precision" custom-scalars dashboard.
+
+Why one module: every series above is written by one callback at the same
+step boundaries, from the same step logs; the helpers below are each used
+by it alone. The layout of the tags lives apart, in `telemetry_layout`, since
+the Prometheus exporter and the dashboard read it too.
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@ from a config (`resolve_components`: `components` binds the user's factories,
 loads the data) or given as the user's own objects (`components_from_objects`),
 so the library's `validate` and `run_canary` take a model factory, datasets and
 a loss with no config at all.
+
+Why one module: it is the one place a run is put together; every step of the
+assembly (components, model, precision, optimizer, compiled step) is short
+and is read in the order a run is built.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import dataclasses
 import functools
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
@@ -40,8 +44,10 @@ from mpt_keras.errors import UserInputError
 from mpt_keras.files import write_text_atomic
 from mpt_keras.guards import ScaledLearningRate
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
-from mpt_keras.manifest import PrecisionManifest
-from mpt_keras.policies import global_policy, resolve_auto_policy
+from mpt_keras.precision.hardware import resolve_auto_policy
+from mpt_keras.precision.manifest import PrecisionManifest
+from mpt_keras.precision.policies import global_policy
+from mpt_keras.precision.report import PrecisionReport
 
 _LOGGER = logging.getLogger(__name__)
 # The data shape each reference task reads a dataset in.
@@ -78,15 +84,15 @@ class Run:
     Attributes:
         model: The compiled model.
         manifest: The precision manifest applied to it.
-        report: The precision report (`plan_precision`), with `jit_compile` and
-            its reason.
+        report: The precision report (`plan_precision`'s), with `jit_compile`
+            and its reason.
         optimizer: Its `LossScaleOptimizer`.
         jit_compile: Whether XLA compiles the train step.
     """
 
     model: keras.Model
     manifest: PrecisionManifest
-    report: dict[str, Any]
+    report: PrecisionReport
     optimizer: LossScaleOptimizer
     jit_compile: bool
 
@@ -191,7 +197,7 @@ def build_model(
     components: Components,
     data: RunData,
     manifest_file: PrecisionManifest | None = None,
-) -> tuple[keras.Model, PrecisionManifest, dict[str, Any]]:
+) -> tuple[keras.Model, PrecisionManifest, PrecisionReport]:
     """Builds the model and gives each layer its policy; trains nothing.
 
     Without a manifest, `config.precision` is the default of a manifest with
@@ -205,12 +211,11 @@ def build_model(
         manifest_file: `config.manifest`, if the caller has read it already.
 
     Returns:
-        The model, the manifest applied to it, and the precision report:
-        `precision` (the run's policy, `auto` resolved), `precision_reason`,
-        `manifest` (its path or null) and the manifest report's `layers`,
-        `trainable_variables`, `output_dtype_mismatches` (the model traced on
-        one evaluation example; each logged as a warning), `unmatched_rules`
-        and `shadowed_rules`.
+        The model, the manifest applied to it, and its report: the run's
+        `precision` (`auto` resolved), `precision_reason` and `manifest` file
+        added to the manifest's report (the model traced on one evaluation
+        example; each output dtype mismatch, unmatched and shadowed rule is
+        logged as a warning).
     """
     precision, reason = _resolve_precision(config.precision)
     if config.manifest is None:
@@ -257,12 +262,12 @@ def build_model(
         _LOGGER.warning("Manifest rule %s matched no layer.", rule)
     for rule in applied.shadowed_rules:
         _LOGGER.warning("Manifest rule %s only matched layers an earlier rule decided.", rule)
-    report = {
-        "precision": manifest.default if config.manifest else precision,
-        "precision_reason": reason,
-        "manifest": config.manifest,
-        **applied.to_dict(),
-    }
+    report = dataclasses.replace(
+        applied,
+        precision=manifest.default if config.manifest else precision,
+        precision_reason=reason,
+        manifest=config.manifest,
+    )
     return model, manifest, report
 
 
@@ -301,12 +306,12 @@ def assemble(
     jit_compile, jit_reason = xla.resolve_jit_compile(
         config.jit_compile,
         tf.distribute.get_strategy(),
-        report["precision"],
+        report.precision,
         model,
         deterministic=config.deterministic,
     )
     _LOGGER.info("%s", jit_reason)
-    report = {**report, "jit_compile": jit_compile, "jit_compile_reason": jit_reason}
+    report = dataclasses.replace(report, jit_compile=jit_compile, jit_compile_reason=jit_reason)
     xla.compile_model(
         model,
         optimizer=optimizer,
@@ -318,7 +323,7 @@ def assemble(
     return Run(model, manifest, report, optimizer, jit_compile)
 
 
-def make_optimizer(config: TrainConfig, report: Mapping[str, Any]) -> LossScaleOptimizer:
+def make_optimizer(config: TrainConfig, report: PrecisionReport) -> LossScaleOptimizer:
     """The run's `LossScaleOptimizer` around its inner optimizer.
 
     The learning rate is a `ScaledLearningRate`, so that a divergence rollback
@@ -337,7 +342,7 @@ def make_optimizer(config: TrainConfig, report: Mapping[str, Any]) -> LossScaleO
         )
     else:
         inner = keras.optimizers.SGD(learning_rate, momentum=0.9, **clipping)
-    if any(layer["compute_dtype"] == "float16" for layer in report["layers"]):
+    if any(layer.compute_dtype == "float16" for layer in report.layers):
         scaling = dataclasses.asdict(config.loss_scale)
     else:
         scaling = {"initial_scale": 1.0, "min_scale": 1.0, "max_scale": 1.0, "dynamic": False}
@@ -349,36 +354,15 @@ def learning_rate_scale(optimizer: LossScaleOptimizer) -> keras.Variable:
     return compat.learning_rate_schedule(optimizer.inner_optimizer).scale
 
 
-def plan_precision(config: TrainConfig) -> dict[str, Any]:
+def plan_precision(config: TrainConfig) -> PrecisionReport:
     """Builds the run's model and reports each layer's precision; trains nothing.
 
-    This is what `mpt-train --dry_run` prints, and what a run writes to
-    `precision_report.json`; see `build_model` for its keys.
+    This is what `mpt-train --dry_run` prints (`format_table()`), and what a
+    run writes to `precision_report.json` (`to_dict()`) before `assemble`
+    adds its `jit_compile` choice; see `build_model`.
     """
     components = resolve_components(config)
     return build_model(config, components, components.data())[2]
-
-
-def format_precision_table(report: Mapping[str, Any]) -> str:
-    """The layers of a precision report as an aligned text table.
-
-    A layer in `output_dtype_mismatches` is marked at the end of its row:
-    `<- outputs float32, computes in bfloat16`.
-    """
-    columns = ("path", "class", "policy", "decided_by")
-    rows = [columns] + [tuple(str(layer[key]) for key in columns) for layer in report["layers"]]
-    widths = [max(len(row[index]) for row in rows) for index in range(len(columns))]
-    marks = [""] + [
-        f"<- outputs {layer['output_dtype']}, computes in {layer['compute_dtype']}"
-        if layer["path"] in report["output_dtype_mismatches"]
-        else ""
-        for layer in report["layers"]
-    ]
-    lines = [
-        "  ".join([*(cell.ljust(width) for cell, width in zip(row, widths)), mark]).rstrip()
-        for row, mark in zip(rows, marks)
-    ]
-    return "\n".join(lines) + "\n"
 
 
 def run_calibration(

@@ -44,7 +44,8 @@ from typing import Any
 import h5py
 import keras
 
-from mpt_keras.policies import global_policy, precision_report
+from mpt_keras.precision.policies import global_policy
+from mpt_keras.precision.report import LayerPrecision, precision_report
 
 SERVING_MODEL_FILE = "serving.keras"
 SAVED_MODEL_DIR = "saved_model"
@@ -248,18 +249,18 @@ def _check_loads_as_trained(model: keras.Model, path: str) -> None:
                 f"Cannot save model '{model.name}' for serving: the written file does not "
                 f"load back ({_root_cause(error)})"
             ) from error
-    trained = precision_report(model)["layers"]
-    served = precision_report(loaded)["layers"]
+    trained = precision_report(model, trace=False).layers
+    served = precision_report(loaded, trace=False).layers
     for before, after in itertools.zip_longest(trained, served):
         if before is None:
             raise NotServableError(
                 f"Cannot save model '{model.name}' for serving: once loaded it has a layer "
-                f"'{after['path']}' ({after['class']}) that the trained model does not"
+                f"'{after.path}' ({after.layer_class}) that the trained model does not"
             )
         if after is None or _dtypes(after) != _dtypes(before):
             loaded_as = "is missing" if after is None else f"would compute in {_shown(after)}"
             raise NotServableError(
-                f"Cannot save model '{model.name}' for serving: layer '{before['path']}' "
+                f"Cannot save model '{model.name}' for serving: layer '{before.path}' "
                 f"{loaded_as} once loaded, not {_shown(before)} as trained (a subclassed "
                 "model must create it with its policy, e.g. dtype=self.dtype_policy; or "
                 "serve the SavedModel of export_saved_model)"
@@ -277,12 +278,12 @@ def _root_cause(error: BaseException) -> str:
     return f"{type(error).__name__}: {message.split('. ')[0]}"
 
 
-def _dtypes(entry: dict[str, Any]) -> tuple[str, str, str]:
-    return entry["class"], entry["compute_dtype"], entry["variable_dtype"]
+def _dtypes(layer: LayerPrecision) -> tuple[str, str, str]:
+    return layer.layer_class, layer.compute_dtype, layer.variable_dtype
 
 
-def _shown(entry: dict[str, Any]) -> str:
-    return f"{entry['compute_dtype']} ({entry['class']}, {entry['variable_dtype']} variables)"
+def _shown(layer: LayerPrecision) -> str:
+    return f"{layer.compute_dtype} ({layer.layer_class}, {layer.variable_dtype} variables)"
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -46,10 +46,12 @@ from mpt_keras.files import (
     write_json_atomic,
     write_text_atomic,
 )
-from mpt_keras.guards import BadBatchLimit, Diverged, DivergenceGuard, promote_low_precision_layers
-from mpt_keras.manifest import PrecisionManifest
+from mpt_keras.guards import BadBatchLimit, Diverged, DivergenceGuard
 from mpt_keras.metrics_csv import MetricsCsv
 from mpt_keras.monitor import MixedPrecisionMonitor
+from mpt_keras.precision.manifest import PrecisionManifest
+from mpt_keras.precision.promote import promote
+from mpt_keras.precision.report import PrecisionReport
 from mpt_keras.prometheus import PrometheusExporter
 
 CONFIG_FILE = "config.json"
@@ -172,7 +174,9 @@ def _run(
             )
             step = checkpointer.restore()
             if chief:
-                write_json_atomic(os.path.join(model_dir, PRECISION_REPORT_FILE), run.report)
+                write_json_atomic(
+                    os.path.join(model_dir, PRECISION_REPORT_FILE), run.report.to_dict()
+                )
             validation = _sharded_by_data(run_data.eval_batches(config.data.eval_batch_size))
             if step < config.steps:
                 fit = _Fit(
@@ -290,20 +294,19 @@ def _mend(fit: _Fit, diverged: Diverged) -> None:
         scale.assign(scale * fit.config.divergence.lr_factor)
         _LOGGER.warning("Learning rate scaled by %g.", float(scale.numpy()))
         return
-    fit.manifest, promoted = promote_low_precision_layers(
-        fit.model, fit.manifest, reason=f"divergence at {diverged}"
-    )
-    if not promoted:
+    fit.manifest, promotions = promote(fit.model, fit.manifest, reason=f"divergence at {diverged}")
+    if not promotions:
         raise RunStoppedError(
             f"training diverged at {diverged} with every layer in float32 already: "
             "divergence.action=promote has nothing to promote; lower the learning rate"
         )
-    fit.model.make_train_function(force=True)
     write_text_atomic(
         os.path.join(fit.runtime.model_dir, PROMOTED_MANIFEST_FILE), fit.manifest.to_json()
     )
-    for path, old, new in promoted:
-        _LOGGER.warning("Layer %s promoted from %s to %s.", path, old, new)
+    for promotion in promotions:
+        _LOGGER.warning(
+            "Layer %s promoted from %s to %s.", promotion.path, promotion.old, promotion.new
+        )
 
 
 def _fit_from(fit: _Fit, step: int, guard: DivergenceGuard | None) -> None:
@@ -408,14 +411,14 @@ def _sharded_by_data(dataset: tf.data.Dataset) -> tf.data.Dataset:
 
 
 def _final_metrics(
-    model: keras.Model, validation, task: str | None, report: Mapping[str, Any]
+    model: keras.Model, validation, task: str | None, report: PrecisionReport
 ) -> dict[str, Any]:
     results = model.evaluate(validation, return_dict=True, verbose=0)
     optimizer = model.optimizer
     health = optimizer.health()
     metrics: dict[str, Any] = {
         "step": int(optimizer.iterations.numpy()),
-        "precision": report["precision"],
+        "precision": report.precision,
         "loss_scale": health.loss_scale,
         "skipped_steps": health.skipped_steps,
         "bad_batches": health.bad_batches,

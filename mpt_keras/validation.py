@@ -54,6 +54,10 @@ Example:
     config = mpt_keras.TrainConfig.from_json("configs/digits_cnn.json")
     report = validate(config, "mixed_float16", Thresholds(output_rtol=0.01))
     report.passed, [check.name for check in report.failed_checks()]
+
+Why one module: forward parity, training parity and the checks produce one
+report from two runs built side by side (`runs`); the report's JSON, table,
+curves and TensorBoard forms are how `mpt-validate` writes it.
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ from mpt_keras import runs
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError
 from mpt_keras.files import write_json_atomic, write_text_atomic
-from mpt_keras.policies import POLICY_NAMES
+from mpt_keras.precision.names import PRECISIONS
 from mpt_keras.thresholds import BASELINE, DEFAULT_STEPS, Check, Thresholds
 
 _CURVE_COLORS = {"baseline": (31, 119, 180), "candidate": (255, 127, 14)}
@@ -407,14 +411,14 @@ def plot_loss_curves(
 
 
 def _candidate_config(config: TrainConfig, candidate: str, steps: int) -> TrainConfig:
-    if candidate in (*POLICY_NAMES, "auto"):
+    if candidate in PRECISIONS:
         return config.merged(
             {"precision": candidate, "manifest": None, "steps": steps}, source="candidate"
         )
     if not os.path.isfile(candidate):
         raise UserInputError(
             f"candidate {candidate!r}: neither a precision nor a manifest file. "
-            f"Allowed: {', '.join(POLICY_NAMES)}, auto, or the path of a manifest (JSON)"
+            f"Allowed: {', '.join(PRECISIONS)}, or the path of a manifest (JSON)"
         )
     return config.merged({"manifest": candidate, "steps": steps}, source="candidate")
 

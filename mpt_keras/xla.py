@@ -102,11 +102,13 @@ import tensorflow as tf
 
 from mpt_keras import distribute, train_function
 from mpt_keras import keras_compat as compat
+from mpt_keras.config import JIT_COMPILE
 from mpt_keras.errors import UserInputError
+from mpt_keras.layer_paths import iter_layers
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer, state_before
-from mpt_keras.policies import check_policy_name, cpu_bfloat16_flags, iter_layers, probe_hardware
+from mpt_keras.precision.hardware import cpu_bfloat16_flags, probe_hardware
+from mpt_keras.precision.names import check_policy_name
 
-JIT_COMPILE_SETTINGS = ("auto", "true", "false")
 # Above this many parameters, a bfloat16 attention model trains faster without
 # XLA on CPUs (measured crossover: between 0.47M and 1.73M; module docstring).
 XLA_BFLOAT16_MAX_PARAMETERS = 1_000_000
@@ -251,9 +253,9 @@ def resolve_jit_compile(
         jit_compile  # on a CPU-only machine: True for a Transformer, False for a CNN
         reason  # 'jit_compile=auto: CPU replicas, mixed_bfloat16: XLA on, ...'
     """
-    if setting not in JIT_COMPILE_SETTINGS:
+    if setting not in JIT_COMPILE:
         raise UserInputError(
-            f"jit_compile: unknown setting '{setting}'. Allowed: {', '.join(JIT_COMPILE_SETTINGS)}"
+            f"jit_compile: unknown setting '{setting}'. Allowed: {', '.join(JIT_COMPILE)}"
         )
     check_policy_name(precision)
     blocker = _no_deterministic_xla_gradient(model) if deterministic else None

@@ -13,8 +13,8 @@ import mpt_keras
 from mpt_keras import autoscale, xla
 from mpt_keras import keras_compat as compat
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
-from mpt_keras.manifest import PrecisionManifest
-from mpt_keras.policies import global_policy
+from mpt_keras.precision.manifest import PrecisionManifest
+from mpt_keras.precision.policies import global_policy
 
 OURS = "mpt_keras.LossScaleOptimizer"
 WRAPPED = "model 'net' computes in float16 (1 of its layers): compiling its Adam wrapped in " + OURS

@@ -21,7 +21,7 @@ from tensorflow.tsl.profiler.protobuf import xplane_pb2
 from benchmarks import chart, flops, op_profile, suite, suite_report, workloads
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError
-from mpt_keras.policies import global_policy
+from mpt_keras.precision.policies import global_policy
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUMBER = (int, float)
@@ -67,8 +67,7 @@ AUTO_FIELDS = {
 
 def test_the_launcher_prints_the_table_and_writes_every_field(tmp_path):
     rounds = 2
-    result = launch_console_script(
-        "mpt-bench",
+    arguments = [
         "--models=cnn",
         "--precisions=float32",
         "--xla=off,on",
@@ -82,7 +81,8 @@ def test_the_launcher_prints_the_table_and_writes_every_field(tmp_path):
         "--matmul_rounds=2",
         "--profile_steps=2",
         f"--output={tmp_path / 'out'}",
-    )
+    ]
+    result = launch_console_script("mpt-bench", *arguments)
     assert result.status == 0, result.stderr
     names = [
         "cnn/float32/xla_off/ours",
@@ -110,6 +110,7 @@ def test_the_launcher_prints_the_table_and_writes_every_field(tmp_path):
         "matmul_peak",
         "variants",
         "auto_jit_compile",
+        "run",
     }
     assert report["settings"]["xla"] == ["off", "on"]
     assert report["models"] == {"cnn": {"name": "cnn", "input_shape": [8, 8, 1], "batch_size": 4}}
@@ -121,6 +122,8 @@ def test_the_launcher_prints_the_table_and_writes_every_field(tmp_path):
         "op_profile",
     }
     assert {"cpu", "cpu_count", "tensorflow", "keras", "devices"} <= set(report["machine"])
+    assert set(report["run"]) == {"date", "command", "cpu_flags"}
+    assert report["run"]["command"] == " ".join(["mpt-bench", *arguments])
 
     peak = report["matmul_peak"]
     assert peak["size"] == 32 and peak["flops_per_matmul"] == 2 * 32**3
@@ -495,12 +498,15 @@ def test_profiled_low_precision_is_compared_with_float32_and_peak_matmuls():
         traces={float32.name: None, bfloat16.name: None},
     )
     peak = {"flops_per_second": {"float32": 1e11, "bfloat16": 2e11, "float16": 1e11}}
-    profile = suite._op_profile(bfloat16, measured, peak)
+    profile = suite.variant_op_profile(bfloat16, measured, peak)
     assert profile["fractions"] == pytest.approx({"matmul": 0.5, "cast": 0.125, "other": 0.375})
     assert profile["matmul_speedup_vs_float32"] == pytest.approx(1.5)
     assert profile["op_time_speedup_vs_float32"] == pytest.approx(1.0 / 0.8)
     # Float32's 0.6 s of matmuls at twice the peak, this variant's 0.1 s of
     # casts and 0.3 s of other ops: 1.0 / (0.3 + 0.1 + 0.3).
     assert profile["speedup_with_peak_matmuls"] == pytest.approx(1 / 0.7)
-    assert suite._op_profile(float32, measured, peak)["speedup_with_peak_matmuls"] is None
-    assert suite._op_profile(suite.Variant("cnn", "float32", "on", "ours"), measured, peak) is None
+    assert suite.variant_op_profile(float32, measured, peak)["speedup_with_peak_matmuls"] is None
+    assert (
+        suite.variant_op_profile(suite.Variant("cnn", "float32", "on", "ours"), measured, peak)
+        is None
+    )

@@ -26,7 +26,7 @@ from launchers import launch_in_process
 
 from mpt_keras.config import TrainConfig, parse_json_object, resolve_config
 from mpt_keras.errors import UserInputError
-from mpt_keras.manifest import PrecisionManifest
+from mpt_keras.precision.manifest import PrecisionManifest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1304,14 +1304,6 @@ def test_get_unscaled_gradients_keeps_each_gradients_dtype_form_and_none():
     assert unscaled_sparse.indices.numpy().tolist() == [1]
 
 
-def test_the_loss_scaling_docs_example_runs():
-    page = Path(__file__).parent.parent / "docs" / "loss_scaling.md"
-    (example,) = page.read_text().split("```python\n")[1:]
-    namespace: dict[str, Any] = {}
-    exec(compile(example.split("```")[0], str(page), "exec"), namespace)
-    assert namespace["scales"] == [4.0, 2.0, 2.0, 2.0, 4.0]
-
-
 # --- Delegation to the inner optimizer's apply() ----------------------------
 
 

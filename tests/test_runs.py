@@ -255,7 +255,7 @@ def test_a_model_file_brings_its_weights_and_compiled_loss(user_code, tmp_path):
     assert [make() for make in components.metrics] == ["accuracy"]
     model, _, report = runs.build_model(config, components, components.data())
     np.testing.assert_array_equal(model.get_weights()[0], saved.get_weights()[0])
-    assert report["precision"] == "float32"
+    assert report.precision == "float32"
 
 
 def test_a_model_file_without_a_loss_needs_one_in_the_config(user_code, tmp_path):
@@ -366,15 +366,15 @@ def test_the_example_manifest_keeps_the_gpt2_softmax_float32(tfds_dir, monkeypat
             "data": {"data_dir": tfds_dir, "options": {"sequence_length": 8}},
         }
     )
-    layers = {layer["path"]: layer for layer in runs.plan_precision(config)["layers"]}
+    layers = {layer.path: layer for layer in runs.plan_precision(config).layers}
     softmaxes = [path for path in layers if path.endswith("/_softmax")]
     assert softmaxes == [
         "gpt2_backbone/transformer_layer_0/self_attention/_softmax",
         "gpt2_backbone/transformer_layer_1/self_attention/_softmax",
     ]
-    assert {layers[path]["compute_dtype"] for path in softmaxes} == {"float32"}
+    assert {layers[path].compute_dtype for path in softmaxes} == {"float32"}
     query = layers["gpt2_backbone/transformer_layer_0/self_attention/query"]
-    assert query["compute_dtype"] == "float16"
+    assert query.compute_dtype == "float16"
 
 
 @pytest.mark.parametrize(
@@ -389,13 +389,13 @@ def test_a_layer_outputting_another_dtype_is_marked_in_the_table_and_warned(
     config = _blobs_config(precision="mixed_bfloat16").merged({"model": {"factory": factory}})
     with caplog.at_level(logging.WARNING, logger="mpt_keras.runs"):
         report = runs.plan_precision(config)
-    assert [(layer["path"], layer["output_dtype"]) for layer in report["layers"]] == [
+    assert [(layer.path, layer.output_dtype) for layer in report.layers] == [
         ("hidden", "bfloat16"),
         ("scale", "float32"),
         ("logits", "float32"),
     ]
-    assert report["output_dtype_mismatches"] == ["scale"]
-    assert runs.format_precision_table(report) == (
+    assert report.output_dtype_mismatches == ("scale",)
+    assert report.format_table() == (
         "path    class  policy          decided_by\n"
         "hidden  Dense  mixed_bfloat16  default\n"
         "scale   Scale  mixed_bfloat16  default                     "
@@ -412,9 +412,10 @@ def test_a_layer_outputting_another_dtype_is_marked_in_the_table_and_warned(
 def test_a_run_without_such_layers_marks_and_warns_nothing(user_code, caplog):
     with caplog.at_level(logging.WARNING, logger="mpt_keras.runs"):
         report = runs.plan_precision(_blobs_config(precision="mixed_float16"))
-    assert [
-        (layer["path"], layer["compute_dtype"], layer["output_dtype"]) for layer in report["layers"]
-    ] == [("dense", "float16", "float16"), ("logits", "float32", "float32")]
-    assert report["output_dtype_mismatches"] == []
-    assert "<-" not in runs.format_precision_table(report)
+    assert [(layer.path, layer.compute_dtype, layer.output_dtype) for layer in report.layers] == [
+        ("dense", "float16", "float16"),
+        ("logits", "float32", "float32"),
+    ]
+    assert report.output_dtype_mismatches == ()
+    assert "<-" not in report.format_table()
     assert caplog.messages == []

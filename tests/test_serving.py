@@ -17,7 +17,8 @@ import tensorflow as tf
 import mpt_keras
 from mpt_keras import serving
 from mpt_keras.models.transformer import build_transformer_lm
-from mpt_keras.policies import global_policy, precision_report
+from mpt_keras.precision.policies import global_policy
+from mpt_keras.precision.report import precision_report
 
 # Run in a fresh Python that never imports mpt_keras: `sys.modules[name] = None`
 # makes every `import mpt_keras...` raise ImportError. Loads the serving file
@@ -269,7 +270,7 @@ def test_subclassed_model_that_passes_its_policy_saves_for_serving(tmp_path):
     assert "mpt_keras" not in json.dumps(config)
     assert "optimizer" not in groups
     loaded = keras.saving.load_model(tmp_path / "serving.keras")
-    assert [layer["compute_dtype"] for layer in precision_report(loaded)["layers"]] == [
+    assert [layer.compute_dtype for layer in precision_report(loaded).layers] == [
         "float16",
         "float16",
     ]

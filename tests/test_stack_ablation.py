@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks import stack_ablation
+from benchmarks import ablation_table, stack_ablation
 
 RATIO_KEYS = {"ratio", "paired_ratio_median"}
 
@@ -48,3 +48,18 @@ def test_stack_ablation_reports_every_variant_and_piece(model):
     table = stack_ablation.lines(result)
     assert table[0].startswith(f"{model}, mixed_float16, XLA off, batch 2:")
     assert [line.split()[0] for line in table[2:]] == variants
+    # The result is a cell of the docs' table as it is.
+    docs_table = ablation_table.markdown_table([result], "measured")
+    assert docs_table[0] == (
+        "| model | precision | XLA | stock ms | ours ms | ours / stock | `+train_step` | "
+        "`+loss_scale_optimizer` | `+manifest` | `+monitor` |"
+    )
+    assert docs_table[2] == (
+        f"| {model} | mixed_float16 | off | {medians['stock'] * 1e3:.2f} | "
+        f"{medians['+monitor'] * 1e3:.2f} | "
+        + " | ".join(
+            f"{ratio['paired_ratio_median']:.3f}"
+            for ratio in [result["vs_stock"]["+monitor"], *result["vs_previous"].values()]
+        )
+        + " |"
+    )

@@ -15,7 +15,7 @@ import sys
 import pytest
 from launchers import launch_console_script, launch_in_process
 
-from mpt_keras.policies import resolve_auto_policy
+from mpt_keras.precision.hardware import resolve_auto_policy
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, "configs", "digits_mlp.json")

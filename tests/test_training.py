@@ -13,9 +13,9 @@ from tiny_runs import Crash, CrashAtStep, tiny_config
 from mpt_keras import runs as runs_module
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError
-from mpt_keras.manifest import PrecisionManifest
-from mpt_keras.policies import iter_layers
-from mpt_keras.runs import format_precision_table, plan_precision
+from mpt_keras.layer_paths import iter_layers
+from mpt_keras.precision.manifest import PrecisionManifest
+from mpt_keras.runs import plan_precision
 from mpt_keras.training import Runtime, run_training
 
 
@@ -216,15 +216,13 @@ def test_auto_precision_is_resolved_and_explained(tfds_dir, monkeypatch):
         lambda: ("mixed_float16", "GPU compute capability 7.0: float16 tensor cores"),
     )
     report = plan_precision(tiny_config(tfds_dir, precision="auto"))
-    assert report["precision"] == "mixed_float16"
-    assert report["precision_reason"] == "GPU compute capability 7.0: float16 tensor cores"
-    assert report["layers"][1]["compute_dtype"] == "float16"
+    assert report.precision == "mixed_float16"
+    assert report.precision_reason == "GPU compute capability 7.0: float16 tensor cores"
+    assert report.layers[1].compute_dtype == "float16"
 
 
 def test_precision_table_lists_each_layer_and_its_decision(tfds_dir):
-    table = format_precision_table(
-        plan_precision(tiny_config(tfds_dir, precision="mixed_bfloat16"))
-    )
+    table = plan_precision(tiny_config(tfds_dir, precision="mixed_bfloat16")).format_table()
     assert table == (
         "path       class    policy          decided_by\n"
         "flatten    Flatten  mixed_bfloat16  default\n"

@@ -3,7 +3,6 @@
 import json
 import math
 import os
-import re
 
 import numpy as np
 import pytest
@@ -185,22 +184,6 @@ def test_a_bad_candidate_is_a_user_error(tfds_dir):
 
 def test_nan_in_the_json_report_is_a_string():
     assert validation._json_safe({"a": [np.float64("nan"), 1.0]}) == {"a": ["nan", 1.0]}
-
-
-def test_the_readme_validates_a_keras_applications_model_with_no_config(capsys):
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
-    section = readme.split("## Your own model", 1)[1].split("\n## ", 1)[0]
-    (example,) = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
-    namespace = {}
-    exec(compile(example, "README.md", "exec"), namespace)
-    report = namespace["report"]
-    assert (report.candidate, report.steps, len(report.candidate_losses)) == (
-        "mixed_bfloat16",
-        2,
-        2,
-    )
-    assert "block_1_expand" in {layer.path for layer in report.layers}
-    assert capsys.readouterr().out.startswith("candidate mixed_bfloat16 vs float32: ")
 
 
 def test_a_subclassed_model_is_compared_by_its_outputs():

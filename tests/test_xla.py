@@ -41,7 +41,9 @@ from mpt_keras import keras_compat as compat
 from mpt_keras import models, xla
 from mpt_keras.errors import UserInputError
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
-from mpt_keras.policies import HardwareProbe, global_policy
+from mpt_keras.precision.hardware import HardwareProbe
+from mpt_keras.precision.names import POLICY_NAMES
+from mpt_keras.precision.policies import global_policy
 
 _TESTS_DIR = Path(__file__).resolve().parent
 _CHILD = """
@@ -53,7 +55,6 @@ tf.config.set_logical_device_configuration(
 import json, sys, test_xla
 print(json.dumps(test_xla._distributed_results(sys.argv[1])))
 """
-PRECISIONS = ["float32", "mixed_bfloat16", "mixed_float16"]
 # (rtol of losses, atol of weights): the measured deviations (module
 # docstring), with a margin of 3 or more.
 TOLERANCES = {
@@ -354,7 +355,7 @@ def _default_strategy() -> Any:
     return types.SimpleNamespace(extended=_DefaultStrategyExtended())
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("precision", POLICY_NAMES)
 @pytest.mark.parametrize(
     ("strategy", "visible_gpus", "device_type"),
     [
@@ -412,7 +413,7 @@ class _CustomAttention(keras.layers.Layer):
         return inputs
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("precision", POLICY_NAMES)
 def test_auto_on_cpu_replicas(precision):
     strategy = _fake_strategy("/device:CPU:0")  # CPU replicas, on any host
     assert xla.resolve_jit_compile("auto", strategy, precision, _transformer()) == (
@@ -435,7 +436,7 @@ def test_auto_on_cpu_replicas(precision):
         )
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("precision", POLICY_NAMES)
 def test_deterministic_keeps_xla_off_where_it_has_no_deterministic_gradient(precision):
     """XLA has no deterministic MaxPool gradient; every other choice stands."""
     strategy = _fake_strategy("/device:CPU:0")  # CPU replicas, on any host
@@ -560,7 +561,7 @@ def test_xla_compiles_each_replicas_forward_backward_only(distributed):
     assert compiled["cross_replica_ops_in_xla"] == 0
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("precision", POLICY_NAMES)
 def test_losses_agree_across_xla_and_replicas(distributed, precision):
     runs = distributed["equivalence"][precision]
     reference = runs["1_replica_plain"]
@@ -700,7 +701,7 @@ def _distributed_results(dump_dir: str) -> dict[str, Any]:
         "1_replica": tf.distribute.get_strategy(),
         "mirrored": tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]),
     }
-    runs: dict[str, dict[str, Any]] = {precision: {} for precision in PRECISIONS}
+    runs: dict[str, dict[str, Any]] = {precision: {} for precision in POLICY_NAMES}
     data = _data()
     # The first two runs also count the XLA modules each one compiled.
     runs["float32"]["mirrored_xla"] = _train(strategies["mirrored"], "float32", True, data)
@@ -714,7 +715,7 @@ def _distributed_results(dump_dir: str) -> dict[str, Any]:
         },
         "equivalence": runs,
     }
-    for precision in PRECISIONS:
+    for precision in POLICY_NAMES:
         for name in strategies:
             for jit_compile in (False, True):
                 key = f"{name}_{'xla' if jit_compile else 'plain'}"

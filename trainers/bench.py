@@ -8,7 +8,8 @@ Measures in one process, interleaved: the matmul peak per dtype, then each
 variant (model x precision x XLA x stack: ours or stock Keras) of the
 reference models, or with `--config` of the run config's own model, data and
 loss, built as `mpt-train` builds them (see `benchmarks.suite`). Prints the
-table on stdout; `--output` is a directory that gets `bench.json` and
+table on stdout; `--output` is a directory that gets `bench.json` (with the
+date, command and CPU flags of the run: `benchmarks.result_files`) and
 `bench.png`.
 
 With `--config` the variants are named after the file's stem
@@ -23,18 +24,21 @@ the variants decide those. Memory and `--profile_steps` work for any model.
 
 from __future__ import annotations
 
+import os
 import pathlib
+import sys
 from collections.abc import Sequence
 
 from absl import flags
 
 from mpt_keras import config as config_lib
 from mpt_keras.errors import UserInputError
+from mpt_keras.precision.names import POLICY_NAMES
 from trainers import cli
 
 # The suite's flags take their defaults from it, which imports TensorFlow: quietly.
 cli.import_tensorflow()
-from benchmarks import suite  # noqa: E402
+from benchmarks import result_files, suite  # noqa: E402
 
 _DEFAULTS = suite.Settings()
 
@@ -50,7 +54,7 @@ _MODELS = flags.DEFINE_list(
     "models", list(suite.MODELS), f"Reference models, of {', '.join(suite.MODELS)}."
 )
 _PRECISIONS = flags.DEFINE_list(
-    "precisions", list(suite.PRECISIONS), f"Precisions, of {', '.join(suite.PRECISIONS)}."
+    "precisions", list(POLICY_NAMES), f"Precisions, of {', '.join(POLICY_NAMES)}."
 )
 _XLA = flags.DEFINE_list(
     "xla", list(suite.XLA_SETTINGS), f"XLA settings, of {', '.join(suite.XLA_SETTINGS)}."
@@ -156,6 +160,11 @@ def main(argv: Sequence[str]) -> None:
         profile_steps=_PROFILE_STEPS.value,
     )
     suite.run(settings, _OUTPUT.value)
+    if _OUTPUT.value:
+        # What ran the suite (the command, as typed) is the launcher's to record.
+        result_files.stamp(
+            os.path.join(_OUTPUT.value, suite.JSON_FILE), ["mpt-bench", *sys.argv[1:]]
+        )
 
 
 def run() -> None:

@@ -16,6 +16,7 @@ from absl import flags
 
 import mpt_keras
 from mpt_keras import config as config_lib
+from mpt_keras.precision.names import PRECISIONS
 from trainers import cli
 
 _CONFIG = flags.DEFINE_string("config", None, "Run config file (JSON).", required=True)
@@ -23,7 +24,7 @@ _MODEL_DIR = flags.DEFINE_string(
     "model_dir", None, "Directory of checkpoints, logs and results.", required=True
 )
 _PRECISION = flags.DEFINE_enum(
-    "precision", None, config_lib.PRECISIONS, "Global dtype policy; default: the config's."
+    "precision", None, PRECISIONS, "Global dtype policy; default: the config's."
 )
 _MANIFEST = flags.DEFINE_string("manifest", None, "Precision manifest (JSON) to apply.")
 _STRATEGY = flags.DEFINE_enum(
@@ -104,7 +105,7 @@ def main(argv: Sequence[str]) -> None:
     )
     cli.import_tensorflow()
     if _DRY_RUN.value:
-        print(mpt_keras.format_precision_table(mpt_keras.plan_precision(config)), end="")
+        print(mpt_keras.plan_precision(config).format_table(), end="")
         return
     runtime = mpt_keras.Runtime(model_dir=_MODEL_DIR.value, metrics_port=_METRICS_PORT.value)
     if _CANARY_STEPS.value:

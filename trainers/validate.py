@@ -27,6 +27,7 @@ from absl import flags
 import mpt_keras
 from mpt_keras import config as config_lib
 from mpt_keras import thresholds
+from mpt_keras.precision.names import PRECISIONS
 from trainers import cli
 
 CHECK_FAILED = 1
@@ -36,7 +37,7 @@ _CONFIG = flags.DEFINE_string("config", None, "Run config file (JSON).", require
 _PRECISION = flags.DEFINE_enum(
     "precision",
     None,
-    config_lib.PRECISIONS,
+    PRECISIONS,
     "Candidate precision; exactly one of --precision and --manifest.",
 )
 _MANIFEST = flags.DEFINE_string(

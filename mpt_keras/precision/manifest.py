@@ -108,6 +108,10 @@ Example:
     manifest = PrecisionManifest.from_json("configs/manifests/digits_cnn.json")
     report = manifest.apply(model)
     report.policies["logits"]  # 'float32'
+
+Why one module: the schema, its parser and `apply` change together (a rule
+key is parsed, then matched); the report, the names and promotion are their
+own modules of this package.
 """
 
 from __future__ import annotations
@@ -127,7 +131,8 @@ from mpt_keras import keras_compat as compat
 from mpt_keras.config import read_json_object
 from mpt_keras.errors import UserInputError
 from mpt_keras.layer_paths import LayerPath, iter_layer_paths, iter_layers
-from mpt_keras.policies import check_policy_name, precision_report
+from mpt_keras.precision.names import check_policy_name
+from mpt_keras.precision.report import PrecisionReport, precision_report
 
 SAFE_DEFAULTS = {
     "normalization": "mean and variance round badly in float16/bfloat16",
@@ -219,93 +224,6 @@ class Rule:
 
 
 @dataclasses.dataclass(frozen=True)
-class LayerPrecision:
-    """One layer in a `ManifestReport`.
-
-    Attributes:
-        path: The layer's path from the model down.
-        layer_class: The layer's class name (`"class"` in `to_dict`).
-        policy: The policy it computes with.
-        compute_dtype: The dtype it computes in.
-        variable_dtype: The dtype of its variables (float32).
-        output_dtype: The dtype it output in the traced forward pass
-            (`policies.precision_report`); None if it was not called.
-        decided_by: `rules[<i>] (<match>)`, `safe default: <kind>` or `default`.
-        reason: The rule's or safe default's reason, if any.
-
-    Example:
-
-        cnn = models.build_model("cnn", {}, input_shape=(8, 8, 1), num_classes=10)
-        report = PrecisionManifest.from_json("configs/manifests/digits_cnn.json").apply(cnn)
-        entry = report.layers[0]
-        entry.path, entry.policy  # ('conv_0', 'float32')
-        entry.decided_by  # "rules[0] (path 'conv_0')"
-    """
-
-    path: str
-    layer_class: str
-    policy: str
-    compute_dtype: str
-    variable_dtype: str
-    output_dtype: str | None
-    decided_by: str
-    reason: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class ManifestReport:
-    """What `PrecisionManifest.apply` decided for each layer of a model.
-
-    Attributes:
-        model: The model's name.
-        layers: Every layer, depth first (as `policies.precision_report`).
-        unmatched_rules: Rules that matched no layer, as `rules[<i>] (<match>)`.
-        shadowed_rules: Rules that matched layers, but only layers an earlier
-            rule decided.
-        trainable_variables: How many trainable variables have each dtype.
-        output_dtype_mismatches: The paths of the layers that made an output
-            of another floating dtype than they compute in (as
-            `policies.precision_report`).
-
-    Example:
-
-        cnn = models.build_model("cnn", {}, input_shape=(8, 8, 1), num_classes=10)
-        report = PrecisionManifest.from_json("configs/manifests/digits_cnn.json").apply(cnn)
-        report.policies["dense"], report.policies["logits"]  # ('mixed_bfloat16', 'float32')
-        report.unmatched_rules  # ()
-    """
-
-    model: str
-    layers: tuple[LayerPrecision, ...]
-    unmatched_rules: tuple[str, ...]
-    shadowed_rules: tuple[str, ...]
-    trainable_variables: Mapping[str, int]
-    output_dtype_mismatches: tuple[str, ...]
-
-    @property
-    def policies(self) -> dict[str, str]:
-        """`{layer path: policy name}`."""
-        return {layer.path: layer.policy for layer in self.layers}
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: `policies.precision_report`'s keys, plus `decided_by`
-        and `reason` per layer and the unmatched and shadowed rules."""
-        layers = []
-        for layer in self.layers:
-            entry = dataclasses.asdict(layer)
-            entry = {"path": entry.pop("path"), "class": entry.pop("layer_class"), **entry}
-            layers.append(entry)
-        return {
-            "model": self.model,
-            "layers": layers,
-            "trainable_variables": dict(self.trainable_variables),
-            "output_dtype_mismatches": list(self.output_dtype_mismatches),
-            "unmatched_rules": list(self.unmatched_rules),
-            "shadowed_rules": list(self.shadowed_rules),
-        }
-
-
-@dataclasses.dataclass(frozen=True)
 class PrecisionManifest:
     """A dtype policy per layer, decided by ordered rules; see the module docstring.
 
@@ -390,7 +308,7 @@ class PrecisionManifest:
         """The manifest as indented JSON text."""
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
-    def apply(self, model: keras.Model, inputs: Any = None) -> ManifestReport:
+    def apply(self, model: keras.Model, inputs: Any = None) -> PrecisionReport:
         """Sets the dtype policy of every layer of `model`, nested ones included.
 
         Works on Sequential, functional and subclassed models, built or not;
@@ -401,12 +319,14 @@ class PrecisionManifest:
             model: The model. Its variables must be float32 (built under
                 float32 or a `mixed_*` policy).
             inputs: What a built model is traced on to report each layer's
-                output dtype (`policies.precision_report`): example inputs or
+                output dtype (`report.precision_report`): example inputs or
                 their specs; default a functional or Sequential model's own.
                 A model not built yet is not traced.
 
         Returns:
-            What was decided for each layer, and which rules matched nothing.
+            The precision report of `model` (`report.precision_report`), with
+            what decided each layer and why, and the unmatched and shadowed
+            rules.
 
         Raises:
             UserInputError: If the model has float16 or bfloat16 variables.
@@ -426,20 +346,15 @@ class PrecisionManifest:
         matched = {index for decision in decisions.values() for index in decision.matched}
         deciding = {decision.matched[0] for decision in decisions.values() if decision.matched}
         described = precision_report(model, inputs)
-        return ManifestReport(
-            model=described["model"],
+        return dataclasses.replace(
+            described,
             layers=tuple(
-                LayerPrecision(
-                    path=entry["path"],
-                    layer_class=entry["class"],
-                    policy=entry["policy"],
-                    compute_dtype=entry["compute_dtype"],
-                    variable_dtype=entry["variable_dtype"],
-                    output_dtype=entry["output_dtype"],
-                    decided_by=decisions[entry["path"]].decided_by,
-                    reason=decisions[entry["path"]].reason,
+                dataclasses.replace(
+                    layer,
+                    decided_by=decisions[layer.path].decided_by,
+                    reason=decisions[layer.path].reason,
                 )
-                for entry in described["layers"]
+                for layer in described.layers
             ),
             unmatched_rules=tuple(
                 _rule_label(index, rule)
@@ -449,8 +364,6 @@ class PrecisionManifest:
             shadowed_rules=tuple(
                 _rule_label(index, self.rules[index]) for index in sorted(matched - deciding)
             ),
-            trainable_variables=described["trainable_variables"],
-            output_dtype_mismatches=tuple(described["output_dtype_mismatches"]),
         )
 
 

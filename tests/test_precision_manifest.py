@@ -1,9 +1,9 @@
-"""Tests of mpt_keras.manifest: parsing, precedence, safe defaults, apply, saving."""
+"""Tests of mpt_keras.precision.manifest: parsing, precedence, safe defaults, apply, saving."""
 
+import dataclasses
 import functools
 import json
 import os
-import re
 
 import keras
 import numpy as np
@@ -11,12 +11,13 @@ import pytest
 
 from mpt_keras import models
 from mpt_keras.errors import UserInputError
-from mpt_keras.manifest import PrecisionManifest, Rule
-from mpt_keras.policies import iter_layers, precision_report
+from mpt_keras.layer_paths import iter_layers
+from mpt_keras.precision.manifest import PrecisionManifest, Rule
+from mpt_keras.precision.names import COMPUTE_DTYPES
+from mpt_keras.precision.report import precision_report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALLOWED = "Allowed: float32, mixed_float16, mixed_bfloat16"
-COMPUTE_DTYPES = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
 
 # Default mixed_float16, the attention projections of block 0 in bfloat16, the
 # norms and the logits kept float32 by the safe defaults.
@@ -72,7 +73,7 @@ def _tokens(batch=4):
 
 
 def _policies(model):
-    return {entry["path"]: entry["policy"] for entry in precision_report(model)["layers"]}
+    return precision_report(model).policies
 
 
 def _output_dtypes(model, inputs, monkeypatch):
@@ -143,15 +144,20 @@ def test_layers_built_under_float32_compute_in_their_new_dtypes(monkeypatch):
     assert report.output_dtype_mismatches == ()
 
 
-def test_report_to_dict_extends_precision_report():
+def test_the_report_extends_precision_report_with_the_decisions():
     model = _tiny_lm()
-    report = PrecisionManifest.from_dict(LM_MANIFEST).apply(model).to_dict()
+    applied = PrecisionManifest.from_dict(LM_MANIFEST).apply(model)
     described = precision_report(model)
 
-    assert report["model"] == described["model"] == "transformer_lm"
-    assert report["trainable_variables"] == described["trainable_variables"] == {"float32": 22}
-    for entry, base in zip(report["layers"], described["layers"], strict=True):
-        assert entry == {**base, "decided_by": entry["decided_by"], "reason": entry["reason"]}
+    assert applied == dataclasses.replace(
+        described,
+        layers=tuple(
+            dataclasses.replace(base, decided_by=entry.decided_by, reason=entry.reason)
+            for entry, base in zip(applied.layers, described.layers, strict=True)
+        ),
+    )
+    assert (applied.model, applied.trainable_variables) == ("transformer_lm", {"float32": 22})
+    report = applied.to_dict()
     assert report["layers"][3] == {
         "path": "block_0/attention_norm",
         "class": "LayerNormalization",
@@ -163,9 +169,9 @@ def test_report_to_dict_extends_precision_report():
         "reason": "mean and variance round badly in float16/bfloat16",
     }
     assert report["layers"][-1]["output_dtype"] == "float32"  # logits, the model output
-    assert report["output_dtype_mismatches"] == described["output_dtype_mismatches"] == []
-    assert report["unmatched_rules"] == report["shadowed_rules"] == []
-    json.dumps(report)
+    assert report["output_dtype_mismatches"] == report["unmatched_rules"] == []
+    assert report["shadowed_rules"] == []
+    assert json.loads(json.dumps(report)) == report
 
 
 # Sequential and subclassed models, before and after building ------------------
@@ -573,13 +579,13 @@ def test_saved_model_reloads_with_the_same_per_layer_policies_but_pathless_ones(
     # attention makes for itself compute in block_0's policy, its map's default.
     pathless = {"block_0/attention/_softmax", "block_0/attention/_dropout_layer"}
     after_loading = precision_report(loaded)
-    assert [entry for entry in after_loading["layers"] if entry["path"] not in pathless] == [
-        entry for entry in described["layers"] if entry["path"] not in pathless
+    assert [entry for entry in after_loading.layers if entry.path not in pathless] == [
+        entry for entry in described.layers if entry.path not in pathless
     ]
     assert [
-        (entry["path"], entry["policy"], entry["compute_dtype"])
-        for entry in after_loading["layers"]
-        if entry["path"] in pathless
+        (entry.path, entry.policy, entry.compute_dtype)
+        for entry in after_loading.layers
+        if entry.path in pathless
     ] == [
         ("block_0/attention/_softmax", "mixed_float16", "float16"),
         ("block_0/attention/_dropout_layer", "mixed_float16", "float16"),
@@ -606,9 +612,9 @@ def test_a_loaded_keras_hub_backbone_needs_the_manifest_applied_again(tiny_gpt2,
 
     # Its config holds its arguments, not its layers': loading re-creates
     # every layer in the backbone's own policy, as a subclassed model does.
-    assert {entry["policy"] for entry in precision_report(loaded)["layers"]} == {"float32"}
+    assert {entry.policy for entry in precision_report(loaded).layers} == {"float32"}
     manifest.apply(loaded)
-    assert precision_report(loaded)["layers"] == precision_report(backbone)["layers"]
+    assert precision_report(loaded).layers == precision_report(backbone).layers
     softmax = dict(iter_layers(loaded))["transformer_layer_0/self_attention/_softmax"]
     assert softmax.compute_dtype == "float32"
 
@@ -695,18 +701,6 @@ def test_bundled_manifests_apply_cleanly(name, model_name, options, dimensions, 
     assert all(rule.reason for rule in manifest.rules)
     with open(path, encoding="utf-8") as file:
         assert file.read() == manifest.to_json()
-
-
-# The docs page -------------------------------------------------------------------
-
-
-def test_the_examples_of_the_precision_docs_run():
-    with open(os.path.join(REPO, "docs", "precision.md"), encoding="utf-8") as file:
-        blocks = re.findall(r"```python\n(.*?)```", file.read(), flags=re.DOTALL)
-    assert len(blocks) == 4
-    namespace = {}
-    for block in blocks:  # One session, as a reader runs them.
-        exec(block, namespace)
 
 
 # Parsing -------------------------------------------------------------------------

@@ -1,0 +1,138 @@
+"""The benchmarks' result files: what run wrote each (when, which command, what machine).
+
+A result file that a table of docs/benchmarks.md is made from
+(`benchmarks.docs_tables`) carries, besides the `machine` of
+`harness.machine` (CPU model, cores, TensorFlow and Keras versions, devices),
+a `run` record:
+
+    date       when the result was written: ISO 8601, UTC, to the second
+    command    the command line that wrote it, quoted for a POSIX shell
+    cpu_flags  the CPU's flags among `CPU_FLAGS`, in that order: the vector
+               extensions and the bfloat16 and float16 arithmetic that decide
+               which kernels TensorFlow runs on this CPU
+
+`describe` turns both into the line a table's section starts with.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mpt_keras.errors import UserInputError
+
+CPU_FLAGS = (
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_bf16",
+    "amx_fp16",
+)
+_LOW_PRECISION_FLAGS = frozenset({"avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16"})
+
+
+def record(command: Sequence[str]) -> dict[str, Any]:
+    """The `run` record of a result this process writes now.
+
+    Args:
+        command: The program and its arguments as the user typed them, e.g.
+            `["mpt-bench", *sys.argv[1:]]`.
+    """
+    # Here, not at the top: reading results (the docs' tables) needs no TensorFlow.
+    from mpt_keras.precision.hardware import probe_hardware
+
+    cpu_flags = probe_hardware().cpu_flags
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": shlex.join(command),
+        "cpu_flags": [flag for flag in CPU_FLAGS if flag in cpu_flags],
+    }
+
+
+def stamp(path: str, command: Sequence[str]) -> None:
+    """Adds the `run` record of `command` to the JSON result written at `path`."""
+    result = read(path)
+    result["run"] = record(command)
+    with open(path, "w", encoding="utf-8") as file:
+        json.dump(result, file, indent=2)
+
+
+def read(path: str) -> Any | None:
+    """The JSON at `path`, or None if there is no such file.
+
+    Raises:
+        UserInputError: If the file is not JSON.
+    """
+    try:
+        with open(path, encoding="utf-8") as file:
+            return json.load(file)
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError as error:
+        raise UserInputError(f"{path}: not JSON ({error.msg}, line {error.lineno})") from None
+
+
+def describe(result: Mapping[str, Any], source: str) -> str:
+    """The machine and software of `result` in one line, from its `machine` and `run` records.
+
+    E.g. `AMD EPYC, 2 cores, CPU flags avx avx2 fma f16c (no bfloat16 or
+    float16 arithmetic), TensorFlow 2.21.0, Keras 3.15.1`.
+
+    Args:
+        result: A result with `machine` and `run` records.
+        source: Where `result` was read, for the error.
+
+    Raises:
+        UserInputError: If `result` has no `run` record.
+    """
+    run = run_of(result, source)
+    machine = result["machine"]
+    flags = " ".join(run["cpu_flags"]) or "none listed"
+    if not _LOW_PRECISION_FLAGS.intersection(run["cpu_flags"]):
+        flags += " (no bfloat16 or float16 arithmetic)"
+    accelerators = [
+        device.removeprefix("/device:") for device in machine["devices"] if ":CPU:" not in device
+    ]
+    return (
+        f"{machine['cpu']}, {machine['cpu_count']} cores, CPU flags {flags}, "
+        + (f"devices {' '.join(accelerators)}, " if accelerators else "")
+        + f"TensorFlow {machine['tensorflow']}, Keras {machine['keras']}"
+    )
+
+
+def one_machine(results: Sequence[Mapping[str, Any]], source: str) -> str:
+    """The machine all of `results` were measured on, described (`describe`).
+
+    Raises:
+        UserInputError: If they were measured on more than one: the figures of
+            one table are compared with each other.
+    """
+    machines = list(dict.fromkeys(describe(result, source) for result in results))
+    if len(machines) > 1:
+        raise UserInputError(
+            f"{source}: measured on {len(machines)} machines: {'; '.join(machines)}. Allowed: "
+            "one machine per table (measure every cell there, or start a new results file)"
+        )
+    return machines[0]
+
+
+def run_of(result: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """The `run` record of `result`.
+
+    Raises:
+        UserInputError: If it has none (written before results carried one).
+    """
+    if "run" not in result:
+        raise UserInputError(
+            f"{source}: no 'run' record (date, command, CPU flags). Allowed: a result written "
+            "by mpt-bench --output or python -m benchmarks.stack_ablation --add_to"
+        )
+    return result["run"]

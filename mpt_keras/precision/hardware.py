@@ -1,0 +1,114 @@
+"""Precision `auto`: the policy this machine's hardware computes fastest in.
+
+`resolve_auto_policy` turns precision `auto` into a policy name from what the
+hardware computes fast (`probe_hardware`):
+
+    TPU                                       mixed_bfloat16
+    GPU, compute capability >= 8.0            mixed_bfloat16  (Ampere and newer)
+    GPU, compute capability 7.x               mixed_float16   (Volta, Turing)
+    GPU, compute capability < 7.0             float32         (no tensor cores)
+    no GPU, CPU flag avx512_bf16 or amx_bf16  mixed_bfloat16
+    anything else                             float32
+
+With several GPUs the lowest compute capability decides, since every replica
+runs the same policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+
+# AMX-BF16 CPUs list amx_bf16 next to amx_tile; amx_tile alone (AMX-INT8 only)
+# has no bfloat16 arithmetic.
+BFLOAT16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+@dataclasses.dataclass(frozen=True)
+class HardwareProbe:
+    """What `resolve_auto_policy` needs to know about the machine.
+
+    Attributes:
+        cpu_flags: The CPU's feature flags (as in /proc/cpuinfo).
+        gpu_compute_capabilities: `(major, minor)` CUDA compute capability of
+            each GPU; `(0, 0)` for a GPU that reports none.
+        tpu: Whether TPU devices are attached.
+
+    Example:
+
+        policy, reason = resolve_auto_policy(HardwareProbe(gpu_compute_capabilities=((7, 5),)))
+        policy  # 'mixed_float16'
+        reason  # 'GPU compute capability 7.5: float16 tensor cores, no bfloat16 ones (needs 8.0)'
+    """
+
+    cpu_flags: frozenset[str] = frozenset()
+    gpu_compute_capabilities: tuple[tuple[int, int], ...] = ()
+    tpu: bool = False
+
+
+def probe_hardware(cpuinfo_path: str = "/proc/cpuinfo") -> HardwareProbe:
+    """Probes this machine's CPU flags, GPUs and TPUs.
+
+    Only physical devices are listed, so the TensorFlow runtime is not
+    initialised: logical devices (`--virtual_cpus`) can still be configured.
+
+    Args:
+        cpuinfo_path: Where the CPU flags are read; a missing file (not Linux)
+            means no flags.
+    """
+    return HardwareProbe(
+        cpu_flags=_read_cpu_flags(cpuinfo_path),
+        gpu_compute_capabilities=tuple(
+            tuple(tf.config.experimental.get_device_details(gpu).get("compute_capability", (0, 0)))
+            for gpu in tf.config.list_physical_devices("GPU")
+        ),
+        tpu=bool(tf.config.list_physical_devices("TPU")),
+    )
+
+
+def _read_cpu_flags(cpuinfo_path: str) -> frozenset[str]:
+    try:
+        with open(cpuinfo_path, encoding="utf-8") as file:
+            for line in file:
+                key, _, value = line.partition(":")
+                if key.strip() == "flags":
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_bfloat16_flags(probe: HardwareProbe) -> list[str]:
+    """The probed CPU's flags of bfloat16 arithmetic (of `BFLOAT16_CPU_FLAGS`); empty if none."""
+    return [flag for flag in BFLOAT16_CPU_FLAGS if flag in probe.cpu_flags]
+
+
+def resolve_auto_policy(probe: HardwareProbe | None = None) -> tuple[str, str]:
+    """Chooses the policy for precision `auto`; see the module docstring.
+
+    Args:
+        probe: The hardware to decide for; `None` probes this machine.
+
+    Returns:
+        `(policy name, reason)`, the reason a one-line explanation for logs and
+        reports.
+    """
+    probe = probe_hardware() if probe is None else probe
+    if probe.tpu:
+        return "mixed_bfloat16", "TPU: bfloat16 is the native type of its matrix units"
+    if probe.gpu_compute_capabilities:
+        major, minor = min(probe.gpu_compute_capabilities)
+        gpu = f"GPU compute capability {major}.{minor}"
+        if major >= 8:
+            return "mixed_bfloat16", f"{gpu}: bfloat16 tensor cores"
+        if major == 7:
+            return "mixed_float16", f"{gpu}: float16 tensor cores, no bfloat16 ones (needs 8.0)"
+        return "float32", f"{gpu}: no tensor cores (needs 7.0)"
+    flags = cpu_bfloat16_flags(probe)
+    if flags:
+        return "mixed_bfloat16", f"no GPU or TPU; CPU computes bfloat16 ({', '.join(flags)})"
+    return "float32", (
+        "no GPU or TPU, and the CPU lacks bfloat16 instructions "
+        f"({' or '.join(BFLOAT16_CPU_FLAGS)})"
+    )

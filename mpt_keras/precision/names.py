@@ -1,0 +1,45 @@
+"""The names of the precision concept, each list in one place; imports no TensorFlow.
+
+A precision is a Keras dtype policy name: `float32`, or `mixed_float16` and
+`mixed_bfloat16`, which compute in the low-precision type and keep float32
+variables. The config, the launchers' `--precision` flag and validation's
+candidate also take `auto`, which `hardware.resolve_auto_policy` turns into
+one of them. So a bad name fails before TensorFlow is imported
+(`mpt_keras.config` checks its names here).
+
+Example:
+
+    check_policy_name("mixed_bfloat16")  # 'mixed_bfloat16'
+    COMPUTE_DTYPES["mixed_bfloat16"]  # 'bfloat16'
+    PROMOTIONS["mixed_float16"]  # 'mixed_bfloat16'
+"""
+
+from __future__ import annotations
+
+from mpt_keras.errors import UserInputError
+
+POLICY_NAMES = ("float32", "mixed_float16", "mixed_bfloat16")
+# What `--precision` and a config's "precision" take: a policy, or `auto`.
+PRECISIONS = (*POLICY_NAMES, "auto")
+# The policies a calibration measures each layer in.
+LOW_PRECISION_POLICIES = ("mixed_float16", "mixed_bfloat16")
+COMPUTE_DTYPES = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
+# One step up the ladder: float16 -> bfloat16 (float32's exponent range) -> float32.
+PROMOTIONS = {"mixed_float16": "mixed_bfloat16", "mixed_bfloat16": "float32"}
+
+
+def check_policy_name(name: str, source: str = "precision") -> str:
+    """Returns `name` if it is one of `POLICY_NAMES`.
+
+    Args:
+        name: The policy name received.
+        source: What it came from (a key, a flag), for the message.
+
+    Raises:
+        UserInputError: Naming `source` and the allowed names otherwise.
+    """
+    if name not in POLICY_NAMES:
+        raise UserInputError(
+            f"{source}: unknown policy '{name}'. Allowed: {', '.join(POLICY_NAMES)}"
+        )
+    return name

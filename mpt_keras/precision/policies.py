@@ -1,0 +1,56 @@
+"""Keras dtype policies: the global one for a block, and the one a layer computes with.
+
+Example:
+
+    with global_policy("mixed_bfloat16"):
+        dense = keras.layers.Dense(4)
+    effective_policy(dense).name  # 'mixed_bfloat16'
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import keras
+
+from mpt_keras.precision.names import check_policy_name
+
+
+@contextlib.contextmanager
+def global_policy(name: str) -> Iterator[keras.DTypePolicy]:
+    """Sets the global Keras dtype policy for the duration of a `with` block.
+
+    Layers created inside the block take the policy by default; the previous
+    global policy is restored on exit, even on error.
+
+    Args:
+        name: One of `names.POLICY_NAMES`.
+
+    Raises:
+        UserInputError: For another name.
+
+    Example:
+
+        with global_policy("mixed_bfloat16"):
+            model = keras.Sequential([keras.layers.Dense(4)])
+    """
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(check_policy_name(name))
+    try:
+        yield keras.config.dtype_policy()
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def effective_policy(layer: keras.layers.Layer) -> keras.DTypePolicy:
+    """The policy `layer` computes with, looked up in its `DTypePolicyMap` if any.
+
+    A layer holds a map after `PrecisionManifest.apply` or loading. Keras
+    looks a layer's path up in the map; a layer without a path (one without
+    weights, nested in another) uses the map's default.
+    """
+    policy = layer.dtype_policy
+    if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+        return policy[layer.path] if layer.path else policy.default_policy
+    return policy
