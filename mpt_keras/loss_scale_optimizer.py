@@ -6,7 +6,7 @@ loss-scaling part of a step (unscale, the finite verdict, skip or apply, the
 scale update) and leaves the update itself to the inner optimizer's own
 `apply()`. See the class docstring for what it changes and why.
 
-One module, ~800 lines, because one step is one piece of control flow: the
+One module, ~950 lines, because one step is one piece of control flow: the
 verdict, the skip or the inner update, the scale, the bad-batch record and the
 accumulation window are written together in one cross-replica `cond`, so that
 each outcome writes only what it changes (the settings live in
@@ -65,6 +65,13 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
     window. `all_reduce_dtype` sums the gradients across replicas in bfloat16
     or float16 to halve the bytes on the wire. All state is optimizer
     variables (saved by `model.save` and checkpoints); `health()` reads it.
+
+    A float8 layer's scales and amax histories (Keras' `overwrite_with_gradient`
+    variables, see `mpt_keras.precision.float8`) take the values its backward
+    pass computed: never unscaled, outside the gradient norm and clipping, the
+    largest over the replicas (and over an accumulation window), untouched by
+    a skipped step. A NaN or Inf in one is an overflow, as in a gradient: the
+    layer's clipping can hide it from every gradient.
 
     docs/loss_scaling.md has the details, a comparison with Keras 3, tf-keras
     and PyTorch, and the differences from the stock class on purpose. Keras 2
@@ -200,15 +207,23 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
                 self.add_variable_from_reference(v, name="accumulated_gradient") for v in var_list
             ]
         compat.skip_stock_build(self, var_list)
-        self._built_variables = var_list
         self._positions = {id(v): i for i, v in enumerate(var_list)}
         # With float16 or bfloat16 variables an update can overflow: those
-        # variables and every floating slot are checked after it.
+        # variables and every other floating state the update writes (slots,
+        # float8 scales and amax histories) are checked after it, and undone.
         low_precision = [v for v in var_list if v.dtype not in _FULL_PRECISION]
-        self._update_checked = low_precision
-        self._update_restored = low_precision and low_precision + [
-            v for v in inner.variables if v.dtype not in ("int32", "int64")
-        ]
+        self._built_on = _BuiltOn(
+            variables=tuple(var_list),
+            update_checked=tuple(low_precision),
+            update_restored=tuple(
+                low_precision
+                and [
+                    *low_precision,
+                    *(v for v in var_list if _is_float8_state(v)),
+                    *(v for v in inner.variables if v.dtype not in ("int32", "int64")),
+                ]
+            ),
+        )
 
     def load_own_variables(self, store: Any) -> None:
         """Loads the state `save_own_variables` saved, or the stock class's.
@@ -309,7 +324,8 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         if not self.built:
             return {}
         counts = self._nonfinite_counter.numpy()
-        return {getattr(v, "path", v.name): int(c) for v, c in zip(self._built_variables, counts)}
+        variables = self._built_on.variables
+        return {getattr(v, "path", v.name): int(c) for v, c in zip(variables, counts)}
 
     def _total_scale(self) -> tf.Tensor:
         scale = ops.convert_to_tensor(self.dynamic_scale)
@@ -350,7 +366,10 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         tf-keras; the division is done in float32) and `None` entries stay
         `None`. The next `apply`/`apply_gradients` of the same replica then
         takes its gradients as already unscaled, as in the TF mixed-precision
-        guide; they may be transformed (e.g. clipped) in between.
+        guide; they may be transformed (e.g. clipped) in between. It cannot
+        tell a float8 layer's new scales and amax histories from gradients and
+        would divide them too: with float8 layers, give `apply` the scaled
+        gradients instead.
         """
         self._hand_over(unscaled=True)
         return [None if g is None else _unscaled_like(g, self.dynamic_scale) for g in grads]
@@ -429,7 +448,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
                     "When passing `grads` without `variables`, the optimizer must already be "
                     "built: call `optimizer.build(trainable_variables)` first."
                 )
-            trainable_variables = self._built_variables
+            trainable_variables = self._built_on.variables
         trainable_variables = list(trainable_variables)
         if not self.built:
             with keras.name_scope(self.name, caller=self):
@@ -477,11 +496,12 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             bad_batch, loss = _batch_verdict(loss, batch)
         else:
             bad_batch, loss = ops.convert_to_tensor(False), ops.zeros((), "float32")
+        # Float8 scales and amax histories get their "gradient" as their new
+        # value: never unscaled or clipped.
+        overwritten = [_is_float8_state(v) for v in variables]
         # Reduce first: from here on every replica holds the same values, so
         # verdict, clipping and state updates agree on all replicas.
-        grads = self._all_reduce(grads)
-        # Float8 scales and amax histories are written with their "gradient".
-        overwritten = [bool(getattr(v, "overwrite_with_gradient", False)) for v in variables]
+        grads = self._all_reduce(grads, overwritten)
         if not (caller_unscaled or self._scale_is_one):
             # The inner `apply()` divides by its own loss_scale_factor.
             scale = ops.convert_to_tensor(self.dynamic_scale)
@@ -490,16 +510,25 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         # sum of squares, finite iff every element is finite and its norm below
         # about 1.8e19 (where Adam's second moment would overflow); their sum
         # is finite iff all are and the global norm is below about 2.6e19.
+        # A float8 value stays out of the norm, but a NaN or Inf in it is an
+        # overflow too: Keras' float8 layers clip what they quantize, so an
+        # Inf activation or output gradient may show nowhere else, and written
+        # into an amax history it would freeze that scale for the history's
+        # length.
         judged = [i for i, o in enumerate(overwritten) if not o]
-        halves = [_half_sum_of_squares(grads[i]) for i in judged] or [ops.zeros(())]
-        half_total = tf.add_n(halves)
+        new_values = [i for i, o in enumerate(overwritten) if o]
+        halves = [_half_sum_of_squares(grads[i]) for i in judged]
+        half_total = tf.add_n(halves) if halves else ops.zeros(())
+        new_values_finite = [ops.all(ops.isfinite(grads[i])) for i in new_values]
         finite = ops.isfinite(half_total) & ~bad_batch
+        if new_values_finite:
+            finite &= ops.all(ops.stack(new_values_finite))
         # Which variables overflowed is worked out only when a step is skipped.
-        positions = [self._positions[id(variables[i])] for i in judged]
+        positions = [self._positions[id(variables[i])] for i in judged + new_values]
         should_apply, step_ends, accumulation = finite, ops.convert_to_tensor(True), []
         if self._accumulation_steps:
             grads, should_apply, step_ends, accumulation = self._accumulate(
-                grads, variables, finite
+                grads, variables, overwritten, finite
             )
         compat.maybe_merge_call(
             lambda distribution, *args: self._write_step(
@@ -519,6 +548,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             step_ends,
             finite,
             halves,
+            new_values_finite,
             bad_batch,
             loss,
             half_total,
@@ -530,19 +560,33 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         """The scale is pinned at 1 (bfloat16 and float32 runs): nothing to unscale."""
         return not self.dynamic and self.initial_scale == 1.0
 
-    def _all_reduce(self, grads: list[Any]) -> list[Any]:
+    def _all_reduce(self, grads: list[Any], overwritten: list[bool]) -> list[Any]:
+        """Sums the gradients over the replicas; a float8 new value takes its largest.
+
+        The largest is what one device would compute from the whole batch: the
+        amax of the global batch in an amax history, and the scale (the same
+        on every replica). A sum would multiply both by the replicas.
+        """
         context = tf.distribute.get_replica_context()
         if context is None or context.num_replicas_in_sync == 1:
             return grads
-        dtypes = [g.dtype for g in grads]
+        summed = [i for i, o in enumerate(overwritten) if not o]
+        largest = [i for i, o in enumerate(overwritten) if o]
+        reduced = list(grads)
+        values = [grads[i] for i in summed]
         if self.all_reduce_dtype is not None:
-            grads = [tf.cast(g, self.all_reduce_dtype) for g in grads]
-        reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
-        return [tf.cast(g, dtype) for g, dtype in zip(reduced, dtypes)]
+            values = [tf.cast(g, self.all_reduce_dtype) for g in values]
+        for i, g in zip(summed, context.all_reduce(tf.distribute.ReduceOp.SUM, values)):
+            reduced[i] = tf.cast(g, grads[i].dtype)
+        if largest:
+            gathered = context.all_gather([grads[i][None] for i in largest], axis=0)
+            for i, g in zip(largest, gathered):
+                reduced[i] = ops.max(g, axis=0)
+        return reduced
 
     def _per_variable(self, flags: tf.Tensor, positions: list[int]) -> tf.Tensor:
         """`flags` of the given variables, spread over all the built ones (False elsewhere)."""
-        count = len(self._built_variables)
+        count = len(self._built_on.variables)
         if positions == list(range(count)):
             return flags
         where = dict(zip(positions, range(len(positions))))
@@ -550,23 +594,35 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         return ops.take(padded, [where.get(i, len(positions)) for i in range(count)])
 
     def _accumulate(
-        self, grads: list[Any], variables: list[keras.Variable], finite: tf.Tensor
+        self,
+        grads: list[Any],
+        variables: list[keras.Variable],
+        overwritten: list[bool],
+        finite: tf.Tensor,
     ) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor, list[tuple[keras.Variable, tf.Tensor]]]:
         """Adds a finite micro-batch to the window.
 
-        Returns the mean of the window's finite micro-batches, whether to apply
-        it now (the window ends and holds a finite micro-batch), whether the
-        window ends, and the accumulator and counter updates.
+        Returns the mean of the window's finite micro-batches (for a float8
+        new value their largest, as Keras' own accumulation takes: the
+        window's amax), whether to apply it now (the window ends and holds a
+        finite micro-batch), whether the window ends, and the accumulator and
+        counter updates.
         """
         accumulators = [self._accumulators[self._positions[id(v)]] for v in variables]
+        grads = [
+            ops.cast(tf.convert_to_tensor(g), acc.dtype) for acc, g in zip(accumulators, grads)
+        ]
         sums = [
-            ops.where(finite, acc + ops.cast(tf.convert_to_tensor(g), acc.dtype), acc)
-            for acc, g in zip(accumulators, grads)
+            ops.where(finite, ops.maximum(acc, g) if o else acc + g, acc)
+            for acc, g, o in zip(accumulators, grads, overwritten)
         ]
         count = self._accumulated_counter + ops.cast(finite, "int64")
         micro_batches = self._micro_batches + 1
         window_ends = micro_batches % self._accumulation_steps == 0
-        means = [s / ops.cast(ops.maximum(count, 1), s.dtype) for s in sums]
+        means = [
+            s if o else s / ops.cast(ops.maximum(count, 1), s.dtype)
+            for s, o in zip(sums, overwritten)
+        ]
         updates = [
             (acc, ops.where(window_ends, ops.zeros_like(s), s))
             for acc, s in zip(accumulators, sums)
@@ -595,7 +651,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         all-reduced gradients, so the first one speaks for all. Each outcome
         (applied, accumulated, skipped) writes only what it changes.
         """
-        should_apply, step_ends, finite, halves, bad_batch, loss, half_total = (
+        should_apply, step_ends, finite, halves, new_values_finite, bad_batch, loss, half_total = (
             _first_replica(distribution, value) for value in verdict
         )
         write = _Writer(distribution)
@@ -618,8 +674,8 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
 
         def count_nonfinite() -> None:
             # A bad batch is not an overflow: no attribution, no change of the scale.
-            gradient_finite = ops.isfinite(ops.stack(halves[: len(positions)] or [0.0]))
-            nonfinite = self._per_variable(~gradient_finite[: len(positions)], positions)
+            variables_finite = [ops.isfinite(half) for half in halves] + new_values_finite
+            nonfinite = self._per_variable(~ops.stack(variables_finite), positions)
             count_skip(nonfinite & ~bad_batch, ~bad_batch)
 
         def judge() -> None:
@@ -662,7 +718,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             With float16 or bfloat16 variables, per variable whether the update
             went non-finite (and was undone); else `None`.
         """
-        restored = self._update_restored
+        restored = self._built_on.update_restored
         # tf.identity reads a copy; ops.convert_to_tensor gives the variable back.
         before = [tf.identity(_tf_variable(v)) for v in restored] if restored else []
         with compat.gradients_already_reduced():
@@ -674,10 +730,11 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
                 self.inner_optimizer.apply(grads, variables)
         if not restored:
             return None
-        checked = ops.stack([~ops.all(ops.isfinite(v)) for v in self._update_checked])
-        slots = restored[len(self._update_checked) :]
+        checked_variables = self._built_on.update_checked
+        checked = ops.stack([~ops.all(ops.isfinite(v)) for v in checked_variables])
+        slots = restored[len(checked_variables) :]
         slots_nonfinite = ops.any(ops.stack([~ops.all(ops.isfinite(v)) for v in slots] or [False]))
-        positions = [self._positions[id(v)] for v in self._update_checked]
+        positions = [self._positions[id(v)] for v in checked_variables]
         # A slot that overflowed is blamed on every checked variable.
         per_variable = self._per_variable(checked | slots_nonfinite, positions)
         write = _Writer(distribution)
@@ -759,6 +816,22 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         return config
 
 
+@dataclasses.dataclass(frozen=True)
+class _BuiltOn:
+    """The model variables `build` was given, and those an update is checked on.
+
+    One object, not list attributes: Keras' tracker takes the variables in an
+    optimizer's list attribute for the optimizer's own, so the model's
+    variables would join `optimizer.variables`, be saved with its state and be
+    loaded by position (a loaded float8 model lists its variables in another
+    order than the model saved).
+    """
+
+    variables: tuple[keras.Variable, ...]
+    update_checked: tuple[keras.Variable, ...]
+    update_restored: tuple[keras.Variable, ...]
+
+
 class _Writer:
     """Writes optimizer variables in the cross-replica context (or with no strategy)."""
 
@@ -770,6 +843,11 @@ class _Writer:
 
     def add(self, variable: keras.Variable, value: Any) -> None:
         self._update(_tf_variable(variable), _assign_add, args=(value,), group=False)
+
+
+def _is_float8_state(variable: keras.Variable | tf.Variable) -> bool:
+    """A float8 layer's scale or amax history: Keras' `overwrite_with_gradient` variable."""
+    return bool(getattr(variable, "overwrite_with_gradient", False))
 
 
 def _read(variable: keras.Variable, to_python: type) -> Any:
