@@ -16,7 +16,8 @@ and the pieces of ours, in the order `benchmarks.stack_ablation` adds them:
     monitor                 a `MixedPrecisionMonitor` at its default `update_freq`
 
 With every piece it is the stack `mpt-bench` calls `ours`. Every stack trains with
-AdamW(1e-3) and the loss it is given (the reference models': `models.REFERENCE_LOSS`).
+AdamW(1e-3) and the loss it is given (the reference models': `models.REFERENCE_LOSS`),
+and may train chosen layers in float8 (`mpt-bench --float8`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from mpt_keras import xla
 from mpt_keras.errors import UserInputError
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 from mpt_keras.monitor import MixedPrecisionMonitor
+from mpt_keras.precision.float8 import to_float8
 from mpt_keras.precision.manifest import PrecisionManifest
 
 PIECES = ("train_step", "loss_scale_optimizer", "manifest", "monitor")
@@ -44,6 +46,7 @@ def compile_stack(
     examples_per_step: int,
     *,
     loss: Any,
+    float8_layers: Collection[str] = (),
 ) -> list[keras.callbacks.Callback]:
     """Compiles `model` (built in the global policy `precision`) with stock Keras and `pieces`.
 
@@ -56,18 +59,24 @@ def compile_stack(
         examples_per_step: The batch size, for the monitor's throughput.
         loss: The loss to train with, as `model.compile` takes it
             (`models.REFERENCE_LOSS` for the reference models).
+        float8_layers: Paths of layers to train in float8 (`to_float8`), after
+            the manifest (whose policies would turn float8 off) and before the
+            optimizer is built.
 
     Returns:
         The callbacks to train with.
 
     Raises:
-        UserInputError: For a piece not in `PIECES`.
+        UserInputError: For a piece not in `PIECES`, or a float8 layer that
+            `to_float8` refuses.
     """
     unknown = sorted(set(pieces) - set(PIECES))
     if unknown:
         raise UserInputError(f"unknown stack piece '{unknown[0]}'. Allowed: {', '.join(PIECES)}")
     if "manifest" in pieces:
         PrecisionManifest(default=precision).apply(model)
+    if float8_layers:
+        to_float8(model, float8_layers)
     inner = keras.optimizers.AdamW(1e-3)
     if "loss_scale_optimizer" in pieces:
         if precision == "mixed_float16":

@@ -1,8 +1,12 @@
 """The benchmark suite behind `mpt-bench`: every variant side by side, against the machine's limit.
 
 A variant is a model, a precision (`float32`, `mixed_bfloat16`,
-`mixed_float16`), XLA (`off`, `on`) and a stack (`benchmarks.stacks`). The
-model (`benchmarks.workloads`) is either
+`mixed_float16`), XLA (`off`, `on`) and a stack (`benchmarks.stacks`); with
+`float8`, each `mixed_float16` and `mixed_bfloat16` variant also has a twin
+whose Dense and EinsumDense layers train in float8 (`+float8` after the
+precision in its name, `benchmarks.float8_variants`), labelled `emulated`
+unless the hardware runs float8 matmuls. The model (`benchmarks.workloads`) is
+either
 
     a reference model   the Transformer LM, the 8x8 CNN or MLP (`models`), on
                         random batches sized by the settings (`batch_size`,
@@ -46,10 +50,13 @@ cannot be counted, e.g. a dynamic shape) and FLOP/s, their fraction of the
 matmul peak of the variant's compute dtype, peak memory, and speed ratios
 (examples/s of one variant over another's; above 1: faster), each as the
 ratio of the medians and the median of the per-round ratios:
-`vs_float32` (same model, XLA and stack in float32), `vs_stock` (ours over
-stock) and `vs_no_xla` (XLA on over off). Per (model, precision): what
-`resolve_jit_compile("auto", ...)` chooses and its step time over the better of
-XLA on and off.
+`vs_float32` (same model, XLA and stack in float32, without float8),
+`vs_stock` (ours over stock), `vs_no_xla` (XLA on over off) and
+`vs_no_float8` (a float8 variant over its twin without float8); a float8
+variant's `float8` says whether it is `emulated` or `native`, and why, and
+the result's `float8` lists the layers turned, per model. Per (model,
+precision): what `resolve_jit_compile("auto", ...)` chooses and its step time
+over the better of XLA on and off.
 
 Memory is read from TensorFlow's allocator statistics of the device
 (`tf.config.experimental.get_memory_info`, reset before each variant's
@@ -82,7 +89,8 @@ Profile tab.
 Why one module: the variants are measured together, interleaved in one
 process, and every figure of a variant is a ratio to another variant's;
 the pieces that stand alone (the loop and interleaving, the workloads, the
-stacks, FLOPs, the op profile, the report) are modules of their own.
+stacks, the float8 variants' layers and label, FLOPs, the op profile, the
+report) are modules of their own.
 """
 
 from __future__ import annotations
@@ -100,10 +108,20 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from benchmarks import flops, harness, matmul_peak, op_profile, stacks, suite_report, workloads
+from benchmarks import (
+    float8_variants,
+    flops,
+    harness,
+    matmul_peak,
+    op_profile,
+    stacks,
+    suite_report,
+    workloads,
+)
 from mpt_keras import xla
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError
+from mpt_keras.precision.hardware import HardwareProbe, probe_hardware
 from mpt_keras.precision.names import COMPUTE_DTYPES, POLICY_NAMES
 from mpt_keras.precision.policies import global_policy
 
@@ -123,6 +141,12 @@ _MEMORY_METHOD = (
     "TensorFlow's allocator only (on CPU, every allocation with TF_CPU_ALLOCATOR_USE_BFC={bfc}, "
     "else oneDNN's allocator's of 256 KiB and more): lower bounds. "
     "variable_bytes: exact bytes of the model's and optimizer's variables"
+)
+_FLOAT8_METHOD = (
+    "a float8 variant: its twin's model with every Dense and EinsumDense layer turned by "
+    "mpt_keras.precision.float8.to_float8 after the stack's manifest, before the optimizer is "
+    "built; speed.vs_no_float8: its examples/s over the twin's; float8.execution: native only "
+    "with XLA on GPUs of compute capability 8.9 or newer, else emulated"
 )
 _STEP_TIME_METHOD = (
     "median over the rounds of (seconds of steps_per_round train steps, as in model.fit, "
@@ -158,6 +182,8 @@ class Settings:
         matmul_rounds: Interleaved rounds of the matmul peak.
         profile_steps: Steps per XLA-off variant under the TensorFlow
             profiler, after the rounds; 0 profiles nothing.
+        float8: Whether each `mixed_float16` and `mixed_bfloat16` variant
+            also gets its float8 twin (see the module docstring).
 
     Example:
 
@@ -187,6 +213,7 @@ class Settings:
     matmul_size: int = 2048
     matmul_rounds: int = 5
     profile_steps: int = 0
+    float8: bool = False
 
     def __post_init__(self):
         if self.config is not None:
@@ -228,6 +255,11 @@ class Settings:
             if field.type == "int" and (type(value) is not int or value < minimum):
                 kind = "a non-negative" if minimum == 0 else "a positive"
                 raise UserInputError(f"{field.name}: must be {kind} integer. Received: {value!r}")
+        if self.float8 and not set(self.precisions) & set(float8_variants.PRECISIONS):
+            raise UserInputError(
+                f"float8: received with precisions {list(self.precisions)}. Allowed: with "
+                f"{' or '.join(float8_variants.PRECISIONS)} among the precisions"
+            )
         if self.d_model % 4:
             raise UserInputError(
                 f"d_model: must be divisible by the 4 attention heads. Received: {self.d_model}"
@@ -241,24 +273,31 @@ class Settings:
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """One measured configuration; `name` is its key in the result."""
+    """One measured configuration; `name` is its key in the result.
+
+    `float8`: its Dense and EinsumDense layers train in float8.
+    """
 
     model: str
     precision: str
     xla: str
     stack: str
+    float8: bool = False
 
     @property
     def name(self) -> str:
-        return f"{self.model}/{self.precision}/xla_{self.xla}/{self.stack}"
+        precision = self.precision + ("+float8" if self.float8 else "")
+        return f"{self.model}/{precision}/xla_{self.xla}/{self.stack}"
 
 
 def variants(settings: Settings) -> list[Variant]:
-    """The variants `settings` selects, in measurement order."""
+    """The variants `settings` selects, in measurement order (float8 ones after their twins)."""
     return [
-        Variant(model, precision, xla_setting, stack)
+        Variant(model, precision, xla_setting, stack, float8)
         for model in settings.model_names
         for precision in settings.precisions
+        for float8 in (False, True)
+        if not float8 or (settings.float8 and precision in float8_variants.PRECISIONS)
         for xla_setting in settings.xla
         for stack in settings.stacks
     ]
@@ -274,7 +313,8 @@ def measure(settings: Settings, profile_dir: str | None = None) -> dict[str, Any
     config's model, its source, loss, batch size, inputs and parameters),
     `machine`, `methods` (how time, FLOPs and memory were measured),
     `matmul_peak` (see `matmul_peak.measure_matmul_peak`), `variants` (by
-    `Variant.name`) and `auto_jit_compile` (by `<model>/<precision>`).
+    `Variant.name`), `auto_jit_compile` (by `<model>/<precision>`) and, with
+    `settings.float8`, `float8` (the layers turned, by model, and how).
 
     Raises:
         UserInputError: For a config whose model, data or loss cannot be
@@ -284,11 +324,12 @@ def measure(settings: Settings, profile_dir: str | None = None) -> dict[str, Any
     peak = matmul_peak.measure_matmul_peak(settings.matmul_size, settings.matmul_rounds)
     measured = measure_variants(settings, measured_models, profile_dir)
     memory_device = _memory_device()
+    probe = probe_hardware()
     records = {
-        variant.name: _record(variant, measured_models[variant.model], measured, peak)
+        variant.name: _record(variant, measured_models[variant.model], measured, peak, probe)
         for variant in variants(settings)
     }
-    return {
+    result = {
         "benchmark": "suite",
         "settings": dataclasses.asdict(settings),
         "models": {name: dict(model.description) for name, model in measured_models.items()},
@@ -311,6 +352,12 @@ def measure(settings: Settings, profile_dir: str | None = None) -> dict[str, Any
         "variants": records,
         "auto_jit_compile": _auto_choices(settings, measured_models, measured.step_seconds),
     }
+    if settings.float8:
+        result["float8"] = {
+            "layers": {model: list(paths) for model, paths in measured.float8_layers.items()},
+            "method": _FLOAT8_METHOD,
+        }
+    return result
 
 
 def workloads_of(settings: Settings) -> dict[str, workloads.Workload]:
@@ -346,6 +393,8 @@ class Measurements:
         op_seconds: Per profiled variant name, seconds per step per op type
             (`op_profile.op_seconds`).
         traces: Per profiled variant name, its trace file (None once deleted).
+        float8_layers: Per model name with float8 variants, the paths of the
+            layers they turn to float8.
     """
 
     step_seconds: dict[str, list[float]]
@@ -353,6 +402,7 @@ class Measurements:
     train_step_flops: dict[str, int | None]
     op_seconds: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     traces: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    float8_layers: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
 def measure_variants(
@@ -411,17 +461,24 @@ def measure_variants(
         train_step_flops=train_flops,
         op_seconds=op_seconds,
         traces=traces,
+        float8_layers={
+            variant.model: ready.float8_layers
+            for variant, ready in prepared.items()
+            if variant.float8
+        },
     )
 
 
 @dataclasses.dataclass(frozen=True)
 class _Prepared:
-    """A variant ready to be timed: its fit loop, model, input spec, and memory figures."""
+    """A variant ready to be timed: its fit loop, model, input spec, memory figures, and the
+    paths of its float8 layers."""
 
     loop: harness.FitLoop
     model: keras.Model
     input_spec: Any
     memory: dict[str, int | None]
+    float8_layers: tuple[str, ...]
 
 
 def _prepare(
@@ -431,7 +488,11 @@ def _prepare(
     log_root: str,
     memory_device: str | None,
 ) -> _Prepared:
-    """Builds and compiles a variant, runs its first step (tracing), measures its memory."""
+    """Builds and compiles a variant, runs its first step (tracing), measures its memory.
+
+    Raises:
+        UserInputError: For a float8 variant of a model without a layer to turn.
+    """
     # Frees what earlier work left in reference cycles (the matmul peak's
     # matrices), which would otherwise be freed during this variant's build.
     gc.collect()
@@ -440,6 +501,12 @@ def _prepare(
     memory_before = _memory_current(memory_device)
     with global_policy(variant.precision):
         model = workload.build()
+        float8_layers = float8_variants.float8_paths(model) if variant.float8 else ()
+        if variant.float8 and not float8_layers:
+            raise UserInputError(
+                f"float8: model '{variant.model}' has no Dense or EinsumDense layer (Keras' own "
+                "classes) to train in float8. Allowed: float8 with models that have one"
+            )
         callbacks = stacks.compile_stack(
             model,
             variant.precision,
@@ -448,6 +515,7 @@ def _prepare(
             os.path.join(log_root, variant.name.replace("/", "-")),
             workload.batch_size,
             loss=workload.loss,
+            float8_layers=float8_layers,
         )
         iterator = iter(dataset)
         loop = harness.FitLoop(model, iterator, callbacks)
@@ -458,7 +526,7 @@ def _prepare(
         for variable in {id(v): v for v in (*model.weights, *model.optimizer.variables)}.values()
     )
     input_spec = keras.utils.unpack_x_y_sample_weight(dataset.element_spec)[0]
-    return _Prepared(loop, model, input_spec, memory)
+    return _Prepared(loop, model, input_spec, memory, float8_layers)
 
 
 def _train_step_flops(name: str, ready: _Prepared) -> int | None:
@@ -503,7 +571,11 @@ def _step_memory(
 
 
 def _record(
-    variant: Variant, workload: workloads.Workload, measured: Measurements, peak: dict[str, Any]
+    variant: Variant,
+    workload: workloads.Workload,
+    measured: Measurements,
+    peak: dict[str, Any],
+    probe: HardwareProbe,
 ) -> dict[str, Any]:
     step_seconds = measured.step_seconds
     memory = measured.memory[variant.name]
@@ -514,7 +586,7 @@ def _record(
     flops_per_second = None if train_flops is None else train_flops / median
     compute_dtype = COMPUTE_DTYPES[variant.precision]
 
-    def speed_over(**changes: str) -> dict[str, float] | None:
+    def speed_over(**changes: Any) -> dict[str, float] | None:
         other = dataclasses.replace(variant, **changes).name
         if other == variant.name or other not in step_seconds:
             return None
@@ -545,12 +617,22 @@ def _record(
         "step_memory_bytes": memory["step_bytes"],
         "variable_bytes": memory["variable_bytes"],
         "speed": {
-            "vs_float32": speed_over(precision="float32"),
+            "vs_float32": speed_over(precision="float32", float8=False),
             "vs_stock": speed_over(stack="stock") if variant.stack == "ours" else None,
             "vs_no_xla": speed_over(xla="off") if variant.xla == "on" else None,
+            "vs_no_float8": speed_over(float8=False) if variant.float8 else None,
         },
         "op_profile": variant_op_profile(variant, measured, peak),
+        "float8": _float8_execution(variant, probe),
     }
+
+
+def _float8_execution(variant: Variant, probe: HardwareProbe) -> dict[str, str] | None:
+    """A float8 variant's `{"execution": "emulated" or "native", "reason": ...}`; else None."""
+    if not variant.float8:
+        return None
+    execution, reason = float8_variants.execution(probe, variant.xla == "on")
+    return {"execution": execution, "reason": reason}
 
 
 def variant_op_profile(
@@ -572,7 +654,8 @@ def variant_op_profile(
         "op_time_speedup_vs_float32": None,
         "speedup_with_peak_matmuls": None,
     }
-    float32 = measured.op_seconds.get(dataclasses.replace(variant, precision="float32").name)
+    float32_variant = dataclasses.replace(variant, precision="float32", float8=False)
+    float32 = measured.op_seconds.get(float32_variant.name)
     if variant.precision != "float32" and float32 is not None:
         reference = op_profile.breakdown(float32)
         peaks = peak["flops_per_second"]

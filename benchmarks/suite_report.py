@@ -9,11 +9,15 @@ from typing import Any
 
 
 def table(result: dict[str, Any]) -> str:
-    """The result as a text table: one row per variant, then the peak and `auto` lines."""
+    """The result as a text table: one row per variant, then the float8, peak and `auto` lines.
+
+    A float8 variant has `(emulated)` or `(native)` after its name.
+    """
     peak = result["matmul_peak"]
     peaks = peak["flops_per_second"]
     ceilings = {dtype: peaks[dtype] / peaks["float32"] for dtype in peaks}
-    width = max(len("variant"), *map(len, result["variants"]))
+    labels = {name: _label(name, row) for name, row in result["variants"].items()}
+    width = max(len("variant"), *map(len, labels.values()))
     header = (
         f"{'variant':<{width}} {'step ms':>8} {'ex/s':>8} {'tok/s':>8} {'GFLOP/s':>8} "
         f"{'%peak':>6} {'mem MiB':>8} {'/f32':>5} {'(ceil)':>6} {'/stock':>6} {'/noXLA':>6}"
@@ -22,7 +26,7 @@ def table(result: dict[str, Any]) -> str:
     for name, row in result["variants"].items():
         speed = row["speed"]
         lines.append(
-            f"{name:<{width}} {row['median_step_seconds'] * 1e3:>8.2f} "
+            f"{labels[name]:<{width}} {row['median_step_seconds'] * 1e3:>8.2f} "
             f"{row['examples_per_second']:>8.0f} {_number(row['tokens_per_second'], 8, 0)} "
             f"{_number(_scaled(row['flops_per_second'], 1e-9), 8, 2)} "
             f"{_percent(row['fraction_of_matmul_peak'])} "
@@ -36,6 +40,7 @@ def table(result: dict[str, Any]) -> str:
         "ratios: examples/s over float32 (ceiling: the dtype's matmul peak over float32's), "
         "over stock, over XLA off; above 1 faster"
     )
+    lines += _float8_lines(result, labels)
     lines.append(
         f"matmul peak ({peak['size']}x{peak['size']}, median of {peak['rounds']} rounds): "
         + ", ".join(
@@ -62,6 +67,49 @@ def table(result: dict[str, Any]) -> str:
         f"Keras {machine['keras']}"
     )
     return "\n".join(lines) + "\n"
+
+
+def _label(name: str, row: dict[str, Any]) -> str:
+    """A variant's name in the table; a float8 variant's with how its float8 ran after it.
+
+    A result measured before float8 variants existed has no `float8` field.
+    """
+    float8 = row.get("float8")
+    return f"{name} ({float8['execution']})" if float8 else name
+
+
+def _float8_lines(result: dict[str, Any], labels: dict[str, str]) -> list[str]:
+    """Each float8 variant's speed over its twin without float8, and how float8 ran, plainly."""
+    rows = {name: row for name, row in result["variants"].items() if row.get("float8")}
+    if not rows:
+        return []
+    layers = result["float8"]["layers"]
+    counts = ", ".join(f"{model} {len(paths)}" for model, paths in layers.items())
+    width = max(len(labels[name]) for name in rows)
+    lines = [
+        f"float8 variants (Dense and EinsumDense layers in float8: {counts}): examples/s over "
+        "the same variant without float8"
+    ]
+    ratios: dict[tuple[str, str], list[float]] = {}
+    for name, row in rows.items():
+        speed = row["speed"]["vs_no_float8"]
+        lines.append(
+            f"{labels[name]:<{width}} {speed['ratio']:>5.2f} "
+            f"(paired {speed['paired_ratio_median']:.2f}): {_verdict(speed['ratio'])}"
+        )
+        float8 = row["float8"]
+        ratios.setdefault((float8["execution"], float8["reason"]), []).append(speed["ratio"])
+    for (execution, reason), measured in ratios.items():
+        slower = sum(ratio < 1 for ratio in measured)
+        lines.append(
+            f"float8 is {execution} here, and slower in {slower} of {len(measured)} "
+            f"variants: {reason}"
+        )
+    return lines
+
+
+def _verdict(ratio: float) -> str:
+    return "slower" if ratio < 1 else "faster" if ratio > 1 else "as fast"
 
 
 def _profile_lines(result: dict[str, Any]) -> list[str]:
@@ -110,10 +158,14 @@ def plot(result: dict[str, Any]) -> bytes:
         "float32": "f32",
         "mixed_bfloat16": "bf16",
         "mixed_float16": "f16",
+        "float8": "f8",
     }
     bars = [
         (
-            " ".join(short.get(part, part) for part in name.split("/")),
+            " ".join(
+                "+".join(short.get(piece, piece) for piece in part.split("+"))
+                for part in name.split("/")
+            ),
             row["precision"],
             row["flops_per_second"] / 1e9,
         )

@@ -25,6 +25,11 @@ a loss) are checked where they are used.
     sensitivity  per layer, the relative error ||y_low - y|| / ||y|| of its
                  output when it alone computes in float16 (`mixed_float16`)
                  or bfloat16 (`mixed_bfloat16`), all other layers float32.
+    float8       per Dense and EinsumDense, the layers' sublayers included,
+                 in the gradients' pass: the amax of its inputs, kernel and
+                 output gradient, and the shares of each that saturate or
+                 underflow in e4m3 or e5m2 at the scale Keras' delayed
+                 scaling would use (`calibration_float8`).
 
 The activations are recorded as the model runs (each layer's `call` wrapped,
 so a layer called twice, as a causal LM's token embedding, is measured on
@@ -54,18 +59,24 @@ Decisions (`CalibrationThresholds`), per layer:
     mixed_bfloat16  otherwise, if the bfloat16 error <= `max_bfloat16_error`;
     float32         otherwise.
 
+With `float8=True`, a Dense or EinsumDense whose own decision is the
+manifest's default and whose shares are within `max_float8_saturated_fraction`
+and `max_float8_underflowed_fraction` gets a first rule `float8`, its reason
+naming the figures; every other one's reason (in `float8_layers`) says why
+not (`calibration_float8`).
+
 Flushing counts what is lost, not how many values are tiny: the key bias of
 an attention, whose gradient is zero but for rounding, flushes entirely and
 loses nothing of its layer's gradient. Gradient overflow at the initial scale
 is recorded but decides nothing: the dynamic loss scale backs off on the
 first overflowing steps. The manifest's `default` is the policy most layers
-got; every other layer gets exact-path rules with the reason and its numbers.
-A layer such a rule would also match (a nested model's layer named like one
-of the model's own) gets a rule of its own first, its path with the model's
-name in front. A layer at two paths (a shared token embedding) is measured
-once, at the first. Safe defaults stay on, so the
-model outputs and normalization layers stay float32 whatever their numbers
-(which are still recorded).
+got; every other layer gets exact-path rules (its path, regex-escaped) with
+the reason and its numbers. A layer such a rule would also match (a nested
+model's layer named like one of the model's own) gets a rule of its own
+first, its path with the model's name in front. A layer at two paths (a
+shared token embedding) is measured once, at the first. Safe defaults stay
+on, so the model outputs and normalization layers stay float32 whatever their
+numbers (which are still recorded).
 
 A batch that is not finite in float32 is diagnosed (`diagnose_nonfinite`): a
 layer's output that is not finite is an error naming the first such layer,
@@ -83,7 +94,9 @@ Why one module: the measurement (one recording forward and backward pass per
 batch) and the decision per layer are one procedure whose statistics are
 its output; split, each half would carry the other's layout of those
 statistics. The manifest it writes, the diagnosis and the layer paths live
-in their own modules.
+in their own modules, and so do the float8 figures with their decision
+(`calibration_float8`): recorded in the same backward pass, they and their
+rule are a procedure of their own.
 """
 
 from __future__ import annotations
@@ -92,6 +105,7 @@ import collections
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -100,11 +114,20 @@ import numpy as np
 import tensorflow as tf
 
 from mpt_keras import keras_compat as compat
+from mpt_keras.calibration_float8 import (
+    FLOAT8_TABLE_COLUMNS,
+    Float8Recorder,
+    decide_float8,
+    float8_table_rows,
+    format_figure,
+    format_share,
+)
 from mpt_keras.diagnosis import diagnose_nonfinite
 from mpt_keras.errors import UserInputError
-from mpt_keras.layer_paths import first_instance_name, iter_layers
+from mpt_keras.layer_paths import first_instance_name, iter_layer_paths, iter_layers
+from mpt_keras.precision.float8 import FLOAT8_LAYER_CLASSES, is_float8_state
 from mpt_keras.precision.manifest import PrecisionManifest, Rule
-from mpt_keras.precision.names import LOW_PRECISION_POLICIES
+from mpt_keras.precision.names import FLOAT8, LOW_PRECISION_POLICIES
 
 FLOAT16_MAX = 65504.0
 FLOAT16_SMALLEST_NORMAL = 2.0**-14
@@ -142,6 +165,19 @@ class CalibrationThresholds:
         max_float16_error: The largest relative output error in float16; its
             rounding unit is 4.9e-4, so 1e-2 means a 20-fold amplification.
         max_bfloat16_error: The same for bfloat16 (rounding unit 3.9e-3).
+        max_float8_saturated_fraction: float8 only if at most this share of
+            each of a Dense or EinsumDense's inputs, kernel and output
+            gradient saturates at the delayed scale (`calibration_float8`).
+            A saturated value is clipped to the format's largest, an error
+            as large as its excess; delayed scaling saturates the values of
+            a step above every amax before it, a few outliers when the
+            range is steady: 0.1% allows those, and refuses a layer whose
+            amax keeps jumping.
+        max_float8_underflowed_fraction: float8 only if at most this share
+            of each underflows to zero: 1%, as `max_flushed_norm_fraction`.
+            e4m3 spans 2**17.8 below the amax, e5m2 2**31.8; a tensor whose
+            values spread wider (small kernel weights beside a large one)
+            loses them.
 
     Example:
 
@@ -153,6 +189,8 @@ class CalibrationThresholds:
     max_flushed_norm_fraction: float = 0.01
     max_float16_error: float = 1e-2
     max_bfloat16_error: float = 5e-2
+    max_float8_saturated_fraction: float = 1e-3
+    max_float8_underflowed_fraction: float = 1e-2
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
@@ -160,6 +198,11 @@ class CalibrationThresholds:
             if not _is_positive_number(value):
                 raise UserInputError(
                     f"CalibrationThresholds.{field.name}: must be a number > 0, received {value!r}"
+                )
+            if field.name.endswith("_fraction") and value > 1:
+                raise UserInputError(
+                    f"CalibrationThresholds.{field.name}: must be <= 1 (a share), "
+                    f"received {value!r}"
                 )
         if self.float16_headroom < 1:
             raise UserInputError(
@@ -182,7 +225,12 @@ class CalibrationResult:
             `norm`, `flushed_norm_fraction`, `nonzero_fraction` and
             `overflow_fraction`; and `diagnosis`, where the first batch whose
             gradients were not finite stopped being finite (`statistics
-            batch 2 of 8: first non-finite gradient: dense/kernel`), or null.
+            batch 2 of 8: first non-finite gradient: dense/kernel`), or null;
+            `float8`, whether the manifest has float8 rules, and per Dense or
+            EinsumDense path (`float8_layers`) its `class`, `calls`, each
+            quantized tensor's `format`, `amax`, `saturated` and
+            `underflowed` shares (`calibration_float8`), its `policy` in the
+            manifest, whether float8 is `recommended`, and the `reason`.
         manifest: The decided precision manifest, a reason on every rule.
 
     Example:
@@ -209,6 +257,7 @@ def calibrate(
     thresholds: CalibrationThresholds = CalibrationThresholds(),
     initial_scale: float = 2.0**15,
     batch_size: int = 32,
+    float8: bool = False,
 ) -> CalibrationResult:
     """Measures a model in float32 on `steps` batches and decides a manifest.
 
@@ -231,6 +280,11 @@ def calibrate(
         thresholds: The decision thresholds.
         initial_scale: The loss scale a float16 run starts with.
         batch_size: Examples per batch, for array data.
+        float8: Give the Dense and EinsumDense layers recommended for float8
+            a float8 rule. Off by default: without float8 units (CPUs, GPUs
+            before compute capability 8.9) float8 is emulated, and slower.
+            Their figures and the recommendation are in the statistics
+            either way.
 
     Returns:
         The statistics and the manifest; the same data and seed give the
@@ -239,10 +293,12 @@ def calibrate(
     Raises:
         UserInputError: For a model without a graph (subclassed, or not
             built), a factory not returning a model, bad `steps`,
-            `batch_size`, `initial_scale` or `loss`, or bad data.
+            `batch_size`, `initial_scale`, `loss` or `float8`, or bad data.
     """
     if not isinstance(steps, int) or steps < 1:
         raise UserInputError(f"steps: must be an integer >= 1, received {steps!r}")
+    if not isinstance(float8, bool):
+        raise UserInputError(f"float8: must be True or False, received {float8!r}")
     if not _is_positive_number(initial_scale):
         raise UserInputError(f"initial_scale: must be a number > 0, received {initial_scale!r}")
     loss = _loss(loss)
@@ -252,7 +308,7 @@ def calibrate(
     saved_policies = [(layer, layer.dtype_policy) for _, layer in iter_layers(model)]
     try:
         float32 = PrecisionManifest(default="float32").apply(model)
-        return _Calibration(model, sites, float32, thresholds, initial_scale).run(
+        return _Calibration(model, sites, float32, thresholds, initial_scale, float8).run(
             batches, loss, seed
         )
     finally:
@@ -263,8 +319,12 @@ def calibrate(
 def format_calibration_table(statistics: dict[str, Any]) -> str:
     """The layers of calibration statistics as an aligned text table.
 
-    A last line tells where the first batch whose gradients were not finite
-    stopped being finite, if one was not (`statistics["diagnosis"]`).
+    With float8 rules asked for (`statistics["float8"]`), a second table
+    follows after an empty line, one row per Dense or EinsumDense
+    (`calibration_float8.FLOAT8_TABLE_COLUMNS`: the amax of inputs, kernel
+    and output gradient, and the shares that saturate and underflow). A last
+    line tells where the first batch whose gradients were not finite stopped
+    being finite, if one was not (`statistics["diagnosis"]`).
     """
     columns = ("path", "class", "act_max", "fp16_err", "bf16_err", "policy", "reason")
     rows = [columns]
@@ -274,20 +334,30 @@ def format_calibration_table(statistics: dict[str, Any]) -> str:
             (
                 path,
                 layer["class"],
-                _short(layer["activations"]["max"]),
-                _short(errors["mixed_float16"]),
-                _short(errors["mixed_bfloat16"]),
+                format_figure(layer["activations"]["max"]),
+                format_figure(errors["mixed_float16"]),
+                format_figure(errors["mixed_bfloat16"]),
                 layer["policy"],
                 layer["reason"],
             )
         )
-    widths = [max(len(row[index]) for row in rows) for index in range(len(columns))]
-    lines = [
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows
-    ]
+    lines = _aligned(rows)
+    if statistics.get("float8") and statistics["float8_layers"]:
+        lines += [
+            "",
+            *_aligned([FLOAT8_TABLE_COLUMNS, *float8_table_rows(statistics["float8_layers"])]),
+        ]
     if statistics.get("diagnosis"):
         lines.append(statistics["diagnosis"])
     return "\n".join(lines) + "\n"
+
+
+def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
+    """`rows` as lines, each column as wide as its widest cell."""
+    widths = [max(len(row[index]) for row in rows) for index in range(len(rows[0]))]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows
+    ]
 
 
 class _FunctionLoss(keras.losses.Loss):
@@ -421,14 +491,15 @@ def _batches(data, steps: int, seed: int, batch_size: int) -> Iterator[tuple[Any
 class _Calibration:
     """The measurements of one `calibrate` call."""
 
-    def __init__(self, model, sites, float32_report, thresholds, initial_scale):
+    def __init__(self, model, sites, float32_report, thresholds, initial_scale, float8):
         self._model = model
         self._sites = sites
         self._thresholds = thresholds
         self._scale = initial_scale
+        self._float8_rules_asked = float8
         decided_by = {layer.path: layer.decided_by for layer in float32_report.layers}
         self._safe_defaults = [
-            Rule("float32", path=path, reason=reason)
+            (path, Rule("float32", path=re.escape(path), reason=reason))
             for path, reason in decided_by.items()
             if reason.startswith("safe default")
         ]
@@ -448,6 +519,18 @@ class _Calibration:
             ]
             for site in sites
         }
+        # Each built Dense and EinsumDense among the sites and their members,
+        # at its first path, with the site it follows.
+        self._float8_candidates: dict[str, tuple[keras.layers.Layer, _Site]] = {}
+        seen: set[int] = set()
+        for site in sites:
+            for path, layer in self._members[site.path]:
+                if type(layer) in FLOAT8_LAYER_CLASSES and layer.built and id(layer) not in seen:
+                    seen.add(id(layer))
+                    self._float8_candidates[path] = (layer, site)
+        self._float8 = Float8Recorder(
+            [(path, layer) for path, (layer, _) in self._float8_candidates.items()]
+        )
 
     def run(self, batches, loss, seed: int) -> CalibrationResult:
         self._record(batches)
@@ -479,8 +562,10 @@ class _Calibration:
             rule
             for path, layer in layers.items()
             if path not in self._safe_default and layer["policy"] != default_policy
-            for rule in self._rules(path, layer["policy"], layer["reason"])
+            for _, rule in self._rules(path, layer["policy"], layer["reason"])
         )
+        float8_layers = self._float8_layers(layers, default_policy)
+        float8_rules = self._float8_rules(float8_layers)
         statistics = {
             "model": self._model.name,
             "steps": len(batches),
@@ -491,9 +576,13 @@ class _Calibration:
             "layers": layers,
             "gradients": gradients,
             "diagnosis": diagnosis,
+            "float8": self._float8_rules_asked,
+            "float8_layers": float8_layers,
         }
-        manifest = self._uncaught(PrecisionManifest(default_policy, rules), layers)
-        return CalibrationResult(statistics, manifest)
+        manifest = self._uncaught(PrecisionManifest(default_policy, rules), layers, float8_layers)
+        return CalibrationResult(
+            statistics, dataclasses.replace(manifest, rules=(*float8_rules, *manifest.rules))
+        )
 
     def _record(self, batches) -> None:
         """Runs the model on every batch, recording each site's calls."""
@@ -534,19 +623,27 @@ class _Calibration:
                 return f"{batch}: {report}"
         return None
 
-    def _rules(self, path: str, policy: str, reason: str) -> list[Rule]:
+    def _rules(self, path: str, policy: str, reason: str) -> list[tuple[str, Rule]]:
+        """The rules giving the site at `path` and its members `policy`, each
+        with the path of its layer. A rule's path is a regex: escaped, a
+        layer's path (`mobilenetv2_0.35_32/...`) matches that layer only."""
         members = [member for member, _ in self._members[path]]
-        return [Rule(policy, path=members[0], reason=reason)] + [
-            Rule(policy, path=member, reason=f"follows {path}") for member in members[1:]
+        return [(members[0], Rule(policy, path=re.escape(members[0]), reason=reason))] + [
+            (member, Rule(policy, path=re.escape(member), reason=f"follows {path}"))
+            for member in members[1:]
         ]
 
-    def _uncaught(self, manifest: PrecisionManifest, layers) -> PrecisionManifest:
+    def _uncaught(
+        self, manifest: PrecisionManifest, layers, float8_layers: dict[str, dict[str, Any]]
+    ) -> PrecisionManifest:
         """`manifest`, with a first rule for each layer a rule meant for another catches.
 
         As a path below a nested model is one of a layer's path forms, a rule
         for the model's own `dense` also matches `backbone/dense`. The rules
         added name their layer with the model's name in front, a form of its
-        path no other layer has.
+        path no other layer has. `manifest` has no float8 rules (`apply`
+        would turn the model's layers to float8): the layers of those, which
+        go first and match them alone, are not checked.
         """
         decided = list(self._safe_defaults)
         for path, layer in layers.items():
@@ -555,11 +652,61 @@ class _Calibration:
         policies = manifest.apply(self._model).policies
         model_name = first_instance_name(self._model)
         caught = tuple(
-            dataclasses.replace(rule, path=f"{model_name}/{rule.path}")
-            for rule in decided
-            if policies[rule.path] != rule.policy
+            dataclasses.replace(rule, path=re.escape(f"{model_name}/{path}"))
+            for path, rule in decided
+            if policies[path] != rule.policy and float8_layers.get(path, {}).get("policy") != FLOAT8
         )
         return dataclasses.replace(manifest, rules=(*caught, *manifest.rules))
+
+    def _float8_layers(self, layers, default: str) -> dict[str, dict[str, Any]]:
+        """Per Dense and EinsumDense path, its float8 figures and decision.
+
+        Its own decision without float8 is its site's (`layers`): a member
+        follows its site.
+        """
+        limits = self._thresholds
+        decided = {}
+        for path, figures in self._float8.figures().items():
+            site = self._float8_candidates[path][1]
+            policy = layers[site.path]["policy"]
+            if path != site.path:
+                why = f"follows {site.path}"
+            else:
+                why = self._safe_default.get(path, "for its numbers")
+            recommended, reason = decide_float8(
+                figures,
+                policy,
+                why,
+                default,
+                limits.max_float8_saturated_fraction,
+                limits.max_float8_underflowed_fraction,
+            )
+            decided[path] = {
+                **figures,
+                "policy": FLOAT8 if recommended and self._float8_rules_asked else policy,
+                "recommended": recommended,
+                "reason": reason,
+            }
+        return decided
+
+    def _float8_rules(self, float8_layers: dict[str, dict[str, Any]]) -> tuple[Rule, ...]:
+        """A float8 rule for each layer whose `policy` is float8, matching it alone.
+
+        Checked by matching the path forms of every layer, not by `apply`,
+        which would turn the layers to float8 for good: a path another layer
+        has too (in a nested model) gets the model's name in front.
+        """
+        chosen = [path for path, figures in float8_layers.items() if figures["policy"] == FLOAT8]
+        entries = list(iter_layer_paths(self._model)) if chosen else []
+        model_name = first_instance_name(self._model)
+        rules = []
+        for path in chosen:
+            layer = self._float8_candidates[path][0]
+            rule = Rule(FLOAT8, path=re.escape(path), reason=float8_layers[path]["reason"])
+            if any(rule.matches(e.forms, e.layer) for e in entries if e.layer is not layer):
+                rule = dataclasses.replace(rule, path=re.escape(f"{model_name}/{path}"))
+            rules.append(rule)
+        return tuple(rules)
 
     def _error(self, site: _Site, policy: str, references: list[np.ndarray]) -> float | None:
         # The policies the manifest's rules for the site would give it and
@@ -581,17 +728,22 @@ class _Calibration:
         return math.sqrt(squared_error / squared_reference) if squared_reference else 0.0
 
     def _gradient_statistics(self, batches, loss) -> dict[str, dict[str, Any]]:
+        """The gradient figures per variable; the float8 recorder records the same pass."""
         owners = {}
         for site in self._sites:
             for variable in site.layer.trainable_variables:
                 owners.setdefault(id(variable), site.path)
-        variables = self._model.trainable_variables
+        # A float8 layer's scales and amax histories have no gradient: a step
+        # overwrites them.
+        variables = [v for v in self._model.trainable_variables if not is_float8_state(v)]
         magnitudes = [[] for _ in variables]
         for features, labels, sample_weight in batches:
-            with tf.GradientTape() as tape:
+            with tf.GradientTape() as tape, self._float8.recording(tape):
                 predictions = self._model(features, training=False)
                 value = loss(labels, predictions, sample_weight=sample_weight)
-            for index, gradient in enumerate(tape.gradient(value, variables)):
+            gradients, output_gradients = tape.gradient(value, (variables, self._float8.outputs))
+            self._float8.add_batch(output_gradients)
+            for index, gradient in enumerate(gradients):
                 if gradient is not None:
                     magnitudes[index].append(np.abs(tf.convert_to_tensor(gradient).numpy()).ravel())
         statistics = {}
@@ -616,7 +768,7 @@ class _Calibration:
         limits = self._thresholds
         activations = layer["activations"]
         fits = FLOAT16_MAX / limits.float16_headroom
-        flushed_limit = _percent(limits.max_flushed_norm_fraction)
+        flushed_limit = format_share(limits.max_flushed_norm_fraction)
         problems = []
         if activations["max"] > fits:
             problems.append(
@@ -627,14 +779,14 @@ class _Calibration:
         flushed = activations["flushed_norm_fraction"]
         if flushed is not None and flushed > limits.max_flushed_norm_fraction:
             problems.append(
-                f"activations: {_percent(flushed)} of their norm flushes to zero in float16 "
+                f"activations: {format_share(flushed)} of their norm flushes to zero in float16 "
                 f"(below 6e-08; > {flushed_limit})"
             )
         flushed = layer["gradients"]["flushed_norm_fraction"]
         if flushed is not None and flushed > limits.max_flushed_norm_fraction:
             problems.append(
-                f"gradient x {self._scale:g}: {_percent(flushed)} of its norm flushes to zero in "
-                f"float16 (below 6e-08; > {flushed_limit})"
+                f"gradient x {self._scale:g}: {format_share(flushed)} of its norm flushes to "
+                f"zero in float16 (below 6e-08; > {flushed_limit})"
             )
         float16_error = _or_inf(layer["errors"]["mixed_float16"])
         bfloat16_error = _or_inf(layer["errors"]["mixed_bfloat16"])
@@ -730,11 +882,3 @@ def _number(value) -> float | None:
 
 def _or_inf(value: float | None) -> float:
     return math.inf if value is None else value
-
-
-def _percent(fraction: float) -> str:
-    return f"{100 * fraction:.3g}%"
-
-
-def _short(value: float | None) -> str:
-    return "nonfinite" if value is None else f"{value:.3g}"

@@ -160,7 +160,7 @@ def diagnose_nonfinite(
     Returns:
         The report. The model runs with `training=False` (no dropout; batch
         normalization on its moving statistics), eagerly, once, and once more
-        under a gradient tape when gradients are checked.
+        in a `tf.function`, under a gradient tape, when gradients are checked.
 
     Raises:
         UserInputError: If `y` is given, but neither `loss` nor a compiled
@@ -188,16 +188,22 @@ def diagnose_nonfinite(
     if y is None:
         return NonfiniteReport()
     variables = model.trainable_variables
-    with tf.GradientTape() as tape:
-        y_pred = model(x, training=False)
-        if loss is None:
-            value = compat.compute_loss(model, x, y, y_pred, sample_weight, training=True)
-            scale_loss = getattr(model.optimizer, "scale_loss", None)
-            if scale_loss is not None:
-                value = scale_loss(value)
-        else:
-            value = loss(y, y_pred, sample_weight=sample_weight)
-    gradients = tape.gradient(value, variables)
+
+    # In a function: Keras' float8 layers take no gradient eagerly (3.15.1).
+    @tf.function(autograph=False)
+    def loss_and_gradients(x, y, sample_weight):
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=False)
+            if loss is None:
+                value = compat.compute_loss(model, x, y, y_pred, sample_weight, training=True)
+                scale_loss = getattr(model.optimizer, "scale_loss", None)
+                if scale_loss is not None:
+                    value = scale_loss(value)
+            else:
+                value = loss(y, y_pred, sample_weight=sample_weight)
+        return value, tape.gradient(value, variables)
+
+    value, gradients = loss_and_gradients(x, y, sample_weight)
     first = next(
         (
             variable.path

@@ -6,7 +6,7 @@ loss-scaling part of a step (unscale, the finite verdict, skip or apply, the
 scale update) and leaves the update itself to the inner optimizer's own
 `apply()`. See the class docstring for what it changes and why.
 
-One module, ~950 lines, because one step is one piece of control flow: the
+Why one module (~950 lines): one step is one piece of control flow: the
 verdict, the skip or the inner update, the scale, the bad-batch record and the
 accumulation window are written together in one cross-replica `cond`, so that
 each outcome writes only what it changes (the settings live in
@@ -29,6 +29,7 @@ from mpt_keras import loss_scale_settings
 from mpt_keras import telemetry_layout as tags
 from mpt_keras.errors import UserInputError
 from mpt_keras.loss_scale_settings import LossScaleSettings
+from mpt_keras.precision.float8 import is_float8_state
 from mpt_keras.step_health import BAD_BATCH_MEMORY, StepHealth
 
 _StockLossScaleOptimizer = keras.optimizers.LossScaleOptimizer
@@ -219,7 +220,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
                 low_precision
                 and [
                     *low_precision,
-                    *(v for v in var_list if _is_float8_state(v)),
+                    *(v for v in var_list if is_float8_state(v)),
                     *(v for v in inner.variables if v.dtype not in ("int32", "int64")),
                 ]
             ),
@@ -498,7 +499,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             bad_batch, loss = ops.convert_to_tensor(False), ops.zeros((), "float32")
         # Float8 scales and amax histories get their "gradient" as their new
         # value: never unscaled or clipped.
-        overwritten = [_is_float8_state(v) for v in variables]
+        overwritten = [is_float8_state(v) for v in variables]
         # Reduce first: from here on every replica holds the same values, so
         # verdict, clipping and state updates agree on all replicas.
         grads = self._all_reduce(grads, overwritten)
@@ -843,11 +844,6 @@ class _Writer:
 
     def add(self, variable: keras.Variable, value: Any) -> None:
         self._update(_tf_variable(variable), _assign_add, args=(value,), group=False)
-
-
-def _is_float8_state(variable: keras.Variable | tf.Variable) -> bool:
-    """A float8 layer's scale or amax history: Keras' `overwrite_with_gradient` variable."""
-    return bool(getattr(variable, "overwrite_with_gradient", False))
 
 
 def _read(variable: keras.Variable, to_python: type) -> Any:

@@ -21,12 +21,20 @@
     step_time_seconds           mean wall time of the interval's train steps
     examples_per_second         `examples_per_step` / step time
     peak_memory_mib/<device>    peak memory of each device over the interval
+    float8/<layer>/<tensor>/<statistic>
+                                for each float8 layer (`precision.float8`), of
+                                its inputs, kernel and outputs_grad: the scale,
+                                the amax of the last step and the range used;
+                                and its kernel's saturated and underflowed
+                                shares (`float8_statistics`); only for a model
+                                with float8 layers
 
 every `histogram_freq` steps, from a forward/backward pass on `histogram_data`:
 
     activation_log2_magnitude/<layer>, gradient_log2_magnitude/<variable path>
         histograms of log2|x| (zeros and non-finite values left out); float16
-        normals span [-14, 16), subnormals reach -24
+        normals span [-14, 16), subnormals reach -24; not for float8 scales and
+        amax histories, whose "gradients" are their new values
     activation_above_float16_max/<layer>, gradient_above_float16_max/<variable>
         fraction of values above 65504 or non-finite
     activation_below_float16_normal/<layer>, gradient_below_float16_normal/...
@@ -37,9 +45,10 @@ layout of Keras' TensorBoard callback, so train and validation curves share a
 chart). `log_dir` itself holds the "Mixed precision" custom-scalars dashboard.
 
 Why one module: every series above is written by one callback at the same
-step boundaries, from the same step logs; the helpers below are each used
-by it alone. The layout of the tags lives apart, in `telemetry_layout`, since
-the Prometheus exporter and the dashboard read it too.
+step boundaries, from the same step logs and interval reads; the helpers
+below are each used by it alone. The layout of the tags lives apart, in
+`telemetry_layout`, since the Prometheus exporter and the dashboard read it
+too, and the float8 statistics in `precision.float8`, which reads a model's.
 """
 
 from __future__ import annotations
@@ -60,6 +69,7 @@ from mpt_keras import telemetry_layout as tags
 from mpt_keras.callbacks import GlobalStepCallback
 from mpt_keras.diagnosis import describe_for_log, diagnose_nonfinite
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
+from mpt_keras.precision.float8 import float8_statistics, float8_variables, is_float8_state
 
 FLOAT16_MAX = 65504.0
 FLOAT16_MIN_NORMAL = 2.0**-14
@@ -78,8 +88,8 @@ class MixedPrecisionMonitor(GlobalStepCallback):
     its batch hook on a worker thread, behind the steps. What it writes for a
     step is what that step logged: with our optimizer, its loss scale,
     skipped steps, bad batches and gradient norm (`LossScaleOptimizer.
-    step_logs`); the per-variable non-finite counts and the learning rate
-    are read when the interval is written.
+    step_logs`); the per-variable non-finite counts, the learning rate and
+    the float8 statistics are read when the interval is written.
 
     Step time is the wall time between the ends of train batches as Keras
     reports them (with the batch's logs, so the step has finished), over the
@@ -175,7 +185,9 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         self._scalar_writers: dict[tuple[str, tuple[str, ...], int | None], Callable] = {}
         self._is_writer = True
         self._layout_written = False
+        self._float8 = False  # Whether the model has float8 layers.
         self._probe: keras.Model | None = None
+        self._sample_pass: Callable | None = None
         self._memory_devices: list[str] = []
         self._last_logs: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -193,11 +205,15 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         self._is_writer = _is_chief(self.model.distribute_strategy)
         if not self._is_writer:
             return
+        self._float8 = bool(float8_variables(self.model))
         if not self._layout_written:
-            tags.write_layout(self._writer(""), histograms=bool(self.histogram_freq))
+            tags.write_layout(
+                self._writer(""), histograms=bool(self.histogram_freq), float8=self._float8
+            )
             self._layout_written = True
-        if self.histogram_freq and self._probe is None:
+        if self.histogram_freq and self._sample_pass is None:
             self._probe = _activation_probe(self.model)
+            self._sample_pass = tf.function(self._activations_and_gradients)
         self._memory_devices = _memory_tracking_devices()
         optimizer = self.model.optimizer
         if isinstance(optimizer, LossScaleOptimizer):
@@ -297,6 +313,10 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         for device in self._memory_devices:
             peak = tf.config.experimental.get_memory_info(device)["peak"]
             scalars[tags.PEAK_MEMORY + device] = peak / 2**20
+        if self._float8:
+            for path, statistics in float8_statistics(self.model).items():
+                for name, value in statistics.scalars().items():
+                    scalars[tags.float8_tag(path, name)] = value
         interval = (self._skipped_steps, self.global_step - self._interval_start_step)
         skipped = self._write("train", scalars, interval)
         optimizer = self.model.optimizer
@@ -369,9 +389,24 @@ class MixedPrecisionMonitor(GlobalStepCallback):
 
     def _write_sample_statistics(self) -> None:
         """Writes activation and gradient magnitudes on `histogram_data`."""
-        x, y = self.histogram_data
+        activations, gradients = self._sample_pass(*self.histogram_data)
+        with self._writer("train").as_default(step=self.global_step):
+            for kind, values in ((tags.ACTIVATION, activations), (tags.GRADIENT, gradients)):
+                for name, value in values.items():
+                    _write_magnitudes(kind, name, value)
+
+    def _activations_and_gradients(
+        self, x: Any, y: Any
+    ) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
+        """The top-level layers' outputs and the scaled loss's gradients on a batch, by name.
+
+        Traced (`_sample_pass`): Keras' float8 layers take no gradient eagerly.
+        """
         model = self.model
-        trainable = model.trainable_variables
+        # A float8 scale's or amax history's "gradient" is its new value.
+        trainable = [
+            variable for variable in model.trainable_variables if not is_float8_state(variable)
+        ]
         with tf.GradientTape() as tape:
             if self._probe is None:
                 prediction, activations = model(x, training=False), {}
@@ -385,10 +420,7 @@ class MixedPrecisionMonitor(GlobalStepCallback):
             for variable, gradient in zip(trainable, tape.gradient(scaled_loss, trainable))
             if gradient is not None
         }
-        with self._writer("train").as_default(step=self.global_step):
-            for kind, values in ((tags.ACTIVATION, activations), (tags.GRADIENT, gradients)):
-                for name, value in values.items():
-                    _write_magnitudes(kind, name, value)
+        return activations, gradients
 
     def _writer(self, name: str) -> tf.summary.SummaryWriter:
         if name not in self._writers:

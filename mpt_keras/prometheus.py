@@ -11,9 +11,17 @@ chief only, one label `run` (the run's name) on every series:
     mpt_bad_batches_total           counter  of those, batches holding a NaN or Inf
     mpt_nonfinite_events_total      counter  (step, variable) pairs whose gradient was
                                              non-finite, read every `update_every` steps
+    mpt_float8_statistic            gauge    for a model with float8 layers only, one
+                                             series per float8 layer (label `layer`, its
+                                             path), tensor (`tensor`: inputs, kernel,
+                                             outputs_grad) and statistic (`stat`: scale,
+                                             amax, range_used; the kernel's saturated and
+                                             underflowed), read every `update_every`
+                                             steps (`precision.float8.float8_statistics`)
 
 The loss scale, skipped steps and bad batches come from each step's logs
-(`LossScaleOptimizer.step_logs`), so the exporter adds no sync per step.
+(`LossScaleOptimizer.step_logs`), so the exporter adds no sync per step; the
+float8 statistics are read on the chief only, which serves them.
 `grafana/mpt_keras.json` is a Grafana dashboard over these names. Counters
 start, in a resumed run, at the run's totals so far.
 """
@@ -33,12 +41,16 @@ from mpt_keras import telemetry_layout as tags
 from mpt_keras.callbacks import GlobalStepCallback
 from mpt_keras.errors import UserInputError
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
+from mpt_keras.precision.float8 import float8_statistics, float8_variables
 
 GAUGES = {
     "mpt_loss_scale": "The loss scale after the last train step.",
     "mpt_train_loss": "The train loss Keras logs (running mean over the epoch).",
     "mpt_examples_per_second": "Train examples per second over the last interval.",
 }
+# Labelled by layer path, tensor and statistic besides `run`; see the module docstring.
+FLOAT8_GAUGE = "mpt_float8_statistic"
+FLOAT8_LABELS = ("layer", "tensor", "stat")
 COUNTERS = {
     "mpt_train_steps": "Train steps done.",
     "mpt_skipped_steps": "Train steps skipped for non-finite gradients or bad batches.",
@@ -114,6 +126,14 @@ class PrometheusExporter(GlobalStepCallback):
             )
             for name, text in COUNTERS.items()
         }
+        self._float8_gauge = prometheus_client.Gauge(
+            FLOAT8_GAUGE,
+            "A float8 layer's statistic: a tensor's scale, amax or range used, or the "
+            "share of its kernel saturated or underflowed at its scale.",
+            ["run", *FLOAT8_LABELS],
+            registry=self.registry,
+        )
+        self._float8 = False  # Whether to read float8 statistics: the chief, of a float8 model.
         self._counted = dict.fromkeys(COUNTERS, 0.0)
         self._lock = threading.Lock()
         self._server: Any = None
@@ -121,7 +141,9 @@ class PrometheusExporter(GlobalStepCallback):
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
-        if self._server is None and distribute.is_chief(self.model.distribute_strategy):
+        chief = distribute.is_chief(self.model.distribute_strategy)
+        self._float8 = chief and bool(float8_variables(self.model))
+        if self._server is None and chief:
             self._server, _ = prometheus_client.start_http_server(
                 self.port, self.address, registry=self.registry
             )
@@ -166,6 +188,11 @@ class PrometheusExporter(GlobalStepCallback):
         optimizer = self.model.optimizer
         if isinstance(optimizer, LossScaleOptimizer):
             self._count("mpt_nonfinite_events", sum(optimizer.nonfinite_counts().values()))
+        if self._float8:
+            for path, statistics in float8_statistics(self.model).items():
+                for name, value in statistics.scalars().items():
+                    tensor, stat = name.split("/")
+                    self._float8_gauge.labels(self.run_name, path, tensor, stat).set(value)
         self._interval_start = (self.global_step, now)
 
     def _count(self, name: str, total: float) -> None:

@@ -371,6 +371,7 @@ def run_calibration(
     stats_output: str | os.PathLike | None = None,
     steps: int = 8,
     thresholds: CalibrationThresholds = CalibrationThresholds(),
+    float8: bool = False,
 ) -> CalibrationResult:
     """Calibrates the model and train data of a run config; writes the manifest.
 
@@ -385,6 +386,8 @@ def run_calibration(
         stats_output: Where the statistics go; default `<output stem>.stats.json`.
         steps: Batches to measure.
         thresholds: The decision thresholds.
+        float8: Write float8 rules for the Dense and EinsumDense layers
+            recommended (`calibrate`'s `float8`).
 
     Returns:
         The calibration result.
@@ -404,6 +407,7 @@ def run_calibration(
         seed=config.seed,
         thresholds=thresholds,
         initial_scale=float(config.loss_scale.initial_scale),
+        float8=float8,
     )
     stats_path = stats_output or os.path.splitext(os.fspath(output))[0] + ".stats.json"
     for path, text in ((output, result.manifest.to_json()), (stats_path, result.to_json())):

@@ -327,7 +327,7 @@ def _fit_from(fit: _Fit, step: int, guard: DivergenceGuard | None) -> None:
         step + 1,
         config.steps,
         interval,
-        config.precision,
+        f"manifest {config.manifest}" if config.manifest else config.precision,
     )
     fit.model.fit(
         train,

@@ -77,6 +77,7 @@ from mpt_keras import runs
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError
 from mpt_keras.files import write_json_atomic, write_text_atomic
+from mpt_keras.precision.float8 import learned_weights
 from mpt_keras.precision.names import PRECISIONS
 from mpt_keras.thresholds import BASELINE, DEFAULT_STEPS, Check, Thresholds
 
@@ -431,7 +432,9 @@ def _forward_parity(
 ) -> tuple[tuple[LayerParity, ...], tuple[LayerParity, ...]]:
     baseline = runs.build_model(baseline_config, components, run_data)[0]
     candidate = runs.build_model(candidate_config, components, run_data)[0]
-    candidate.set_weights(baseline.get_weights())
+    # A float8 candidate has its float8 state besides: it keeps its initial one.
+    for variable, value in zip(learned_weights(candidate), baseline.get_weights(), strict=True):
+        variable.assign(value)
     layers = _probed_layers(baseline)
     baseline_probe = _probe(baseline, baseline, layers)
     candidate_probe = _probe(candidate, baseline, layers)

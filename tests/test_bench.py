@@ -9,6 +9,7 @@ what it writes, never how fast anything was. The full run is the installed
 import json
 import math
 import os
+import re
 import sys
 
 import keras
@@ -18,9 +19,19 @@ import tensorflow as tf
 from launchers import launch_console_script, launch_in_process
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-from benchmarks import chart, flops, op_profile, suite, suite_report, workloads
+from benchmarks import (
+    chart,
+    float8_variants,
+    flops,
+    harness,
+    op_profile,
+    suite,
+    suite_report,
+    workloads,
+)
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError
+from mpt_keras.precision.hardware import HardwareProbe
 from mpt_keras.precision.policies import global_policy
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,6 +55,7 @@ VARIANT_FIELDS = {
     "variable_bytes": int,
     "speed": dict,
     "op_profile": (dict, type(None)),  # Profiled with XLA off only.
+    "float8": type(None),  # No float8 variant without --float8.
 }
 PROFILE_FIELDS = {
     "seconds_per_step": dict,
@@ -158,6 +170,7 @@ def test_the_launcher_prints_the_table_and_writes_every_field(tmp_path):
             "vs_float32": False,  # Float32 itself.
             "vs_stock": row["stack"] == "ours",
             "vs_no_xla": row["xla"],
+            "vs_no_float8": False,
         }
         for key, present in expected_ratios.items():
             ratio = row["speed"][key]
@@ -217,6 +230,169 @@ def test_a_model_whose_flops_cannot_be_counted_is_measured_without_them(monkeypa
     assert row["fraction_of_matmul_peak"] is None
     assert suite_report.table(result).splitlines()[1].split()[4:6] == ["-", "-"]  # GFLOP/s, %peak
     assert tf.io.decode_png(suite_report.plot(result)).shape[2] == 3  # No bar for it.
+
+
+EMULATION = (
+    "Keras' float8 layers cast their matmuls' operands to float8 and back and multiply in the "
+    "compute dtype: extra work, no speed-up"
+)
+NO_GPU = f"no GPU: this machine has no float8 matmul units; {EMULATION}"
+
+
+def test_float8_twins_are_measured_beside_their_own_and_labelled_emulated():
+    settings = suite.Settings(
+        models=("mlp",),
+        precisions=("float32", "mixed_bfloat16"),
+        xla=("off",),
+        stacks=("ours",),
+        float8=True,
+        rounds=2,
+        steps_per_round=1,
+        warmup_steps=1,
+        memory_steps=1,
+        image_batch_size=4,
+        matmul_size=8,
+        matmul_rounds=1,
+    )
+    result = suite.measure(settings)
+    float32, bfloat16, float8 = (
+        "mlp/float32/xla_off/ours",
+        "mlp/mixed_bfloat16/xla_off/ours",
+        "mlp/mixed_bfloat16+float8/xla_off/ours",
+    )
+    assert list(result["variants"]) == [float32, bfloat16, float8]
+    assert result["float8"]["layers"] == {"mlp": ["dense_0", "dense_1", "logits"]}
+    rows = result["variants"]
+    twin, row = rows[bfloat16], rows[float8]
+    assert (row["precision"], row["compute_dtype"]) == ("mixed_bfloat16", "bfloat16")
+    assert row["float8"] == {"execution": "emulated", "reason": NO_GPU}  # This machine: CPU only.
+    assert twin["float8"] is None and twin["speed"]["vs_no_float8"] is None
+    assert row["speed"]["vs_no_float8"] == harness.ratio(twin["step_seconds"], row["step_seconds"])
+    assert row["speed"]["vs_float32"] == harness.ratio(
+        rows[float32]["step_seconds"], row["step_seconds"]
+    )
+    assert row["variable_bytes"] > twin["variable_bytes"]  # Scales and amax histories.
+
+    lines = suite_report.table(result).splitlines()
+    assert [line.split("  ")[0] for line in lines[1:4]] == [
+        float32,
+        bfloat16,
+        f"{float8} (emulated)",
+    ]
+    assert lines[5] == (
+        "float8 variants (Dense and EinsumDense layers in float8: mlp 3): examples/s over the "
+        "same variant without float8"
+    )
+    assert lines[6].startswith(f"{float8} (emulated) ")
+    # Slower, unless this tiny model's two rounds say otherwise.
+    assert re.fullmatch(
+        rf"float8 is emulated here, and slower in [01] of 1 variants: {re.escape(NO_GPU)}", lines[7]
+    )
+
+
+@pytest.mark.parametrize(
+    "probe, xla, expected",
+    [
+        (HardwareProbe(), True, ("emulated", NO_GPU)),
+        (
+            HardwareProbe(gpu_compute_capabilities=((9, 0), (8, 6))),
+            True,
+            (
+                "emulated",
+                f"GPU compute capability 8.6: no float8 tensor cores (needs 8.9); {EMULATION}",
+            ),
+        ),
+        (
+            HardwareProbe(gpu_compute_capabilities=((9, 0),)),
+            False,
+            (
+                "emulated",
+                "GPU compute capability 9.0 has float8 tensor cores, but only XLA's GEMM rewrite "
+                f"reaches them and XLA is off; {EMULATION}",
+            ),
+        ),
+        (
+            HardwareProbe(gpu_compute_capabilities=((8, 9),)),
+            True,
+            ("native", "GPU compute capability 8.9 and XLA: float8 tensor cores"),
+        ),
+        (
+            HardwareProbe(tpu=True),
+            True,
+            ("emulated", "TPU: its float8 support is not probed, so counted as emulated"),
+        ),
+    ],
+    ids=["cpu", "one_gpu_without", "xla_off", "ada_with_xla", "tpu"],
+)
+def test_float8_is_native_only_with_xla_on_gpus_with_float8_tensor_cores(probe, xla, expected):
+    assert float8_variants.execution(probe, xla) == expected
+
+
+def _float8_row(step_ms: float, float8: dict | None, vs_no_float8: dict | None) -> dict:
+    return {
+        "compute_dtype": "bfloat16",
+        "median_step_seconds": step_ms / 1e3,
+        "examples_per_second": 64 / (step_ms / 1e3),
+        "tokens_per_second": None,
+        "flops_per_second": None,
+        "fraction_of_matmul_peak": None,
+        "peak_memory_bytes": 2**20,
+        "speed": {
+            "vs_float32": None,
+            "vs_stock": None,
+            "vs_no_xla": None,
+            "vs_no_float8": vs_no_float8,
+        },
+        "op_profile": None,
+        "float8": float8,
+    }
+
+
+def test_the_table_labels_float8_variants_and_says_how_their_float8_ran():
+    native = "GPU compute capability 9.0 and XLA: float8 tensor cores"
+    result = {
+        "matmul_peak": {
+            "size": 64,
+            "rounds": 2,
+            "flops_per_second": {"float32": 1e11, "bfloat16": 2e11, "float16": 5e10},
+        },
+        "variants": {
+            "mlp/mixed_bfloat16/xla_on/ours": _float8_row(2.0, None, None),
+            "mlp/mixed_bfloat16+float8/xla_on/ours": _float8_row(
+                4.0,
+                {"execution": "emulated", "reason": NO_GPU},
+                {"ratio": 0.5, "paired_ratio_median": 0.52},
+            ),
+            "lm/mixed_bfloat16+float8/xla_on/ours": _float8_row(
+                1.0,
+                {"execution": "native", "reason": native},
+                {"ratio": 1.25, "paired_ratio_median": 1.2},
+            ),
+        },
+        "float8": {"layers": {"mlp": ["dense_0", "logits"], "lm": ["block_0/mlp_up"]}},
+        "auto_jit_compile": {},
+        "machine": {
+            "cpu": "AMD EPYC",
+            "cpu_count": 2,
+            "cpu_flags": [],
+            "tensorflow": "2.21.0",
+            "keras": "3.15.1",
+        },
+    }
+    lines = suite_report.table(result).splitlines()
+    assert [line[:49].rstrip() for line in lines[1:4]] == [
+        "mlp/mixed_bfloat16/xla_on/ours",
+        "mlp/mixed_bfloat16+float8/xla_on/ours (emulated)",
+        "lm/mixed_bfloat16+float8/xla_on/ours (native)",
+    ]
+    assert lines[5:9] == [
+        "float8 variants (Dense and EinsumDense layers in float8: mlp 2, lm 1): examples/s over "
+        "the same variant without float8",
+        "mlp/mixed_bfloat16+float8/xla_on/ours (emulated)  0.50 (paired 0.52): slower",
+        "lm/mixed_bfloat16+float8/xla_on/ours (native)     1.25 (paired 1.20): faster",
+        f"float8 is emulated here, and slower in 1 of 1 variants: {NO_GPU}",
+    ]
+    assert lines[9] == f"float8 is native here, and slower in 0 of 1 variants: {native}"
 
 
 USER_CODE = """
@@ -377,6 +553,11 @@ def test_a_bad_flag_is_one_line_on_stderr_and_status_2():
         ({"rounds": 0}, "rounds: must be a positive integer. Received: 0"),
         ({"profile_steps": -1}, "profile_steps: must be a non-negative integer. Received: -1"),
         ({"d_model": 10}, "d_model: must be divisible by the 4 attention heads. Received: 10"),
+        (
+            {"float8": True, "precisions": ("float32",)},
+            "float8: received with precisions ['float32']. Allowed: with mixed_float16 or "
+            "mixed_bfloat16 among the precisions",
+        ),
         (
             {"models": ("cnn",), "config": TrainConfig()},
             "models and config: received both. Allowed: reference models or a run config, not both",

@@ -10,6 +10,8 @@ import os
 import pytest
 from launchers import launch_console_script, launch_in_process
 
+from mpt_keras import PrecisionManifest, Rule
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, "configs", "digits_mlp.json")
 
@@ -109,3 +111,40 @@ def test_bad_input_is_one_line_on_stderr_and_status_2(tmp_path, flags, message):
         f"mpt-calibrate: error: {message.format(missing=missing)}"
     )
     assert "Traceback" not in result.stderr
+
+
+def test_float8_writes_a_float8_rule_for_each_layer_recommended(tfds_dir, tmp_path):
+    manifest = str(tmp_path / "mlp_float8.json")
+    result = launch_in_process(
+        "mpt-calibrate",
+        f"--config={CONFIG}",
+        "--steps=2",
+        "--float8",
+        f"--output={manifest}",
+        f"--config_override={_tiny(tfds_dir)}",
+    )
+    assert result.status == 0, result.stderr
+    with open(str(tmp_path / "mlp_float8.stats.json")) as file:
+        float8_layers = json.load(file)["float8_layers"]
+    dense_0 = (
+        "amax: inputs 1, kernel 0.177, output gradient 0.0194; at most 0% saturate and 0% "
+        "underflow in e4m3/e5m2 (<= 0.1%, <= 1%) -> float8"
+    )
+    # 3 of dense_1's 2 x 16 x 64 output gradients, in its second batch, are above
+    # the first batch's amax.
+    assert {path: (layer["policy"], layer["reason"]) for path, layer in float8_layers.items()} == {
+        "dense_0": ("float8", dense_0),
+        "dense_1": (
+            "mixed_float16",
+            "output gradient saturates 0.146% in e5m2 > 0.1% -> not float8",
+        ),
+        "logits": ("float32", "stays float32 (safe default: model output) -> not float8"),
+    }
+    assert PrecisionManifest.from_json(manifest) == PrecisionManifest(
+        "mixed_float16", (Rule("float8", path="dense_0", reason=dense_0),)
+    )
+    # The float8 table follows the layers' after an empty line.
+    lines = result.stdout.splitlines()
+    float8_table = lines[lines.index("") + 1 :]
+    assert float8_table[0].split()[:3] == ["path", "class", "in_amax"]
+    assert [line.split()[0] for line in float8_table[1:]] == ["dense_0", "dense_1", "logits"]

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from mpt_keras import PrecisionManifest, Rule, UserInputError
-from mpt_keras.calibration import CalibrationThresholds, calibrate
+from mpt_keras.calibration import CalibrationThresholds, calibrate, format_calibration_table
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 DATA_ALLOWED = (
@@ -448,6 +448,7 @@ class _Subclassed(keras.Model):
         ({"steps": 0}, "steps: must be an integer >= 1, received 0"),
         ({"initial_scale": -1.0}, "initial_scale: must be a number > 0, received -1.0"),
         ({"batch_size": 0}, "batch_size: must be an integer >= 1, received 0"),
+        ({"float8": 1}, "float8: must be True or False, received 1"),
         ({"data": [1, 2]}, f"data: received list. {DATA_ALLOWED}"),
         (
             {"data": (np.zeros((3, 4)), np.zeros(2))},
@@ -520,3 +521,298 @@ def test_bad_thresholds_are_one_line_errors():
     with pytest.raises(UserInputError) as raised:
         CalibrationThresholds(float16_headroom=0.5)
     assert str(raised.value) == "CalibrationThresholds.float16_headroom: must be >= 1, received 0.5"
+    with pytest.raises(UserInputError) as raised:
+        CalibrationThresholds(max_float8_saturated_fraction=0)
+    assert str(raised.value) == (
+        "CalibrationThresholds.max_float8_saturated_fraction: must be a number > 0, received 0"
+    )
+    with pytest.raises(UserInputError) as raised:
+        CalibrationThresholds(max_float8_underflowed_fraction=1.5)
+    assert str(raised.value) == (
+        "CalibrationThresholds.max_float8_underflowed_fraction: must be <= 1 (a share), "
+        "received 1.5"
+    )
+
+
+# Float8 --------------------------------------------------------------------------
+
+
+def _float8_model():
+    """`probe` and `clean`, Dense(2) of ones, then `logits`, a frozen Dense(1) of ones.
+
+    With `_output_as_loss` over batches of 4, the gradient at clean's output
+    is 1/4 in every entry, at probe's 1/2, at logits' 1/4.
+    """
+    inputs = keras.Input((2,))
+    x = keras.layers.Dense(2, kernel_initializer="ones", name="probe")(inputs)
+    x = keras.layers.Dense(2, kernel_initializer="ones", name="clean")(x)
+    logits = keras.layers.Dense(
+        1, use_bias=False, kernel_initializer="ones", trainable=False, name="logits"
+    )(x)
+    return keras.Model(inputs, logits)
+
+
+# Two batches of 4; the second's last example has an input 2 (twice the first
+# batch's amax: it saturates at the first batch's scale, 1/448) and one 1e-7
+# (4.5e-5 in e4m3 units at any of these scales, below its smallest 2**-9 / 2).
+FLOAT8_FEATURES = np.array([[1.0, 1.0]] * 7 + [[2.0, 1e-7]], "float32")
+PROBE_REFUSED = (
+    "inputs saturate 6.25% in e4m3 > 0.1%; inputs underflow 6.25% in e4m3 > 1% -> not float8"
+)
+CLEAN_RECOMMENDED = (
+    "amax: inputs 2, kernel 1, output gradient 0.25; at most 0% saturate and 0% underflow "
+    "in e4m3/e5m2 (<= 0.1%, <= 1%) -> float8"
+)
+LOGITS_REFUSED = "stays float32 (safe default: model output) -> not float8"
+
+
+def _float8_calibration(float8, thresholds=CalibrationThresholds()):
+    data = tf.data.Dataset.from_tensor_slices((FLOAT8_FEATURES, np.zeros(8))).batch(4)
+    return calibrate(
+        _float8_model(), data, _output_as_loss, steps=2, thresholds=thresholds, float8=float8
+    )
+
+
+def test_float8_figures_quantize_each_batch_at_the_scale_of_the_batches_before():
+    result = _float8_calibration(float8=True)
+
+    figures = result.statistics["float8_layers"]
+    # Of probe's 16 inputs, the 2 saturates and the 1e-7 underflows; clean's
+    # inputs are all 2 (2 + 1e-7 rounds to 2 in float32).
+    assert figures["probe"] == {
+        "class": "Dense",
+        "calls": 2,
+        "inputs": {"format": "e4m3", "amax": 2.0, "saturated": 0.0625, "underflowed": 0.0625},
+        "kernel": {"format": "e4m3", "amax": 1.0, "saturated": 0.0, "underflowed": 0.0},
+        "outputs_grad": {"format": "e5m2", "amax": 0.5, "saturated": 0.0, "underflowed": 0.0},
+        "policy": "mixed_float16",
+        "recommended": False,
+        "reason": PROBE_REFUSED,
+    }
+    assert figures["clean"]["inputs"]["amax"] == 2.0
+    assert figures["clean"]["outputs_grad"]["amax"] == 0.25
+    assert {path: (layer["policy"], layer["reason"]) for path, layer in figures.items()} == {
+        "probe": ("mixed_float16", PROBE_REFUSED),
+        "clean": ("float8", CLEAN_RECOMMENDED),
+        "logits": ("float32", LOGITS_REFUSED),
+    }
+    assert result.statistics["float8"] is True
+    assert result.manifest == PrecisionManifest(
+        "mixed_float16", (Rule("float8", path="clean", reason=CLEAN_RECOMMENDED),)
+    )
+
+
+def test_float8_is_off_by_default_and_its_figures_are_recorded_all_the_same():
+    result = _float8_calibration(float8=False)
+
+    figures = result.statistics["float8_layers"]
+    assert (figures["clean"]["recommended"], figures["clean"]["policy"]) == (True, "mixed_float16")
+    assert figures["clean"]["reason"] == CLEAN_RECOMMENDED
+    assert result.statistics["float8"] is False
+    assert result.manifest == PrecisionManifest("mixed_float16")
+    table = format_calibration_table(result.statistics)
+    assert "in_amax" not in table  # The float8 table comes with float8 rules only.
+
+
+def test_float8_thresholds_decide_and_the_manifest_loads_and_applies(tmp_path):
+    lenient = CalibrationThresholds(
+        max_float8_saturated_fraction=0.1, max_float8_underflowed_fraction=0.1
+    )
+    result = _float8_calibration(float8=True, thresholds=lenient)
+
+    probe = result.statistics["float8_layers"]["probe"]
+    assert probe["reason"] == (
+        "amax: inputs 2, kernel 1, output gradient 0.5; at most 6.25% saturate and 6.25% "
+        "underflow in e4m3/e5m2 (<= 10%, <= 10%) -> float8"
+    )
+    assert [rule.path for rule in result.manifest.rules] == ["probe", "clean"]
+    path = tmp_path / "float8.json"
+    path.write_text(result.manifest.to_json())
+    model = _float8_model()
+    report = PrecisionManifest.from_json(path).apply(model)
+    assert report.policies == {
+        "probe": "float8_from_mixed_float16",
+        "clean": "float8_from_mixed_float16",
+        "logits": "float32",
+    }
+    table = format_calibration_table(result.statistics).splitlines()
+    float8_table = table[table.index("") + 1 :]
+    assert float8_table[0].split() == [
+        "path", "class", "in_amax", "in_sat", "in_under", "k_amax", "k_under",
+        "g_amax", "g_sat", "g_under", "policy", "reason",
+    ]  # fmt: skip
+    assert float8_table[1].split()[:11] == [
+        "probe", "Dense", "2", "6.25%", "6.25%", "1", "0%", "0.5", "0%", "0%", "float8",
+    ]  # fmt: skip
+    assert [line.split()[0] for line in float8_table[1:]] == ["probe", "clean", "logits"]
+
+
+@pytest.mark.parametrize(
+    "steps, kernel, reason",
+    [
+        # The first batch, at its own scale: nothing saturates.
+        (
+            1,
+            [[1.0, 1.0], [1.0, 1.0]],
+            "amax: inputs 1, kernel 1, output gradient 0.25; at most 0% saturate and 0% "
+            "underflow in e4m3/e5m2 (<= 0.1%, <= 1%) -> float8",
+        ),
+        # The second batch's last example weighs 2: its gradients, twice the
+        # first batch's amax, saturate (2 of 16).
+        (
+            2,
+            [[1.0, 1.0], [1.0, 1.0]],
+            "output gradient saturates 12.5% in e5m2 > 0.1% -> not float8",
+        ),
+        # 1e-7 next to 1 in the kernel: below e4m3's range at the kernel's scale.
+        (
+            1,
+            [[1.0, 1.0], [1e-7, 1e-7]],
+            "kernel underflows 50% in e4m3 > 1% -> not float8",
+        ),
+    ],
+    ids=["first_batch", "larger_gradient_saturates", "small_weights_underflow"],
+)
+def test_float8_reasons_name_the_share_beyond_its_threshold(steps, kernel, reason):
+    model = _probe_model(downstream=1.0)
+    model.get_layer("probe").kernel.assign(np.array(kernel, "float32"))
+    weights = np.array([1.0] * 7 + [2.0], "float32")
+    data = tf.data.Dataset.from_tensor_slices((np.ones((8, 2), "float32"), np.zeros(8), weights))
+    result = calibrate(model, data.batch(4), _output_as_loss, steps=steps, float8=True)
+
+    assert result.statistics["float8_layers"]["probe"]["reason"] == reason
+
+
+def test_float8_follows_each_layers_own_decision():
+    # wide's kernel, of weights about 1e4, puts its outputs beyond float16's range: bfloat16.
+    kernel = keras.initializers.RandomNormal(stddev=1e4, seed=0)
+    wide = keras.layers.Dense(4, kernel_initializer=kernel, name="wide")
+    model = _model(Block(1.0, name="block"), wide)
+    result = calibrate(model, _data(), LOSS, steps=1, float8=True)
+
+    figures = result.statistics["float8_layers"]
+    assert {path: layer["policy"] for path, layer in figures.items()} == {
+        "first": "float8",
+        "block/inner": "float8",
+        "wide": "mixed_bfloat16",
+        "logits": "float32",
+    }
+    assert figures["block/inner"]["reason"].endswith("-> float8")
+    assert figures["wide"]["reason"] == (
+        "mixed_bfloat16, but a float8 layer computes in the default mixed_float16 -> not float8"
+    )
+    wide_reason = result.statistics["layers"]["wide"]["reason"]
+    assert result.manifest.rules == (
+        Rule("float8", path="first", reason=figures["first"]["reason"]),
+        Rule("float8", path="block/inner", reason=figures["block/inner"]["reason"]),
+        Rule("mixed_bfloat16", path="wide", reason=wide_reason),
+    )
+    assert result.manifest.apply(model).policies == {
+        "first": "float8_from_mixed_float16",
+        "block": "mixed_float16",
+        "block/inner": "float8_from_mixed_float16",
+        "block/norm": "float32",
+        "wide": "mixed_bfloat16",
+        "logits": "float32",
+    }
+
+    # Kept float32 for their numbers, the layers get no float8.
+    strict = CalibrationThresholds(max_float16_error=1e-9, max_bfloat16_error=1e-9)
+    model = _model(Block(1.0, name="block"))
+    figures = calibrate(model, _data(), LOSS, steps=1, thresholds=strict).statistics[
+        "float8_layers"
+    ]
+    assert figures["first"]["reason"] == "stays float32 (for its numbers) -> not float8"
+    assert figures["block/inner"]["reason"] == "stays float32 (follows block) -> not float8"
+
+
+def test_a_float8_rule_matches_its_layer_alone():
+    # Keras' path of the nested model's "hidden" is "hidden", as the model's own.
+    inputs = keras.Input((4,))
+    inner = keras.Model(inputs, keras.layers.Dense(4, name="hidden")(inputs), name="inner")
+    model = _model(inner, keras.layers.Dense(4, name="hidden"))
+    result = calibrate(model, _data(), LOSS, steps=1, float8=True)
+
+    assert [rule.path for rule in result.manifest.rules] == [
+        "first",
+        "inner/hidden",
+        "functional/hidden",
+    ]
+    policies = result.manifest.apply(model).policies
+    assert (policies["inner/hidden"], policies["hidden"]) == ("float8_from_mixed_float16",) * 2
+
+
+def test_exact_path_rules_escape_the_path():
+    # Unescaped, the rule for "big.0" would also match "bigx0".
+    model = _model(Times(1.0, name="bigx0"), Times(1e5, name="big.0"))
+    result = calibrate(model, _data(), LOSS, steps=1)
+
+    reason = result.statistics["layers"]["big.0"]["reason"]
+    assert result.manifest.rules == (Rule("mixed_bfloat16", path=r"big\.0", reason=reason),)
+    policies = result.manifest.apply(model).policies
+    assert (policies["big.0"], policies["bigx0"]) == ("mixed_bfloat16", "mixed_float16")
+
+
+class Root(keras.layers.Layer):
+    """The square root: at 0 its gradient is infinite."""
+
+    def call(self, inputs):
+        return keras.ops.sqrt(inputs)
+
+
+class Holder(keras.layers.Layer):
+    """Passes its inputs through; holds a built Dense it never calls."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.spare = keras.layers.Dense(2, name="spare", dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        self.spare.build(input_shape)
+
+    def call(self, inputs):
+        return inputs
+
+
+def test_float8_refuses_a_layer_it_cannot_measure():
+    # probe's kernel of zeros gives zeros, whose square root has an infinite gradient.
+    model = _model(
+        keras.layers.Dense(4, kernel_initializer="zeros", name="probe"),
+        Root(name="root"),
+        Holder(name="holder"),
+    )
+    result = calibrate(model, _data(), LOSS, steps=1, float8=True)
+
+    figures = result.statistics["float8_layers"]
+    assert figures["probe"]["kernel"] == {
+        "format": "e4m3",
+        "amax": 0.0,
+        "saturated": 0.0,
+        "underflowed": 0.0,
+    }
+    assert figures["probe"]["outputs_grad"]["amax"] is None
+    assert figures["probe"]["reason"] == "output gradient not finite in float32 -> not float8"
+    assert figures["holder/spare"]["calls"] == 0
+    assert figures["holder/spare"]["reason"] == (
+        "not called on the calibration batches -> not float8"
+    )
+    assert result.statistics["diagnosis"].startswith("statistics batch 1 of 1")
+
+
+def test_a_model_in_float8_is_measured_in_float32_and_left_in_float8():
+    model = _float8_model()
+    PrecisionManifest("mixed_float16", (Rule("float8", path="clean"),)).apply(model)
+    data = tf.data.Dataset.from_tensor_slices((FLOAT8_FEATURES, np.zeros(8))).batch(4)
+    result = calibrate(model, data, _output_as_loss, steps=2, float8=True)
+
+    # Its float8 state (clean/inputs_scale, ...) has no gradient to measure.
+    assert set(result.statistics["gradients"]) == {
+        "probe/kernel",
+        "probe/bias",
+        "clean/kernel",
+        "clean/bias",
+    }
+    assert (
+        result.statistics["float8_layers"] == _float8_calibration(True).statistics["float8_layers"]
+    )
+    assert model.get_layer("clean").dtype_policy.name == "float8_from_mixed_float16"

@@ -10,6 +10,7 @@ from mpt_keras.calibration import calibrate, format_calibration_table
 from mpt_keras.diagnosis import NonfiniteReport, describe_for_log, diagnose_nonfinite
 from mpt_keras.errors import UserInputError
 from mpt_keras.layer_paths import iter_layers
+from mpt_keras.precision.float8 import to_float8
 
 # Through a Dense with the identity kernel, `boom` (x 1e4, float16) gets
 # [0.5, 8] and makes [5000, 80000]: 80000 is above the float16 max, 65504.
@@ -340,3 +341,15 @@ def test_calibration_of_finite_batches_has_no_diagnosis_line():
     assert result.statistics["diagnosis"] is None
     table = format_calibration_table(result.statistics).splitlines()
     assert [row.split()[0] for row in table] == ["path", "dense", "double", "head"]
+
+
+def test_a_float8_model_is_diagnosed_gradients_included():
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(8, name="hidden")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2, name="out")(hidden))
+    to_float8(model, ["hidden"])
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.ones((2, 4), np.float32)
+    report = diagnose_nonfinite(model, x, np.full((2, 2), np.inf, np.float32))
+    assert report.first_layer is None
+    assert report.first_nonfinite_gradient == "hidden/kernel"

@@ -265,7 +265,7 @@ def _restore_keras_state(request: pytest.FixtureRequest) -> Iterator[None]:
     elif block.language not in _SHELLS:
         return  # JSON leaves Keras as it was.
     keras.config.set_dtype_policy("float32")
-    keras.backend.clear_session()
+    keras.backend.clear_session(free_memory=False)
 
 
 # Shell ---------------------------------------------------------------------------------
@@ -413,7 +413,17 @@ def default_tfds_dir(tfds_dir: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return tfds_dir
 
 
-@pytest.mark.parametrize("block", _RUNNABLE, ids=lambda block: block.id)
+@pytest.mark.parametrize(
+    "block",
+    [
+        # A page's python session on one worker under xdist, so it runs once.
+        pytest.param(block, marks=pytest.mark.xdist_group(f"docs:{block.page}"))
+        if block.language == "python"
+        else block
+        for block in _RUNNABLE
+    ],
+    ids=lambda block: block.id,
+)
 def test_block(block: Block, request: pytest.FixtureRequest) -> None:
     reason = _why_not_run(block)
     if reason:

@@ -12,6 +12,7 @@ import glob
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -26,11 +27,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from replicas import run_child
+from tensorboard.plugins.custom_scalar import layout_pb2, metadata
 
 from mpt_keras import monitor as monitor_module
 from mpt_keras.config import TrainConfig
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
 from mpt_keras.monitor import MixedPrecisionMonitor
+from mpt_keras.precision.float8 import float8_statistics, to_float8
 from mpt_keras.training import Runtime, run_training
 
 BATCH_SIZE = 4
@@ -98,6 +101,18 @@ def _events(event_dir):
     return values
 
 
+def _chart_regexes(log_dir):
+    """`{chart title: its tag regex}` of the dashboard written in `log_dir`."""
+    for path in glob.glob(os.path.join(log_dir, "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                if value.tag == metadata.CONFIG_SUMMARY_TAG:
+                    layout = layout_pb2.Layout.FromString(tf.make_ndarray(value.tensor).item())
+                    [category] = layout.category
+                    return {chart.title: chart.multiline.tag[0] for chart in category.chart}
+    raise AssertionError(f"no dashboard in {log_dir}")
+
+
 def _warnings(caplog):
     return [
         record.getMessage()
@@ -144,6 +159,9 @@ def test_loss_scale_skips_and_nonfinite_counts_at_the_exact_steps(tmp_path, capl
     # Written at every interval; non-finite at step 4, whose gradients overflowed.
     assert [step for step, _ in train["gradient_norm"]] == [2, 4, 6]
     assert not np.isfinite(train["gradient_norm"][1][1])
+    # No float8 layer: no float8 tag, no float8 chart.
+    assert not [tag for tag in train if tag.startswith("float8/")]
+    assert not [title for title in _chart_regexes(str(tmp_path)) if "float8" in title.lower()]
 
 
 @pytest.mark.usefixtures("no_memory_statistics")
@@ -274,6 +292,96 @@ def test_histograms_place_values_against_the_float16_range(tmp_path):
     assert train["gradient_above_float16_max/net/dense/kernel"] == [(2, 0.5)]
     assert train["gradient_below_float16_normal/net/dense/kernel"] == [(2, 0.0)]
     assert "gradient_log2_magnitude/net/dense/kernel" in train
+
+
+class _Float8Reader(keras.callbacks.Callback):
+    """Reads the float8 layer `hidden`'s variables and statistics after every train step.
+
+    Not `async_safe`: with it, Keras runs every callback's batch hooks in step.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.variables, self.statistics = [], []
+
+    def on_train_batch_end(self, batch, logs=None):
+        layer = self.model.get_layer("hidden")
+        self.variables.append(
+            {
+                f"{tensor}/{name}": float(read(getattr(layer, f"{tensor}_{variable}").numpy()))
+                for tensor in ("inputs", "kernel", "outputs_grad")
+                for name, variable, read in (
+                    ("scale", "scale", float),
+                    ("amax", "amax_history", lambda history: history[0]),
+                )
+            }
+        )
+        self.statistics.append(float8_statistics(self.model)["hidden"].scalars())
+
+
+FLOAT8_STATISTICS = [
+    f"{tensor}/{statistic}"
+    for tensor in ("inputs", "kernel", "outputs_grad")
+    for statistic in ("scale", "amax", "range_used")
+] + ["kernel/saturated", "kernel/underflowed"]
+
+
+def test_a_float8_layers_scales_amax_and_shares_are_written_at_each_interval(tmp_path):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((3,)),
+            keras.layers.Dense(4, name="hidden"),
+            keras.layers.Dense(2, name="head"),
+        ],
+        name="net",
+    )
+    assert to_float8(model, ["hidden"]) == ("hidden",)
+    model.compile(
+        optimizer=LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=1024.0),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    x, y = _data(4)
+    reader = _Float8Reader()
+    monitor = MixedPrecisionMonitor(
+        str(tmp_path), update_freq=2, histogram_freq=4, histogram_data=(x[:4], y[:4])
+    )
+    model.fit(x, y, batch_size=BATCH_SIZE, shuffle=False, verbose=0, callbacks=[monitor, reader])
+
+    train = _events(str(tmp_path / "train"))
+    float8_tags = [f"float8/hidden/{statistic}" for statistic in FLOAT8_STATISTICS]
+    assert sorted(tag for tag in train if tag.startswith("float8/")) == sorted(float8_tags)
+    for statistic in FLOAT8_STATISTICS:
+        # As float32: the values after steps 2 and 4.
+        expected = [
+            (step, float(np.float32(reader.statistics[step - 1][statistic]))) for step in (2, 4)
+        ]
+        assert train[f"float8/hidden/{statistic}"] == expected, statistic
+    for step in (2, 4):
+        variables = reader.variables[step - 1]
+        assert {name: reader.statistics[step - 1][name] for name in variables} == variables
+    assert reader.variables[1]["inputs/amax"] == np.abs(x[4:8]).max(initial=0.0)
+    assert reader.variables[3]["inputs/amax"] > 0 and reader.variables[3]["outputs_grad/amax"] > 0
+
+    # The histograms leave out the float8 state, whose "gradient" is its new value.
+    gradients = sorted(tag for tag in train if tag.startswith("gradient_log2_magnitude/"))
+    assert gradients == [
+        f"gradient_log2_magnitude/net/{layer}/{weight}"
+        for layer in ("head", "hidden")
+        for weight in ("bias", "kernel")
+    ]
+
+    charts = _chart_regexes(str(tmp_path))
+    float8_charts = {title: regex for title, regex in charts.items() if title.startswith("Float8")}
+    assert float8_charts == {
+        "Float8 scales": "^float8/.*/scale$",
+        "Float8 amax at the last step": "^float8/.*/amax$",
+        "Float8 range used: amax over the largest value at its scale": "^float8/.*/range_used$",
+        "Float8 kernel values saturated at its scale (share)": "^float8/.*/saturated$",
+        "Float8 kernel values underflowed to zero at its scale (share)": "^float8/.*/underflowed$",
+    }
+    for tag in float8_tags:  # Each on exactly one chart.
+        assert sum(bool(re.match(regex, tag)) for regex in charts.values()) == 1, tag
 
 
 def _resolver(task_type, task_id, cluster):

@@ -18,6 +18,7 @@ from mpt_keras.precision.report import precision_report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALLOWED = "Allowed: float32, mixed_float16, mixed_bfloat16"
+RULE_ALLOWED = "Allowed: float32, mixed_float16, mixed_bfloat16, float8"
 
 # Default mixed_float16, the attention projections of block 0 in bfloat16, the
 # norms and the logits kept float32 by the safe defaults.
@@ -754,9 +755,11 @@ def _rules(*rules):
                 *[{"match": {"path": "x"}, "policy": "float32"}] * 2,
                 {"match": {"path": "x"}, "policy": "float16"},
             ),
-            f"rules[2].policy: unknown policy 'float16'. {ALLOWED}",
+            f"rules[2].policy: unknown policy 'float16'. {RULE_ALLOWED}",
         ),
         ('{"version": 1, "default": "bfloat16"}', f"default: unknown policy 'bfloat16'. {ALLOWED}"),
+        # float8 is for the rules that match Dense and EinsumDense layers.
+        ('{"version": 1, "default": "float8"}', f"default: unknown policy 'float8'. {ALLOWED}"),
         (
             _rules({"match": {"path": "block_(0"}, "policy": "float32"}),
             "rules[0].match.path: bad regex 'block_(0': missing ), unterminated subpattern at "
@@ -836,3 +839,104 @@ def test_from_dict_names_its_source():
     with pytest.raises(UserInputError) as raised:
         PrecisionManifest.from_dict([], source="--manifest")
     assert str(raised.value) == "--manifest: must be a JSON object, received []"
+
+
+# Float8 --------------------------------------------------------------------------
+
+FLOAT8_MANIFEST = os.path.join(
+    REPO, "configs", "manifests", "python_source_transformer_float8.json"
+)
+# The Dense and EinsumDense layers of block 0 of the tiny LM; the logits stay float32.
+BLOCK_MATMULS = (
+    "block_0/attention/query",
+    "block_0/attention/key",
+    "block_0/attention/value",
+    "block_0/attention/attention_output",
+    "block_0/mlp_up",
+    "block_0/mlp_down",
+)
+
+
+def _float8_lm():
+    model = _tiny_lm()
+    report = PrecisionManifest.from_json(FLOAT8_MANIFEST).apply(model)
+    return model, report
+
+
+def test_float8_layers_train_their_matmuls_in_float8_and_compute_in_the_default():
+    model, report = _float8_lm()
+    float8 = {
+        layer.path: (layer.policy, layer.compute_dtype, layer.decided_by)
+        for layer in report.layers
+        if layer.policy.startswith("float8")
+    }
+    rule = (
+        "rules[2] (path 'block_\\d+/(attention/(query|key|value|attention_output)"
+        "|mlp_up|mlp_down)')"
+    )
+    assert float8 == {
+        path: ("float8_from_mixed_bfloat16", "bfloat16", rule) for path in BLOCK_MATMULS
+    }
+    assert report.policies["logits"] == "float32"
+    layers = dict(iter_layers(model))
+    assert [path for path in BLOCK_MATMULS if layers[path].quantization_mode == "float8"] == list(
+        BLOCK_MATMULS
+    )
+
+
+def test_float8_layers_train_and_a_second_apply_keeps_their_state():
+    model, report = _float8_lm()
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy")
+    tokens = _tokens(8)
+    model.fit(tokens, tokens, batch_size=4, epochs=1, verbose=0)
+    layers = dict(iter_layers(model))
+    scale = layers["block_0/mlp_up"].inputs_scale
+    assert float(scale.numpy()) != 1.0  # Two steps: the history moved the scale.
+    before = [variable.numpy().copy() for variable in model.weights]
+    again = PrecisionManifest.from_json(FLOAT8_MANIFEST).apply(model)
+    assert again.policies == report.policies
+    assert layers["block_0/mlp_up"].inputs_scale is scale
+    for a, b in zip(before, [variable.numpy() for variable in model.weights], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_saved_float8_model_loads_with_its_float8_state(tmp_path):
+    model, _ = _float8_lm()
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy")
+    tokens = _tokens(8)
+    model.fit(tokens, tokens, batch_size=4, epochs=1, verbose=0)
+    model.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(tmp_path / "model.keras")
+    policies = precision_report(loaded).policies
+    assert {path: policies[path] for path in BLOCK_MATMULS} == {
+        path: "float8_from_mixed_bfloat16" for path in BLOCK_MATMULS
+    }
+    # A loaded float8 layer lists its float8 state before its kernel: by path.
+    saved = {variable.path: variable.numpy() for variable in model.weights}
+    restored = {variable.path: variable.numpy() for variable in loaded.weights}
+    assert sorted(restored) == sorted(saved)
+    for path, value in saved.items():
+        np.testing.assert_array_equal(restored[path], value)
+
+
+def test_float8_for_another_layer_class_is_one_line_naming_it():
+    manifest = PrecisionManifest(
+        default="mixed_bfloat16", rules=(Rule("float8", path="block_0/(mlp_up|attention_norm)"),)
+    )
+    with pytest.raises(UserInputError) as raised:
+        manifest.apply(_tiny_lm())
+    assert str(raised.value) == (
+        "layer 'block_0/attention_norm': LayerNormalization cannot train in float8. "
+        "Allowed: Dense, EinsumDense (Keras' own, not subclasses)"
+    )
+
+
+def test_float8_needs_the_layer_built():
+    model = keras.Sequential([keras.layers.Dense(4, name="hidden"), keras.layers.Dense(2)])
+    manifest = PrecisionManifest(default="mixed_bfloat16", rules=(Rule("float8", path="hidden"),))
+    with pytest.raises(UserInputError) as raised:
+        manifest.apply(model)
+    assert str(raised.value) == (
+        "layer 'hidden': float8 needs the layer built (its variables exist). Build the model "
+        "(call it on a batch) before applying the manifest"
+    )

@@ -13,6 +13,7 @@ from tiny_runs import tiny_config
 from mpt_keras import prometheus
 from mpt_keras.errors import UserInputError
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
+from mpt_keras.precision.float8 import float8_statistics, to_float8
 from mpt_keras.prometheus import PrometheusExporter
 from mpt_keras.training import Runtime, run_training
 
@@ -87,6 +88,50 @@ def test_the_endpoint_serves_each_steps_figures_during_fit():
     }
 
 
+def test_a_float8_model_serves_each_layers_statistics_as_labelled_gauges():
+    port = _free_port()
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((3,)), keras.layers.Dense(4, name="hidden"), keras.layers.Dense(1)]
+    )
+    to_float8(model, ["hidden"])
+    model.compile(
+        optimizer=LossScaleOptimizer(keras.optimizers.SGD(0.01), initial_scale=1024.0),
+        loss="mse",
+    )
+    x = np.random.default_rng(0).normal(size=(8, 3)).astype("float32")
+    exporter = PrometheusExporter(port, run_name="tiny", update_every=1)
+    scraper = _Scraper(port, steps=(4,))  # The last step: the state `fit` leaves.
+    try:
+        model.fit(
+            x,
+            np.ones((8, 1)),
+            batch_size=2,
+            shuffle=False,
+            verbose=0,
+            callbacks=[exporter, scraper],
+        )
+    finally:
+        exporter.close()
+    gauge = prometheus.FLOAT8_GAUGE
+    served = {
+        series: value
+        for series, value in scraper.scrapes[4].items()
+        if series.startswith(gauge + "{")
+    }
+    statistics = float8_statistics(model)["hidden"].scalars()
+    expected = {}
+    for name, value in statistics.items():
+        tensor, stat = name.split("/")
+        # The exposition lists the labels sorted by name.
+        expected[f'{gauge}{{layer="hidden",run="tiny",stat="{stat}",tensor="{tensor}"}}'] = value
+    assert len(expected) == 11
+    assert served == expected
+    # Slot 0 of Keras' amax history: the largest input magnitude of the last batch.
+    inputs_amax = f'{gauge}{{layer="hidden",run="tiny",stat="amax",tensor="inputs"}}'
+    assert served[inputs_amax] == float(np.abs(x[6:]).max())
+
+
 def test_a_port_in_use_is_one_line_before_anything_runs(tfds_dir, tmp_path):
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", 0))
@@ -133,5 +178,6 @@ def test_the_grafana_dashboard_charts_exactly_the_exported_series():
     expressions = " ".join(
         target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])
     )
-    for name in [*prometheus.GAUGES, *(f"{name}_total" for name in prometheus.COUNTERS)]:
+    exported = [*prometheus.GAUGES, prometheus.FLOAT8_GAUGE]
+    for name in [*exported, *(f"{name}_total" for name in prometheus.COUNTERS)]:
         assert name in expressions

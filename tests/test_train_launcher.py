@@ -226,6 +226,38 @@ def test_manifest_and_dry_run_print_the_layers_and_write_nothing(tfds_dir, tmp_p
     assert not model_dir.exists()
 
 
+def test_dry_run_shows_the_float8_layers(tfds_dir, tmp_path):
+    override = json.dumps(
+        {
+            "model": {"options": {"num_layers": 1, "d_model": 16, "num_heads": 2}},
+            "data": {"data_dir": tfds_dir, "sequence_length": 16, "eval_examples": 8},
+        }
+    )
+    result = launch_in_process(
+        "mpt-train",
+        f"--config={os.path.join(REPO, 'configs', 'python_source_transformer.json')}",
+        f"--model_dir={tmp_path / 'run'}",
+        "--manifest="
+        + os.path.join(REPO, "configs", "manifests", "python_source_transformer_float8.json"),
+        "--dry_run",
+        f"--config_override={override}",
+    )
+    assert result.status == 0, result.stderr
+    float8 = [line.split()[:3] for line in result.stdout.splitlines() if "float8" in line]
+    assert float8 == [
+        [f"block_0/{path}", layer_class, "float8_from_mixed_bfloat16"]
+        for path, layer_class in [
+            ("attention/query", "EinsumDense"),
+            ("attention/key", "EinsumDense"),
+            ("attention/value", "EinsumDense"),
+            ("attention/attention_output", "EinsumDense"),
+            ("mlp_up", "Dense"),
+            ("mlp_down", "Dense"),
+        ]
+    ]
+    assert not (tmp_path / "run").exists()
+
+
 def test_precision_auto_says_why(tfds_dir, tmp_path):
     result = launch_in_process(
         "mpt-train",

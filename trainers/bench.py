@@ -3,6 +3,7 @@
     mpt-bench --output=bench_results
     mpt-bench --models=cnn --precisions=float32,mixed_bfloat16 --xla=off --rounds=5
     mpt-bench --config=examples/configs/mobilenet_v2_digits.json --xla=off
+    mpt-bench --models=transformer_lm --precisions=mixed_bfloat16 --float8
 
 Measures in one process, interleaved: the matmul peak per dtype, then each
 variant (model x precision x XLA x stack: ours or stock Keras) of the
@@ -20,6 +21,13 @@ reference models' sizes (`--batch_size`, `--image_batch_size`,
 `--sequence_length`, `--num_layers`, `--d_model`) are errors with it. The
 config's precision, manifest, optimizer, metrics and XLA setting are not used:
 the variants decide those. Memory and `--profile_steps` work for any model.
+
+`--float8` adds, after each `mixed_float16` and `mixed_bfloat16` variant, its
+twin with every Dense and EinsumDense layer in float8
+(`transformer_lm/mixed_bfloat16+float8/xla_on/ours`), its speed over the twin
+without float8, and `emulated` after its name unless float8 matmuls run on
+float8 units (XLA on GPUs of compute capability 8.9 or newer): on a CPU
+float8 is emulated, and slower (`benchmarks.float8_variants`).
 """
 
 from __future__ import annotations
@@ -103,6 +111,13 @@ _MATMUL_SIZE = flags.DEFINE_integer(
 _MATMUL_ROUNDS = flags.DEFINE_integer(
     "matmul_rounds", _DEFAULTS.matmul_rounds, "Rounds of the matmul peak.", lower_bound=1
 )
+_FLOAT8 = flags.DEFINE_bool(
+    "float8",
+    _DEFAULTS.float8,
+    "Also measure, next to each mixed_float16 and mixed_bfloat16 variant, its twin whose Dense "
+    "and EinsumDense layers train in float8, labelled emulated where the hardware has no "
+    "float8 matmul units (any CPU).",
+)
 _PROFILE_STEPS = flags.DEFINE_integer(
     "profile_steps",
     _DEFAULTS.profile_steps,
@@ -158,6 +173,7 @@ def main(argv: Sequence[str]) -> None:
         matmul_size=_MATMUL_SIZE.value,
         matmul_rounds=_MATMUL_ROUNDS.value,
         profile_steps=_PROFILE_STEPS.value,
+        float8=_FLOAT8.value,
     )
     suite.run(settings, _OUTPUT.value)
     if _OUTPUT.value:
@@ -180,6 +196,7 @@ def run() -> None:
                 "precisions",
                 "xla",
                 "stacks",
+                "float8",
                 "output",
             ),
             "How it is measured": (

@@ -7,7 +7,10 @@
 
 The model is built as `mpt-train` builds it from the config and fed the run's
 first `--steps` train batches; each layer gets float16, bfloat16 or float32
-with the reason and its numbers. The model, data and loss are the config's,
+with the reason and its numbers. With `--float8`, each Dense and EinsumDense
+whose figures allow it gets a float8 rule (off by default: without float8
+units float8 is emulated, and slower); the statistics hold every one's
+figures and reason either way. The model, data and loss are the config's,
 a reference model or the user's own (`model.factory`, `model.file`). The
 statistics go to `<output stem>.stats.json` (or `--stats_output`); a table of
 the decisions is printed, with a last line naming the first non-finite
@@ -36,6 +39,12 @@ _STEPS = flags.DEFINE_integer("steps", 8, "Train batches to measure.", lower_bou
 _CONFIG_OVERRIDE = flags.DEFINE_string(
     "config_override", None, "JSON object merged into the config file's."
 )
+_FLOAT8 = flags.DEFINE_bool(
+    "float8",
+    False,
+    "Give float8 rules to the Dense and EinsumDense layers whose amax and float8 shares allow "
+    "it. Off by default: without float8 units float8 is emulated, and slower.",
+)
 
 
 def main(argv: Sequence[str]) -> None:
@@ -45,7 +54,11 @@ def main(argv: Sequence[str]) -> None:
     from mpt_keras import calibration
 
     result = mpt_keras.run_calibration(
-        config, _OUTPUT.value, stats_output=_STATS_OUTPUT.value, steps=_STEPS.value
+        config,
+        _OUTPUT.value,
+        stats_output=_STATS_OUTPUT.value,
+        steps=_STEPS.value,
+        float8=_FLOAT8.value,
     )
     print(calibration.format_calibration_table(result.statistics), end="")
 
@@ -56,7 +69,14 @@ def run() -> None:
         main,
         program="mpt-calibrate",
         help_groups={
-            "Calibration": ("config", "config_override", "steps", "output", "stats_output")
+            "Calibration": (
+                "config",
+                "config_override",
+                "steps",
+                "float8",
+                "output",
+                "stats_output",
+            )
         },
     )
 

@@ -1,7 +1,8 @@
 """Precision: which dtype each layer computes in, who decided it, and moving it up.
 
     names.py     every allowed name: POLICY_NAMES, PRECISIONS (with `auto`),
-                 LOW_PRECISION_POLICIES, COMPUTE_DTYPES, the PROMOTIONS ladder,
+                 RULE_POLICIES (with `float8`), LOW_PRECISION_POLICIES,
+                 COMPUTE_DTYPES, the PROMOTIONS ladder,
                  check_policy_name; imports no TensorFlow, so a config checks
                  its precision without it
     policies.py  global_policy (a `with` block) and effective_policy (through
@@ -13,6 +14,9 @@
                  what decided it; precision_report(model); the JSON of
                  `precision_report.json` and the `--dry_run` table
     promote.py   promote: layers one step up the ladder, by a manifest rule
+    float8.py    float8 training of chosen Dense and EinsumDense layers on
+                 Keras' own mechanism (a manifest rule's `float8`): to_float8,
+                 the float8 state and its statistics
 
 Import the modules themselves (`from mpt_keras.precision.manifest import
 PrecisionManifest`); this package imports nothing, so that `names` loads

@@ -151,6 +151,25 @@ def is_float8(layer: Any) -> bool:
     return getattr(layer, "quantization_mode", None) == "float8"
 
 
+def is_float8_state(variable: Any) -> bool:
+    """Whether `variable` is a float8 layer's scale or amax history.
+
+    Keras marks them `overwrite_with_gradient`: a step writes the new value
+    the layer computed, not a gradient update.
+    """
+    return bool(getattr(variable, "overwrite_with_gradient", False))
+
+
+def learned_weights(model: keras.Model) -> list[keras.Variable]:
+    """`model.weights` without its float8 state, in order.
+
+    The weights a model in float8 shares with the same model without it: a
+    model's float8 state comes after each layer's kernel and bias, so copying
+    `other.get_weights()` into these fits.
+    """
+    return [variable for variable in model.weights if not is_float8_state(variable)]
+
+
 def check_float8_layer(path: str, layer: Any) -> None:
     """Raises if `layer` cannot train in float8.
 

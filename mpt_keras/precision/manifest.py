@@ -1,8 +1,9 @@
 """Precision manifests: JSON rules that give each layer of a model its dtype policy.
 
-One module past 450 lines, a fifth of them this docstring: the file format, its
-matching and its application to a model are one contract, stated whole here.
-Paths and their forms are `layer_paths`'.
+Why one module (past 450 lines, a fifth of them this docstring): the file
+format, its matching and its application to a model are one contract, stated
+whole here; the report, the names, float8 and promotion are modules of their
+own in this package, paths and their forms `layer_paths`'.
 
 A manifest file:
 
@@ -20,8 +21,11 @@ A manifest file:
 `version` (must be 1) and `default` are required; `safe_defaults` (default
 true) and `rules` (default none) are optional, as is each rule's `reason`.
 Policies are `float32`, `mixed_float16` and `mixed_bfloat16`, so variables are
-always float32. Any other key, a bad policy or a bad regex is an error naming
-the file, the rule (`rules[2].policy`) and what is allowed.
+always float32; a rule's may also be `float8`, for `Dense` and `EinsumDense`
+layers only (`float8`: their matmuls in float8, the rest in `default`; the
+layer must be built, and its policy reads `float8_from_<default>`). Any other
+key, a bad policy or a bad regex is an error naming the file, the rule
+(`rules[2].policy`) and what is allowed.
 
 Matching. A layer's path is the layer names from the model down, joined by
 "/" (`block_0/attention/query`); a layer Keras gives no path, made by a layer
@@ -108,10 +112,6 @@ Example:
     manifest = PrecisionManifest.from_json("configs/manifests/digits_cnn.json")
     report = manifest.apply(model)
     report.policies["logits"]  # 'float32'
-
-Why one module: the schema, its parser and `apply` change together (a rule
-key is parsed, then matched); the report, the names and promotion are their
-own modules of this package.
 """
 
 from __future__ import annotations
@@ -131,7 +131,8 @@ from mpt_keras import keras_compat as compat
 from mpt_keras.config import read_json_object
 from mpt_keras.errors import UserInputError
 from mpt_keras.layer_paths import LayerPath, iter_layer_paths, iter_layers
-from mpt_keras.precision.names import check_policy_name
+from mpt_keras.precision.float8 import check_float8_layer, is_float8, to_float8
+from mpt_keras.precision.names import FLOAT8, RULE_POLICIES, check_policy_name
 from mpt_keras.precision.report import PrecisionReport, precision_report
 
 SAFE_DEFAULTS = {
@@ -168,7 +169,7 @@ class Rule:
     reason: str | None = None
 
     def __post_init__(self):
-        check_policy_name(self.policy, "policy")
+        check_policy_name(self.policy, "policy", RULE_POLICIES)
         if self.path is None and self.layer_class is None:
             raise UserInputError("match: empty. Allowed keys: path, class (one or both)")
         for key, value in (("path", self.path), ("class", self.layer_class)):
@@ -340,9 +341,22 @@ class PrecisionManifest:
                 )
         entries = list(iter_layer_paths(model))
         application = _Application(self, _output_layers(model), entries)
+        units = list(_units(entries))
         decisions = {}
-        for unit in _units(entries):
+        for unit in units:
             decisions.update(application.apply_to_unit(unit))
+        float8 = [path for path, decision in decisions.items() if decision.policy == FLOAT8]
+        if float8:
+            for entry in entries:
+                if entry.path in float8 and not entry.layer.built:
+                    raise UserInputError(
+                        f"layer '{entry.path}': float8 needs the layer built (its variables "
+                        "exist). Build the model (call it on a batch) before applying the "
+                        "manifest"
+                    )
+            to_float8(model, float8)
+            for unit in units:  # Again: a policy map now holds each one's float8 policy.
+                application.apply_to_unit(unit)
         matched = {index for decision in decisions.values() for index in decision.matched}
         deciding = {decision.matched[0] for decision in decisions.values() if decision.matched}
         described = precision_report(model, inputs)
@@ -467,28 +481,45 @@ class _Application:
 
     def apply_to_unit(self, unit: _Unit) -> dict[str, _Decision]:
         """Sets the policies of `unit`'s members; returns `{path: decision}`."""
-        unit_decision = self._decide(unit.entry)
         decisions = {}
-        policy_map = {}
+        policies = {}
         for entry in unit.members():
             layer = entry.layer
-            decision = unit_decision if entry is unit.entry else self._decide(entry)
-            policy = keras.DTypePolicy(decision.policy)
+            decision = self._decide(entry)
+            policies[entry.path] = policy = self._policy(entry, decision)
             compat.replace_dtype_policy(layer, policy)
-            if not (layer.built and layer.path is None):
-                # Keyed by the path Keras gives the layer when its model is loaded.
-                policy_map[entry.path.removeprefix(unit.model_prefix)] = policy
             if not layer.built:
                 _call_after_build(layer, functools.partial(self.apply_to_unit, unit))
             decisions[entry.path] = decision
-        if any(policy.name != unit_decision.policy for policy in policy_map.values()):
+        unit_policy = policies[unit.entry.path]
+        # Keyed by the path Keras gives each layer when its model is loaded.
+        policy_map = {
+            entry.path.removeprefix(unit.model_prefix): policies[entry.path]
+            for entry in unit.members()
+            if not (entry.layer.built and entry.layer.path is None)
+        }
+        if any(policy.name != unit_policy.name for policy in policy_map.values()):
             compat.replace_dtype_policy(
                 unit.entry.layer,
                 keras.dtype_policies.DTypePolicyMap(
-                    default_policy=keras.DTypePolicy(unit_decision.policy), policy_map=policy_map
+                    default_policy=unit_policy, policy_map=policy_map
                 ),
             )
         return decisions
+
+    def _policy(self, entry: LayerPath, decision: _Decision) -> keras.DTypePolicy:
+        """The policy object a decision gives the layer at `entry`.
+
+        A float8 layer keeps the one Keras' quantization gave it
+        (`float8_from_<default>`, holding its float8 state); one not yet in
+        float8 gets the manifest's default, which `apply` then quantizes.
+        """
+        if decision.policy != FLOAT8:
+            return keras.DTypePolicy(decision.policy)
+        check_float8_layer(entry.path, entry.layer)
+        if is_float8(entry.layer):
+            return entry.layer.dtype_policy
+        return keras.DTypePolicy(self._manifest.default)
 
     def _decide(self, entry: LayerPath) -> _Decision:
         layer = entry.layer

@@ -12,6 +12,7 @@ Example:
     check_policy_name("mixed_bfloat16")  # 'mixed_bfloat16'
     COMPUTE_DTYPES["mixed_bfloat16"]  # 'bfloat16'
     PROMOTIONS["mixed_float16"]  # 'mixed_bfloat16'
+    check_policy_name("float8", "rules[0].policy", RULE_POLICIES)  # 'float8'
 """
 
 from __future__ import annotations
@@ -26,20 +27,28 @@ LOW_PRECISION_POLICIES = ("mixed_float16", "mixed_bfloat16")
 COMPUTE_DTYPES = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
 # One step up the ladder: float16 -> bfloat16 (float32's exponent range) -> float32.
 PROMOTIONS = {"mixed_float16": "mixed_bfloat16", "mixed_bfloat16": "float32"}
+# A manifest rule's policy may also be float8: the matching Dense and
+# EinsumDense layers train their matmuls in float8 (`float8`), computing the
+# rest in the manifest's default policy. Not a default nor a `--precision`:
+# most layers cannot.
+FLOAT8 = "float8"
+RULE_POLICIES = (*POLICY_NAMES, FLOAT8)
 
 
-def check_policy_name(name: str, source: str = "precision") -> str:
-    """Returns `name` if it is one of `POLICY_NAMES`.
+def check_policy_name(
+    name: str, source: str = "precision", allowed: tuple[str, ...] = POLICY_NAMES
+) -> str:
+    """Returns `name` if it is one of `allowed`.
 
     Args:
         name: The policy name received.
         source: What it came from (a key, a flag), for the message.
+        allowed: The names allowed there: `POLICY_NAMES`, or `RULE_POLICIES`
+            for a manifest rule.
 
     Raises:
         UserInputError: Naming `source` and the allowed names otherwise.
     """
-    if name not in POLICY_NAMES:
-        raise UserInputError(
-            f"{source}: unknown policy '{name}'. Allowed: {', '.join(POLICY_NAMES)}"
-        )
+    if name not in allowed:
+        raise UserInputError(f"{source}: unknown policy '{name}'. Allowed: {', '.join(allowed)}")
     return name
