@@ -7,6 +7,7 @@
   no public caller worth driving.
 - A module longer than `LONG_MODULE_LINES` says at its top why it is one
   module (a docstring paragraph that starts "Why one module").
+- The docs name only tests that exist; the README stays a short tour.
 """
 
 from __future__ import annotations
@@ -171,3 +172,9 @@ def test_the_docs_name_only_tests_that_exist(page, test_file, name):
             if isinstance(node, ast.FunctionDef)
         }
     assert name in defined, f"{page} names {test_file}::{name}, which is not a test there"
+
+
+def test_the_readme_is_a_short_tour():
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as file:
+        lines = file.read().count("\n")
+    assert lines <= 250, f"README.md has {lines} lines: move details to docs/"
