@@ -940,3 +940,40 @@ def test_float8_needs_the_layer_built():
         "layer 'hidden': float8 needs the layer built (its variables exist). Build the model "
         "(call it on a batch) before applying the manifest"
     )
+
+
+def test_a_keras_hub_backbone_trains_with_float8_matmuls(tiny_gpt2):
+    backbone = tiny_gpt2()
+    manifest = PrecisionManifest.from_dict(
+        {
+            "version": 1,
+            "default": "mixed_bfloat16",
+            "rules": [
+                {"match": {"class": "EinsumDense"}, "policy": "float8"},
+                {"match": {"path": ".*_dense"}, "policy": "float8"},
+            ],
+        }
+    )
+    report = manifest.apply(backbone)
+    assert [layer.path for layer in report.layers if layer.policy.startswith("float8")] == [
+        f"transformer_layer_{index}/{name}"
+        for index in range(2)
+        for name in (
+            "self_attention/query",
+            "self_attention/key",
+            "self_attention/value",
+            "self_attention/attention_output",
+            "feedforward_intermediate_dense",
+            "feedforward_output_dense",
+        )
+    ]
+    rng = np.random.default_rng(0)
+    x = {
+        "token_ids": rng.integers(0, 64, (8, 16)).astype("int32"),
+        "padding_mask": np.ones((8, 16), "int32"),
+    }
+    backbone.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
+    history = backbone.fit(x, rng.normal(size=(8, 16, 16)), batch_size=4, epochs=2, verbose=0)
+    assert np.all(np.isfinite(history.history["loss"]))
+    query = dict(iter_layers(backbone))["transformer_layer_0/self_attention/query"]
+    assert float(query.inputs_amax_history[0]) > 0  # Keras' float8 state moved.
