@@ -166,6 +166,7 @@ def test_the_committed_page_matches_the_committed_result_files():
         text = file.read()
     sources = [source for source, _, _ in docs_tables.sections(text.split("\n"), docs_tables.DOC)]
     assert sources == [
+        "benchmarks/results/bench_float8.json",
         "benchmarks/results/bench.json",
         "benchmarks/results/stack_ablation.json",
     ]
