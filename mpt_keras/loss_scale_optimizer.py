@@ -500,6 +500,15 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         # Float8 scales and amax histories get their "gradient" as their new
         # value: never unscaled or clipped.
         overwritten = [is_float8_state(v) for v in variables]
+        if caller_unscaled and not self._scale_is_one and any(overwritten):
+            # get_unscaled_gradients() divided the new values by the scale too.
+            first = next(v for v, o in zip(variables, overwritten) if o)
+            raise UserInputError(
+                f"variable '{first.path}' is a float8 layer's state, and the gradients "
+                "passed to apply were unscaled by get_unscaled_gradients(), which divided "
+                "its new value by the loss scale too. Pass the scaled gradients (of "
+                "get_scaled_loss or scale_loss) to apply: it unscales all but float8 state"
+            )
         # Reduce first: from here on every replica holds the same values, so
         # verdict, clipping and state updates agree on all replicas.
         grads = self._all_reduce(grads, overwritten)

@@ -21,7 +21,8 @@ def pytest_collection_modifyitems(items):
     of its tests: the tests that use one are grouped (`xdist_group`), so they
     run on one worker, and it runs once. xdist starts the largest groups first;
     the tests marked `slow` come next, so that no long test is left to the end
-    while the other worker idles. Runs without xdist ignore both.
+    while the other worker idles. Without xdist the groups mean nothing and
+    the slow tests simply run first.
     """
     for item in items:
         if _uses_a_module_fixture(item):

@@ -348,3 +348,36 @@ def _replica_results() -> dict[str, dict[str, list[float]]]:
             key: np.ravel(value)[[0, -1]].tolist() for key, value in _float8_values(model).items()
         }
     return results
+
+
+def test_keras_2_style_unscaled_gradients_with_float8_state_are_one_line():
+    model = _model()
+    optimizer = LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=2.0**10)
+    optimizer.build(model.trainable_variables)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = ops.mean(keras.losses.mean_squared_error(Y, model(X, training=True)))
+            scaled = optimizer.get_scaled_loss(loss)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        optimizer.apply_gradients(
+            zip(optimizer.get_unscaled_gradients(grads), model.trainable_variables)
+        )
+
+    # Raised while tracing: autograph wraps it in its StagingError, message kept.
+    with pytest.raises(Exception) as raised:
+        step()
+    assert (
+        "UserInputError: variable 'hidden/inputs_scale' is a float8 layer's state, and the "
+        "gradients passed to apply were unscaled by get_unscaled_gradients(), which divided "
+        "its new value by the loss scale too. Pass the scaled gradients (of get_scaled_loss "
+        "or scale_loss) to apply: it unscales all but float8 state"
+    ) in str(raised.value)
+
+
+def test_the_optimizer_holds_none_of_the_models_variables():
+    model = _compiled(LossScaleOptimizer(keras.optimizers.Adam(1e-3)), "keras_step")
+    model.fit(X, Y, epochs=1, verbose=0)
+    model_variables = {id(variable) for variable in model.weights}
+    assert [v.path for v in model.optimizer.variables if id(v) in model_variables] == []

@@ -923,12 +923,15 @@ def test_float8_for_another_layer_class_is_one_line_naming_it():
     manifest = PrecisionManifest(
         default="mixed_bfloat16", rules=(Rule("float8", path="block_0/(mlp_up|attention_norm)"),)
     )
+    model = _tiny_lm()
+    before = precision_report(model, trace=False).policies
     with pytest.raises(UserInputError) as raised:
-        manifest.apply(_tiny_lm())
+        manifest.apply(model)
     assert str(raised.value) == (
         "layer 'block_0/attention_norm': LayerNormalization cannot train in float8. "
         "Allowed: Dense, EinsumDense (Keras' own, not subclasses)"
     )
+    assert precision_report(model, trace=False).policies == before  # Nothing was set.
 
 
 def test_float8_needs_the_layer_built():
@@ -937,8 +940,9 @@ def test_float8_needs_the_layer_built():
     with pytest.raises(UserInputError) as raised:
         manifest.apply(model)
     assert str(raised.value) == (
-        "layer 'hidden': float8 needs the layer built (its variables exist). Build the model "
-        "(call it on a batch) before applying the manifest"
+        "layer 'hidden': not built, and the manifest has float8 rules, which need every "
+        "layer built (a layer creates some of its sublayers when it is built). Build the "
+        "model (call it on a batch) before applying the manifest"
     )
 
 
@@ -977,3 +981,18 @@ def test_a_keras_hub_backbone_trains_with_float8_matmuls(tiny_gpt2):
     assert np.all(np.isfinite(history.history["loss"]))
     query = dict(iter_layers(backbone))["transformer_layer_0/self_attention/query"]
     assert float(query.inputs_amax_history[0]) > 0  # Keras' float8 state moved.
+
+
+def test_a_layer_shared_by_two_models_turns_to_float8_once():
+    shared = keras.layers.Dense(4, name="shared")
+    inner_inputs = keras.Input((4,))
+    inner = keras.Model(inner_inputs, shared(inner_inputs), name="inner")
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(2, name="out")(shared(inner(inputs))))
+    manifest = PrecisionManifest(default="mixed_bfloat16", rules=(Rule("float8", path="shared"),))
+    report = manifest.apply(model)
+    assert shared.quantization_mode == "float8"
+    assert {path: report.policies[path] for path in ("shared", "inner/shared")} == {
+        "shared": "float8_from_mixed_bfloat16",
+        "inner/shared": "float8_from_mixed_bfloat16",
+    }

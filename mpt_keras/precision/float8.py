@@ -221,7 +221,11 @@ def to_float8(model: keras.Model, paths: Iterable[str]) -> tuple[str, ...]:
                 f"Allowed: the paths of its {_CLASS_NAMES} layers: {', '.join(allowed) or 'none'}"
             )
         check_float8_layer(path, layers[path])
-    chosen = [path for path in paths if not is_float8(layers[path])]
+    chosen, seen = [], set()
+    for path in paths:  # A layer found at several paths (shared) is turned once.
+        if id(layers[path]) not in seen and not is_float8(layers[path]):
+            seen.add(id(layers[path]))
+            chosen.append(path)
     for path in chosen:
         if not layers[path].built:
             raise ValueError(f"layer '{path}' is not built: build the model before to_float8")

@@ -341,19 +341,15 @@ class PrecisionManifest:
                 )
         entries = list(iter_layer_paths(model))
         application = _Application(self, _output_layers(model), entries)
+        if any(rule.policy == FLOAT8 for rule in self.rules):
+            # Checked whole before any policy is set, so an error changes nothing.
+            application.check_float8(entries)
         units = list(_units(entries))
         decisions = {}
         for unit in units:
             decisions.update(application.apply_to_unit(unit))
         float8 = [path for path, decision in decisions.items() if decision.policy == FLOAT8]
         if float8:
-            for entry in entries:
-                if entry.path in float8 and not entry.layer.built:
-                    raise UserInputError(
-                        f"layer '{entry.path}': float8 needs the layer built (its variables "
-                        "exist). Build the model (call it on a batch) before applying the "
-                        "manifest"
-                    )
             to_float8(model, float8)
             for unit in units:  # Again: a policy map now holds each one's float8 policy.
                 application.apply_to_unit(unit)
@@ -506,6 +502,24 @@ class _Application:
                 ),
             )
         return decisions
+
+    def check_float8(self, entries: list[LayerPath]) -> None:
+        """Raises unless every layer a float8 rule decides can train in float8 now.
+
+        A float8 layer must exist and be built (Keras quantizes its variables),
+        so every layer must be: a layer not built yet may create the layers a
+        float8 rule is meant for (an attention's projections) only later.
+        """
+        for entry in entries:
+            if not entry.layer.built:
+                raise UserInputError(
+                    f"layer '{entry.path}': not built, and the manifest has float8 rules, "
+                    "which need every layer built (a layer creates some of its sublayers "
+                    "when it is built). Build the model (call it on a batch) before "
+                    "applying the manifest"
+                )
+            if self._decide(entry).policy == FLOAT8:
+                check_float8_layer(entry.path, entry.layer)
 
     def _policy(self, entry: LayerPath, decision: _Decision) -> keras.DTypePolicy:
         """The policy object a decision gives the layer at `entry`.
