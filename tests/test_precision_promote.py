@@ -105,3 +105,21 @@ def test_a_path_of_no_layer_is_refused():
         "promote: model 'mlp' has no layer 'mlp/up'. Allowed: the paths of its layers "
         "(layer_paths.iter_layers)"
     )
+
+
+def test_a_float8_layer_is_promoted_to_the_policy_it_computes_in():
+    inputs = keras.Input((4,))
+    model = keras.Model(
+        inputs, keras.layers.Dense(1, name="out")(keras.layers.Dense(8, name="hidden")(inputs))
+    )
+    manifest = PrecisionManifest(default="mixed_float16", rules=(Rule("float8", path="hidden"),))
+    manifest.apply(model)
+    model.compile(optimizer="adam", loss="mse")
+    x, y = np.ones((4, 4), "float32"), np.ones((4, 1), "float32")
+    model.fit(x, y, verbose=0)
+    manifest, promotions = promote(model, manifest, reason="test", paths=["hidden"])
+    assert promotions == (Promotion("hidden", "float8_from_mixed_float16", "mixed_float16"),)
+    assert model.get_layer("hidden").quantization_mode is None
+    assert np.isfinite(model.fit(x, y, verbose=0).history["loss"]).all()  # Trains on.
+    _, again = promote(model, manifest, reason="test", paths=["hidden"])
+    assert again == (Promotion("hidden", "mixed_float16", "mixed_bfloat16"),)

@@ -33,6 +33,22 @@ PROMOTIONS = {"mixed_float16": "mixed_bfloat16", "mixed_bfloat16": "float32"}
 # most layers cannot.
 FLOAT8 = "float8"
 RULE_POLICIES = (*POLICY_NAMES, FLOAT8)
+# Keras names a float8 layer's policy after the one it computes in otherwise.
+FLOAT8_POLICY_PREFIX = "float8_from_"
+
+
+def promoted_policy(name: str) -> str | None:
+    """The policy one step up the ladder from `name`, or None at its top.
+
+    A float8 layer (`float8_from_<policy>`) goes to the policy it computes in
+    otherwise, its matmuls out of float8; then up `PROMOTIONS`.
+
+    Args:
+        name: A layer's effective policy name.
+    """
+    if name.startswith(FLOAT8_POLICY_PREFIX):
+        return name.removeprefix(FLOAT8_POLICY_PREFIX)
+    return PROMOTIONS.get(name)
 
 
 def check_policy_name(

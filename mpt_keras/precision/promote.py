@@ -1,7 +1,9 @@
 """Promotion: moving layers one step up the precision ladder, mid-run.
 
-The ladder is `names.PROMOTIONS`: mixed_float16 -> mixed_bfloat16 (float32's
-exponent range, so nothing overflows at float16's 65504) -> float32. A layer
+The ladder is `names.promoted_policy`: a float8 layer (`float8_from_<policy>`)
+goes to the policy it computes in otherwise, then `names.PROMOTIONS`:
+mixed_float16 -> mixed_bfloat16 (float32's exponent range, so nothing
+overflows at float16's 65504) -> float32. A layer
 is promoted by a rule for its exact path (`re.escape`d, so a name such as
 `mlp.up` matches that layer alone) put first in the manifest, where the first
 matching rule wins; the manifest is applied to the model and a compiled
@@ -29,7 +31,7 @@ import keras
 from mpt_keras.errors import UserInputError
 from mpt_keras.layer_paths import iter_layers
 from mpt_keras.precision.manifest import PrecisionManifest, Rule
-from mpt_keras.precision.names import PROMOTIONS
+from mpt_keras.precision.names import promoted_policy
 from mpt_keras.precision.policies import effective_policy
 
 
@@ -81,9 +83,9 @@ def promote(
                 "of its layers (layer_paths.iter_layers)"
             )
     promotions = tuple(
-        Promotion(path, policies[path], PROMOTIONS[policies[path]])
+        Promotion(path, policies[path], promoted_policy(policies[path]))
         for path in paths
-        if policies[path] in PROMOTIONS
+        if promoted_policy(policies[path]) is not None
     )
     if not promotions:
         return manifest, ()
