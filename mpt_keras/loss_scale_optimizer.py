@@ -200,21 +200,27 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         var_list = list(var_list)
         inner = self.inner_optimizer
         inner.build(var_list)
+        # Per-variable state in the order of the variables' paths, not of
+        # var_list: it is saved and loaded by position, and a loaded float8
+        # model lists a layer's float8 state before its kernel.
+        in_state_order = sorted(var_list, key=lambda v: getattr(v, "path", v.name))
         self._nonfinite_counter = self._add_counter("nonfinite_counter", (len(var_list),))
         if self._accumulation_steps:
             self._micro_batches = self._add_counter("micro_batches")
             self._accumulated_counter = self._add_counter("accumulated_counter")
             self._accumulators = [
-                self.add_variable_from_reference(v, name="accumulated_gradient") for v in var_list
+                self.add_variable_from_reference(v, name="accumulated_gradient")
+                for v in in_state_order
             ]
         compat.skip_stock_build(self, var_list)
-        self._positions = {id(v): i for i, v in enumerate(var_list)}
+        self._positions = {id(v): i for i, v in enumerate(in_state_order)}
         # With float16 or bfloat16 variables an update can overflow: those
         # variables and every other floating state the update writes (slots,
         # float8 scales and amax histories) are checked after it, and undone.
         low_precision = [v for v in var_list if v.dtype not in _FULL_PRECISION]
         self._built_on = _BuiltOn(
             variables=tuple(var_list),
+            in_state_order=tuple(in_state_order),
             update_checked=tuple(low_precision),
             update_restored=tuple(
                 low_precision
@@ -325,8 +331,10 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         if not self.built:
             return {}
         counts = self._nonfinite_counter.numpy()
-        variables = self._built_on.variables
-        return {getattr(v, "path", v.name): int(c) for v, c in zip(variables, counts)}
+        return {
+            getattr(v, "path", v.name): int(counts[self._positions[id(v)]])
+            for v in self._built_on.variables
+        }
 
     def _total_scale(self) -> tf.Tensor:
         scale = ops.convert_to_tensor(self.dynamic_scale)
@@ -828,7 +836,8 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
 
 @dataclasses.dataclass(frozen=True)
 class _BuiltOn:
-    """The model variables `build` was given, and those an update is checked on.
+    """The model variables `build` was given, in its order and in the state's, and
+    those an update is checked on.
 
     One object, not list attributes: Keras' tracker takes the variables in an
     optimizer's list attribute for the optimizer's own, so the model's
@@ -838,6 +847,7 @@ class _BuiltOn:
     """
 
     variables: tuple[keras.Variable, ...]
+    in_state_order: tuple[keras.Variable, ...]  # The order of the per-variable state.
     update_checked: tuple[keras.Variable, ...]
     update_restored: tuple[keras.Variable, ...]
 

@@ -381,3 +381,22 @@ def test_the_optimizer_holds_none_of_the_models_variables():
     model.fit(X, Y, epochs=1, verbose=0)
     model_variables = {id(variable) for variable in model.weights}
     assert [v.path for v in model.optimizer.variables if id(v) in model_variables] == []
+
+
+@pytest.mark.parametrize("accumulation", [None, 2])
+def test_a_loaded_float8_model_keeps_its_optimizers_state_by_variable(tmp_path, accumulation):
+    """A loaded float8 layer lists its float8 state before its kernel: state by path."""
+    inner = keras.optimizers.Adam(0.01, gradient_accumulation_steps=accumulation)
+    model = _compiled(LossScaleOptimizer(inner, initial_scale=2.0**20), "keras_step")
+    for _ in range(3):
+        model.train_on_batch(X, Y)
+    counts = model.optimizer.nonfinite_counts()
+    assert counts["hidden/kernel"] > 0  # The scale overflows float16.
+    model.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(tmp_path / "model.keras")
+    assert [v.path for v in loaded.trainable_variables] != [
+        v.path for v in model.trainable_variables
+    ]
+    assert loaded.optimizer.nonfinite_counts() == counts
+    for saved, restored in zip(model.optimizer.variables, loaded.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(saved.numpy(), restored.numpy(), err_msg=saved.path)

@@ -405,8 +405,11 @@ def test_gradient_accumulation_drops_nonfinite_micro_batches():
     for i, (bx, by) in enumerate(stream):
         apply(_batch_gradients(model, bx, by, opt.loss_scale))
         if i == 0:
-            # The accumulators hold the unscaled float32 gradient of A.
-            for acc, grad in zip(opt._accumulators, _batch_gradients(model, bx, by)):
+            # The accumulators hold the unscaled float32 gradient of A (in the
+            # order of the variables' paths).
+            grads = zip(model.trainable_variables, _batch_gradients(model, bx, by))
+            in_path_order = [grad for _, grad in sorted(grads, key=lambda pair: pair[0].path)]
+            for acc, grad in zip(opt._accumulators, in_path_order):
                 assert acc.dtype == "float32"
                 np.testing.assert_allclose(acc.numpy(), grad.numpy(), rtol=1e-5)
 
