@@ -124,6 +124,7 @@ from mpt_keras.calibration_float8 import (
 )
 from mpt_keras.diagnosis import diagnose_nonfinite
 from mpt_keras.errors import UserInputError
+from mpt_keras.layer_calls import calls_wrapped
 from mpt_keras.layer_paths import first_instance_name, iter_layer_paths, iter_layers
 from mpt_keras.precision.float8 import FLOAT8_LAYER_CLASSES, is_float8_state
 from mpt_keras.precision.manifest import PrecisionManifest, Rule
@@ -586,14 +587,13 @@ class _Calibration:
 
     def _record(self, batches) -> None:
         """Runs the model on every batch, recording each site's calls."""
-        for site in self._sites:
-            site.layer.call = _recording(site)
-        try:
+        sites = {id(site.layer): site for site in self._sites}
+        with calls_wrapped(
+            (site.layer for site in self._sites),
+            lambda layer, call: _recording(sites[id(layer)], call),
+        ):
             for features, _, _ in batches:
                 self._model(features, training=False)
-        finally:
-            for site in self._sites:
-                del site.layer.call
 
     def _diagnosis(self, batches, loss, gradients) -> str | None:
         """The diagnosis of the first batch not finite in float32, if one was not.
@@ -805,9 +805,8 @@ class _Calibration:
         )
 
 
-def _recording(site: _Site) -> Callable[..., Any]:
-    """`site.layer.call`, recording each call in `site.calls`."""
-    call = site.layer.call
+def _recording(site: _Site, call: Callable[..., Any]) -> Callable[..., Any]:
+    """`call`, `site.layer`'s, recording each call in `site.calls`."""
 
     def recording_call(*args, **kwargs):
         outputs = call(*args, **kwargs)

@@ -57,13 +57,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from mpt_keras.layer_calls import calls_wrapped
 from mpt_keras.precision.float8 import QUANTIZED_TENSORS, float8_shares, format_max
 from mpt_keras.precision.names import LOW_PRECISION_POLICIES
 
@@ -168,16 +169,13 @@ class Float8Recorder:
         """The matmul output of each call of this batch, to take gradients for."""
         return [output for _, _, output in self._batch]
 
-    @contextlib.contextmanager
-    def recording(self, tape: tf.GradientTape) -> Iterator[None]:
+    def recording(self, tape: tf.GradientTape) -> contextlib.AbstractContextManager:
         """Records each call of the layers while the model runs one batch under `tape`."""
-        for path, layer in self._layers:
-            layer.call = self._recording_call(path, layer, tape)
-        try:
-            yield
-        finally:
-            for _, layer in self._layers:
-                del layer.call
+        paths = {id(layer): path for path, layer in self._layers}
+        return calls_wrapped(
+            (layer for _, layer in self._layers),
+            lambda layer, call: self._recording_call(paths[id(layer)], layer, tape, call),
+        )
 
     def add_batch(self, output_gradients: Sequence[tf.Tensor | None]) -> None:
         """Adds the batch recorded, given the gradients of the loss at `outputs`."""
@@ -209,15 +207,18 @@ class Float8Recorder:
         return figures
 
     def _recording_call(
-        self, path: str, layer: keras.layers.Layer, tape: tf.GradientTape
+        self,
+        path: str,
+        layer: keras.layers.Layer,
+        tape: tf.GradientTape,
+        call: Callable[..., Any],
     ) -> Callable[..., Any]:
-        """`layer.call`, recording its inputs and its output before the activation.
+        """`call`, the layer's, recording its inputs and its output before the activation.
 
         Dense and EinsumDense apply `self.activation` last: for the call, it is
         one that records what it is given (the matmul output plus the bias,
         whose gradient is the matmul output's) and watches it on `tape`.
         """
-        call = layer.call
 
         def recording_call(*args, **kwargs):
             activation = layer.activation

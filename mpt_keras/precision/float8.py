@@ -163,9 +163,10 @@ def is_float8_state(variable: Any) -> bool:
 def learned_weights(model: keras.Model) -> list[keras.Variable]:
     """`model.weights` without its float8 state, in order.
 
-    The weights a model in float8 shares with the same model without it: a
-    model's float8 state comes after each layer's kernel and bias, so copying
-    `other.get_weights()` into these fits.
+    The weights a model in float8 shares with the same model without it. A
+    layer `to_float8` turned holds its float8 state after its kernel and bias,
+    so `other.get_weights()` copies into these in order; a float8 model loaded
+    from a file lists that state first, but its other weights keep their order.
     """
     return [variable for variable in model.weights if not is_float8_state(variable)]
 

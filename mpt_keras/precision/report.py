@@ -29,7 +29,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import keras
@@ -37,6 +37,7 @@ import tensorflow as tf
 
 from mpt_keras import keras_compat as compat
 from mpt_keras.components import describe_error
+from mpt_keras.layer_calls import calls_wrapped
 from mpt_keras.layer_paths import iter_layers
 from mpt_keras.precision.policies import effective_policy
 
@@ -311,22 +312,9 @@ class _CallRecorder:
         # returned, by id (held, so that no id is reused during the trace).
         self._not_made: list[dict[int, Any]] = []
 
-    @contextlib.contextmanager
-    def wrapping(self, layers: Iterable[keras.layers.Layer]) -> Iterator[None]:
+    def wrapping(self, layers: Iterable[keras.layers.Layer]) -> contextlib.AbstractContextManager:
         """Wraps each layer's `call` inside the block; restores them on exit, even on error."""
-        wrapped = []
-        try:
-            for layer in layers:
-                own_call = vars(layer).get("call")
-                layer.call = self._recording(layer, layer.call)
-                wrapped.append((layer, own_call))
-            yield
-        finally:
-            for layer, own_call in wrapped:
-                if own_call is None:
-                    del layer.call
-                else:
-                    layer.call = own_call
+        return calls_wrapped(layers, self._recording)
 
     def _recording(self, layer: keras.layers.Layer, call: Any) -> Any:
         @functools.wraps(call)
