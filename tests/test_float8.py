@@ -9,6 +9,8 @@ Written for Keras 3.15.1.
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 import keras
@@ -17,6 +19,7 @@ import pytest
 import tensorflow as tf
 from keras import ops
 from replicas import run_child
+from tiny_runs import Crash, CrashAtStep, tiny_config
 
 from mpt_keras import xla
 from mpt_keras.checkpointing import Checkpointer
@@ -30,6 +33,7 @@ from mpt_keras.precision.float8 import (
     format_max,
     to_float8,
 )
+from mpt_keras.training import Runtime, run_training
 
 STEPS = ["keras_step", "xla"]
 FLOAT8_PATHS = ["hidden", "mix"]
@@ -264,6 +268,38 @@ def test_checkpoints_restore_the_float8_state_exactly(tmp_path):
     assert loaded.get_layer("mix").dtype_policy.name == "float8_from_mixed_float16"
     # The same values by name; a loaded layer lists its float8 variables first.
     _assert_same(_float8_values(loaded), saved)
+
+
+def test_a_crashed_float8_run_resumes_to_the_state_of_an_uninterrupted_one(tfds_dir, tmp_path):
+    """mpt-train's own resume: weights, float8 scales and histories, bit for bit."""
+    manifest = tmp_path / "float8.json"
+    manifest.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "default": "mixed_float16",
+                "rules": [{"match": {"path": "dense_0"}, "policy": "float8"}],
+            }
+        )
+    )
+    config = tiny_config(tfds_dir, steps=7, manifest=str(manifest))
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    run_training(config, Runtime(straight, verbose=0))
+    with pytest.raises(Crash):
+        run_training(config, Runtime(resumed, verbose=0, callbacks=(CrashAtStep(5),)))
+    keras.backend.clear_session(free_memory=False)
+    assert run_training(config, Runtime(resumed, verbose=0))["step"] == 7
+
+    models = [
+        keras.saving.load_model(os.path.join(run, "model.keras")) for run in (straight, resumed)
+    ]
+    expected, actual = (_float8_values(model) for model in models)
+    _assert_same(actual, expected)
+    # Seven steps wrote seven amaxes, resumed at step 3's checkpoint or not.
+    history = expected["dense_0/inputs_amax_history"]
+    assert np.count_nonzero(history) == 7, history[:8]
+    for a, b in zip(models[0].weights, models[1].weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
 
 
 # --- Statistics ----------------------------------------------------------------

@@ -66,21 +66,22 @@ def test_a_tiny_transformer_passes_the_default_thresholds(tfds_dir, precision):
     ]
 
 
-def test_a_float8_manifest_validates_like_any_candidate(tfds_dir):
-    """It trains as float32 does; its outputs differ more than the forward thresholds allow.
+@pytest.mark.slow
+def test_the_bundled_float8_manifest_passes_the_default_thresholds(tfds_dir):
+    """The bundled Transformer config, its 12 block matmuls in float8, default steps.
 
-    e4m3 keeps 3 bits of mantissa (bfloat16: 7): each float8 matmul's inputs
-    and kernel round by up to 6%, and the untrained logits, nearly uniform,
-    change their argmax for about one token in ten (docs/precision.md, Float8).
+    Forward parity runs on the weights float32 reached: on the initial ones
+    top-1 agreement was 0.881, near-uniform logits whose ties e4m3's rounding
+    breaks (docs/calibration_and_validation.md).
     """
     manifest = os.path.join(REPO, "configs", "manifests", "python_source_transformer_float8.json")
-    report = validation.validate(_tiny_lm(tfds_dir), manifest, steps=5)
-    assert [check.name for check in report.failed_checks()] == [
-        "output_relative_error",
-        "top1_agreement",
-    ], report.table()
-    (block,) = [layer for layer in report.layers if layer.path == "block_0"]
-    assert report.drift_entry() == "block_0" and 0.02 < block.relative_error < 0.2
+    report = validation.validate(_config(tfds_dir, "python_source_transformer.json"), manifest)
+    assert report.passed, report.table()
+    assert report.steps == 50 and report.skipped_steps == 0
+    blocks = [layer for layer in report.layers if layer.path.startswith("block_")]
+    # Float8 changes the blocks' outputs, 10 times as much as bfloat16 alone (0.003).
+    assert [layer.compute_dtype for layer in blocks] == ["float32", "float32"]
+    assert all(0.01 < layer.relative_error < 0.1 for layer in blocks), report.table()
 
 
 def test_a_normalization_in_float16_shows_its_drift_at_that_layer(tfds_dir, tmp_path):

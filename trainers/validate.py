@@ -4,11 +4,12 @@
         --output=/tmp/validation/report.json
 
 Compares the candidate (`--precision` or `--manifest`, exactly one) with float32
-on the same weights and data: the outputs of every layer on the validation
-split, and `--steps` training steps from the same start and batch order (see
-`mpt_keras.validation`). Writes `--output` (the report JSON), `<stem>.txt` (the
-report as a table), `<stem>.png` (the two loss curves) and the loss curves to
-TensorBoard under `--tensorboard_dir` (default `<stem>_logs`).
+on the same data: `--steps` training steps from the same weights and batch
+order, then the outputs of every layer on the validation split, from the
+weights float32 reached (see `mpt_keras.validation`). Writes `--output` (the
+report JSON), `<stem>.txt` (the report as a table), `<stem>.png` (the two loss
+curves) and the loss curves to TensorBoard under `--tensorboard_dir` (default
+`<stem>_logs`).
 
 Exit status: 0 when every threshold holds; 1 when one fails, after one line on
 stderr per failed check (`mpt-validate: check failed: <check>: <value> (allowed
