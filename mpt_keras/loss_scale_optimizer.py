@@ -29,7 +29,7 @@ from mpt_keras import loss_scale_settings
 from mpt_keras import telemetry_layout as tags
 from mpt_keras.errors import UserInputError
 from mpt_keras.loss_scale_settings import LossScaleSettings
-from mpt_keras.precision.float8 import is_float8_state
+from mpt_keras.precision.float8 import is_float8_state, largest_range_used
 from mpt_keras.step_health import BAD_BATCH_MEMORY, StepHealth
 
 _StockLossScaleOptimizer = keras.optimizers.LossScaleOptimizer
@@ -291,15 +291,23 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         logs hold that step's values, also where callbacks run behind the
         steps: `loss_scale`, `skipped_steps` and `bad_batches` (since the
         start of training) and `gradient_norm` (this step's), as float32
-        scalars. Both train steps add them: Keras' own (through `model.compile`)
-        and `mpt_keras.xla.compile_model`'s.
+        scalars; with float8 layers also `float8_range_used`, the largest
+        range used of their quantized tensors (`precision.float8.
+        largest_range_used`: above 1, one saturates). Both train steps add
+        them: Keras' own (through `model.compile`) and
+        `mpt_keras.xla.compile_model`'s.
         """
-        return {
+        logs = {
             tags.LOSS_SCALE: ops.convert_to_tensor(self.dynamic_scale),
             tags.SKIPPED_STEPS: ops.cast(self._skipped_counter, "float32"),
             tags.BAD_BATCHES: ops.cast(self._bad_batch_counter, "float32"),
             tags.GRADIENT_NORM: self.gradient_norm,
         }
+        if self.built:
+            range_used = largest_range_used(self._built_on.variables)
+            if range_used is not None:
+                logs[tags.FLOAT8_RANGE_USED] = range_used
+        return logs
 
     def health(self) -> StepHealth:
         """Everything the last steps left in this optimizer, read in one record.

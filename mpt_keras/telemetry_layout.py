@@ -19,6 +19,8 @@ SKIPPED_STEPS = "skipped_steps"
 BAD_BATCHES = "bad_batches"
 OVERFLOW_RATE = "overflow_rate"
 GRADIENT_NORM = "gradient_norm"
+# Only for a model with float8 layers: the largest range used of any float8 tensor.
+FLOAT8_RANGE_USED = "float8_range_used"
 EXAMPLES_PER_SECOND = "examples_per_second"
 STEP_TIME = "step_time_seconds"
 PEAK_MEMORY = "peak_memory_mib/"  # + device, e.g. "CPU:0"

@@ -14,6 +14,7 @@ import pytest
 
 from mpt_keras import xla
 from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
+from mpt_keras.precision.float8 import float8_statistics, to_float8
 
 BATCH = 2
 # Per step: loss_scale, skipped_steps, bad_batches.
@@ -79,3 +80,49 @@ def test_a_model_without_our_optimizer_logs_only_its_metrics():
     model.compile(optimizer="sgd", loss="mse")
     history = model.fit(np.ones((4, 3)), np.ones((4, 1)), batch_size=2, verbose=0)
     assert list(history.history) == ["loss"]
+
+
+@pytest.mark.parametrize("compile_with", ["compile", "compile_model_xla"])
+def test_a_float8_model_logs_its_largest_range_used_each_step(compile_with):
+    """The scale doubles every step: the output gradient's amax outgrows its delayed scale."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((3,)),
+            keras.layers.Dense(4, name="hidden", dtype="mixed_float16"),
+            keras.layers.Dense(1, name="out"),
+        ]
+    )
+    to_float8(model, ["hidden"])
+    optimizer = LossScaleOptimizer(
+        keras.optimizers.SGD(0.01), initial_scale=16.0, growth_interval=1
+    )
+    if compile_with == "compile":
+        model.compile(optimizer=optimizer, loss="mse")
+    else:
+        xla.compile_model(model, optimizer=optimizer, loss="mse", jit_compile=True)
+    logged, read = [], []
+
+    def on_batch_end(batch, logs):
+        logged.append(logs["float8_range_used"])
+        # The same figure read eagerly from the layer's variables.
+        (layer,) = float8_statistics(model).values()
+        read.append(
+            max(state.range_used for state in (layer.inputs, layer.kernel, layer.outputs_grad))
+        )
+
+    x = np.random.default_rng(0).normal(size=(4 * BATCH, 3)).astype("float32")
+    model.fit(
+        x,
+        np.ones((4 * BATCH, 1), "float32"),
+        batch_size=BATCH,
+        shuffle=False,
+        verbose=0,
+        callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=on_batch_end)],
+    )
+    assert logged == pytest.approx(read, rel=1e-6)
+    assert float(optimizer.dynamic_scale) == 16.0 * 2**4
+    # Step 1 quantizes at the initial scale of 1; then each step's amax, the
+    # loss scale doubled, outgrows the largest before it, which set the
+    # scale: above 1, saturation.
+    assert logged[0] < 0.01 and all(value > 1 for value in logged[1:]), logged

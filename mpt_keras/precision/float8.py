@@ -276,6 +276,35 @@ def float8_statistics(model: keras.Model) -> dict[str, Float8LayerStatistics]:
     return statistics
 
 
+def largest_range_used(variables: Iterable[keras.Variable]) -> tf.Tensor | None:
+    """The largest `range_used` of the float8 tensors whose state is in `variables`.
+
+    What `LossScaleOptimizer.step_logs` logs as `float8_range_used`: over every
+    float8 layer and quantized tensor, its last amax (slot 0 of the history)
+    over the largest value its scale represents (`Float8TensorState.range_used`).
+    Above 1, a tensor like the last one saturates at the scale the next step
+    uses. Reads the variables in the graph it is called in: no host sync.
+
+    Args:
+        variables: Variables of a model (a layer's float8 state is paired by
+            path: `<layer>/<tensor>_scale` with `<layer>/<tensor>_amax_history`);
+            the others are left out.
+
+    Returns:
+        A float32 scalar, or None when `variables` hold no float8 state.
+    """
+    state = {variable.path: variable for variable in variables if is_float8_state(variable)}
+    ratios = []
+    for tensor, float8_format in QUANTIZED_TENSORS.items():
+        suffix = f"{tensor}_scale"
+        for path, scale in state.items():
+            if path.rpartition("/")[2] == suffix:
+                history = state[path.removesuffix(suffix) + f"{tensor}_amax_history"]
+                largest = format_max(float8_format) * ops.cast(scale, "float32")
+                ratios.append(ops.cast(history[0], "float32") / largest)
+    return ops.max(ops.stack(ratios)) if ratios else None
+
+
 def float8_shares(values: Any, float8_format: str, scale: Any = 1.0) -> Float8Shares:
     """The shares of `values` that saturate or underflow in `float8_format` at `scale`.
 
