@@ -27,6 +27,12 @@ The kernel, the same on every batch, is quantized at its own amax and never
 saturates. A scale is rounded up by one float32 unit where the amax itself
 would land a rounding above the format's largest value: Keras' clip changes
 such a value by less than its own rounding, which is no saturation.
+This is one step less delay than Keras' own: a Keras step quantizes at the
+largest amax up to two steps before it, and its first two steps at the
+initial scale of 1 (`mpt_keras.precision.float8`). Calibration leaves those
+two steps out, which quantize any tensor whose amax is far from the format's
+largest value badly, and measures the scaling a run settles into; a
+growing tensor saturates one step later in a run than here.
 
 The loss scale. The output gradient is measured unscaled. In a float16 run the
 loss scale multiplies it and, through its amax history, its float8 scale

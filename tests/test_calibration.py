@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from toy_layers import Times
 
 from mpt_keras import PrecisionManifest, Rule, UserInputError
 from mpt_keras.calibration import CalibrationThresholds, calibrate, format_calibration_table
@@ -16,17 +17,6 @@ DATA_ALLOWED = (
     "(x, y) or (x, y, sample_weight) of arrays; x an array or a dict of arrays"
 )
 MODEL_ALLOWED = "Allowed: a keras.Model, or a function of no arguments returning one"
-
-
-class Times(keras.layers.Layer):
-    """Multiplies by a constant: an engineered range problem without a Lambda."""
-
-    def __init__(self, factor, **kwargs):
-        super().__init__(**kwargs)
-        self.factor = factor
-
-    def call(self, inputs):
-        return inputs * self.factor
 
 
 class Block(keras.layers.Layer):

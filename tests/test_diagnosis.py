@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+from toy_layers import Times
 
 import mpt_keras
 from mpt_keras import diagnosis
@@ -19,17 +20,6 @@ FINITE = np.array([[0.5, 1.0]], "float32")
 BOOM = NonfiniteReport(
     first_layer="boom", compute_dtype="float16", input_max=8.0, output_max=5000.0
 )
-
-
-class Times(keras.layers.Layer):
-    """Multiplies by a constant."""
-
-    def __init__(self, factor, **kwargs):
-        super().__init__(**kwargs)
-        self.factor = factor
-
-    def call(self, inputs):
-        return inputs * self.factor
 
 
 class Holder(keras.layers.Layer):
