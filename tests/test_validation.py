@@ -53,9 +53,9 @@ def test_mixed_precisions_pass_the_default_thresholds(tfds_dir, config_name, pre
     assert 0 < report.outputs[0].relative_error < 0.02
 
 
-@pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])
-def test_a_tiny_transformer_passes_the_default_thresholds(tfds_dir, precision):
-    report = validation.validate(_tiny_lm(tfds_dir), precision, steps=5)
+def test_a_tiny_transformer_passes_the_default_thresholds_in_float16(tfds_dir):
+    # bfloat16: the bundled float8 manifest's default, below.
+    report = validation.validate(_tiny_lm(tfds_dir), "mixed_float16", steps=5)
     assert report.passed, report.table()
     assert [layer.path for layer in report.layers] == [
         "token_embedding",
