@@ -295,13 +295,13 @@ def largest_range_used(variables: Iterable[keras.Variable]) -> tf.Tensor | None:
     """
     state = {variable.path: variable for variable in variables if is_float8_state(variable)}
     ratios = []
-    for tensor, float8_format in QUANTIZED_TENSORS.items():
-        suffix = f"{tensor}_scale"
-        for path, scale in state.items():
-            if path.rpartition("/")[2] == suffix:
-                history = state[path.removesuffix(suffix) + f"{tensor}_amax_history"]
-                largest = format_max(float8_format) * ops.cast(scale, "float32")
-                ratios.append(ops.cast(history[0], "float32") / largest)
+    for path, scale in state.items():
+        layer, _, name = path.rpartition("/")
+        tensor = name.removesuffix("_scale")
+        if tensor != name and tensor in QUANTIZED_TENSORS:
+            history = state[f"{layer}/{tensor}_amax_history"]
+            largest = format_max(QUANTIZED_TENSORS[tensor]) * ops.cast(scale, "float32")
+            ratios.append(ops.cast(history[0], "float32") / largest)
     return ops.max(ops.stack(ratios)) if ratios else None
 
 
