@@ -54,8 +54,9 @@ The layers' (`precision.manifest`, `calibration`, `layer_paths`, `validation`):
   instead of replacing it.
 - `direct_sublayers`: Keras tracks a layer's sublayers, in order, but lists
   only a model's top-level ones (`model.layers`), not any layer's.
-- `inbound_nodes` and `producing_layer`: the edges of a functional model's
-  graph, for which Keras has no public accessor.
+- `producing_layer` and `producing_node`: the edges of a functional model's
+  graph (which call of which layer made a tensor, on what inputs), for which
+  Keras has no public accessor.
 
 The optimizer's (`runs`):
 
@@ -342,22 +343,6 @@ def direct_sublayers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     return layer._flatten_layers(include_self=False, recursive=False)
 
 
-def inbound_nodes(layer: keras.layers.Layer) -> list[Any]:
-    """The nodes at which `layer` is called in functional models, first call first.
-
-    A node's `input_tensors` tell which layers feed `layer`; Keras has no
-    public accessor to this graph. Empty for a layer never called on
-    symbolic inputs (such as a subclassed model).
-
-    Args:
-        layer: A layer.
-
-    Returns:
-        `layer._inbound_nodes`.
-    """
-    return layer._inbound_nodes
-
-
 def producing_layer(tensor: keras.KerasTensor) -> keras.layers.Layer:
     """The layer (or operation) whose call made the symbolic `tensor`.
 
@@ -370,6 +355,22 @@ def producing_layer(tensor: keras.KerasTensor) -> keras.layers.Layer:
         `tensor._keras_history.operation`.
     """
     return tensor._keras_history.operation
+
+
+def producing_node(tensor: keras.KerasTensor) -> Any:
+    """The call (node) of its layer that made the symbolic `tensor`.
+
+    Its `input_tensors` are what that call took: a layer called twice has a
+    node per call. Keras has no public accessor to the graph.
+
+    Args:
+        tensor: A symbolic tensor of a functional model.
+
+    Returns:
+        The node `tensor._keras_history` names.
+    """
+    history = tensor._keras_history
+    return history.operation._inbound_nodes[history.node_index]
 
 
 def symbolic_build(model: keras.Model, data_batch: Any) -> None:

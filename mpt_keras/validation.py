@@ -13,8 +13,10 @@ Forward parity. Then the weights the baseline reached are copied into the
 candidate, which keeps the state its own run gave it besides (a float8
 layer's scales and amax histories: what a float8 model computes with). Both
 run the validation split with `training=False`; the output of every top-level
-layer of the functional model is compared, so the report shows where the
-drift enters, not only that it exists. The weights are trained ones because
+layer of the functional model is compared (a layer called twice at its first
+call, or at the call that makes a model output: a tied embedding that also
+makes the logits), so the report shows where the drift enters, not only that
+it exists. The weights are trained ones because
 the logits of random weights are nearly uniform: their argmax is a near tie
 that rounding breaks either way, so top-1 agreement there counts ties, not
 predictions. Measured on the bundled Transformer with its float8 manifest:
@@ -448,6 +450,7 @@ def _forward_parity(
     baseline_probe = _probe(baseline, baseline, layers)
     candidate_probe = _probe(candidate, baseline, layers)
     output_names = _output_names(baseline, layers)
+    compared = _compared_tensors(baseline, baseline, layers)
 
     errors = {name: _ErrorSums() for name in layers}
     for batch in run_data.eval_batches(batch_size):
@@ -465,7 +468,7 @@ def _forward_parity(
     relative = {name: errors[name].relative_error() for name in layers}
     parities = []
     for name, layer in layers.items():
-        upstream = [relative.get(parent, 0.0) for parent in _parents(layer)]
+        upstream = [relative.get(parent, 0.0) for parent in _parents(compared.get(name))]
         parities.append(
             errors[name].parity(
                 name,
@@ -551,10 +554,28 @@ def _probe(
     if not getattr(model, "inputs", None):
         (name,) = layers
         return lambda features: {name: model(features, training=False)}
-    position = {id(layer): index for index, layer in enumerate(baseline.layers)}
-    outputs = {name: model.layers[position[id(layer)]].output for name, layer in layers.items()}
-    probe = keras.Model(model.inputs, outputs)
+    probe = keras.Model(model.inputs, _compared_tensors(model, baseline, layers))
     return lambda features: probe(features, training=False)
+
+
+def _compared_tensors(
+    model: keras.Model, baseline: keras.Model, layers: Mapping[str, keras.layers.Layer]
+) -> dict[str, keras.KerasTensor]:
+    """`{baseline layer name: the symbolic output of model compared for it}`.
+
+    A layer's output at its first call; for a layer that makes a model output,
+    that output: a layer called twice, such as a tied embedding that also
+    makes the logits (keras_hub's CausalLMs), has the logits as its row. None
+    for a model without a graph.
+    """
+    if not getattr(model, "inputs", None):
+        return {}
+    position = {id(layer): index for index, layer in enumerate(baseline.layers)}
+    tensors = {name: model.layers[position[id(layer)]].output for name, layer in layers.items()}
+    for tensor in keras.tree.flatten(model.outputs):
+        index = model.layers.index(compat.producing_layer(tensor))
+        tensors[baseline.layers[index].name] = tensor
+    return tensors
 
 
 def _twin(model: keras.Model, baseline: keras.Model, layer: keras.layers.Layer):
@@ -570,12 +591,14 @@ def _output_names(model: keras.Model, layers: Mapping[str, keras.layers.Layer]) 
     return {compat.producing_layer(tensor).name for tensor in keras.tree.flatten(model.outputs)}
 
 
-def _parents(layer: keras.layers.Layer) -> list[str]:
-    """Names of the layers whose outputs `layer` takes as inputs."""
-    nodes = compat.inbound_nodes(layer)
-    if not nodes:  # A subclassed model, probed whole.
+def _parents(tensor: keras.KerasTensor | None) -> list[str]:
+    """Names of the layers whose outputs the call that made `tensor` took as inputs."""
+    if tensor is None:  # A subclassed model, probed whole.
         return []
-    return [compat.producing_layer(tensor).name for tensor in nodes[0].input_tensors]
+    return [
+        compat.producing_layer(parent).name
+        for parent in compat.producing_node(tensor).input_tensors
+    ]
 
 
 def train_steps(

@@ -4,6 +4,7 @@ import json
 import math
 import os
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -103,6 +104,22 @@ def test_a_normalization_in_float16_shows_its_drift_at_that_layer(tfds_dir, tmp_
         assert layers[upstream].relative_error == 0.0
     assert layers["final_norm"].error_jump == layers["final_norm"].relative_error > 0
     assert "drift enters at final_norm" in report.table()
+
+
+def test_a_layer_called_twice_is_compared_at_the_call_that_makes_the_output():
+    """As a tied embedding that also makes the logits (keras_hub's CausalLMs).
+
+    Its first call's output was compared before: for a keras_hub GPT-2, the
+    float32 token lookup stood for the logits, with an error of 0.
+    """
+    inputs = keras.Input((4,), name="x")
+    shared = keras.layers.Dense(4, name="shared")
+    hidden = keras.layers.Activation("relu", name="relu")(shared(inputs))
+    model = keras.Model(inputs, shared(hidden))
+    tensors = validation._compared_tensors(model, model, validation._probed_layers(model))
+    assert tensors["shared"] is model.outputs[0]
+    assert validation._parents(tensors["shared"]) == ["relu"]
+    assert validation._parents(tensors["relu"]) == ["shared"]
 
 
 def test_float32_against_itself_is_exact(tfds_dir):
