@@ -12,22 +12,10 @@ import tensorflow as tf
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_cmdline_main(config):
-    """Schedules `-n N` runs by group (`--dist loadgroup`) unless `--dist` says otherwise.
-
-    Here rather than in setup.cfg's addopts, where `--dist` would be an
-    unknown argument to a run without xdist (`-p no:xdist`). This hook runs
-    before xdist's own, which would pick `load`.
-    """
-    if getattr(config.option, "numprocesses", None) and config.option.dist == "no":
-        config.option.dist = "loadgroup"
-
-
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     """Keeps each module's costly shared work on one worker, and starts the slowest first.
 
-    Under `pytest -n 2` (`--dist loadgroup`, `pytest_cmdline_main`) a test file's
+    Under `pytest -n 2` (`--dist loadgroup`, setup.cfg) a test file's
     module-scoped fixtures (a child process that trains on two replicas, the
     launcher's ~20 flag rows) would run once on each worker that receives one
     of its tests: the tests that use one are grouped (`xdist_group`), so they
