@@ -16,12 +16,12 @@ run the validation split with `training=False`; the output of every top-level
 layer of the functional model is compared (a layer called twice at its first
 call, or at the call that makes a model output: a tied embedding that also
 makes the logits), so the report shows where the drift enters, not only that
-it exists. The weights are trained ones because
-the logits of random weights are nearly uniform: their argmax is a near tie
-that rounding breaks either way, so top-1 agreement there counts ties, not
-predictions. Measured on the bundled Transformer with its float8 manifest:
-top-1 agreement 0.881 on the initial weights and 0.983 after the 50 steps,
-KL divergence 0.0011 and 0.0002. Per layer and per model output:
+it exists. The weights are trained ones because the logits of random weights
+are nearly uniform: their argmax is a near tie that rounding breaks either
+way, so top-1 agreement there counts ties, not predictions. Measured on the
+bundled Transformer with its float8 manifest: top-1 agreement 0.881 on the
+initial weights and 0.983 after the 50 steps, KL divergence 0.0011 and
+0.0002. Per layer and per model output:
 
     max_abs_error      max |candidate - baseline|
     mean_abs_error     mean |candidate - baseline|
