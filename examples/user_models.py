@@ -58,6 +58,70 @@ def gpt2_lm(
     return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
 
 
+def _backbone_with_head(backbone: keras.Model, vocab_size: int, sequence_length: int) -> keras.Model:
+    """`backbone` called on the user's own inputs, under a `Dense` head of their own.
+
+    The most common way to put a head on a keras_hub backbone. The outer inputs
+    take the backbone's input names, as users name them.
+    """
+    inputs = {
+        "token_ids": keras.Input((sequence_length,), dtype="int32", name="token_ids"),
+        "padding_mask": keras.Input((sequence_length,), dtype="int32", name="padding_mask"),
+    }
+    hidden = backbone(inputs)
+    logits = keras.layers.Dense(vocab_size, name="lm_head")(hidden)
+    return keras.Model(inputs, logits, name="lm_with_head")
+
+
+def llama_with_head(
+    vocab_size: int,
+    sequence_length: int,
+    num_layers: int = 2,
+    num_query_heads: int = 4,
+    num_key_value_heads: int = 2,
+    hidden_dim: int = 32,
+    intermediate_dim: int = 64,
+) -> keras.Model:
+    """A keras_hub `LlamaBackbone` built from arguments (no preset) under a `Dense` head.
+
+    Inputs `{"token_ids", "padding_mask"}`; outputs the next-token logits.
+    """
+    import keras_hub  # The user's dependency, not mpt_keras'.
+
+    backbone = keras_hub.models.LlamaBackbone(
+        vocabulary_size=vocab_size,
+        num_layers=num_layers,
+        num_query_heads=num_query_heads,
+        num_key_value_heads=num_key_value_heads,
+        hidden_dim=hidden_dim,
+        intermediate_dim=intermediate_dim,
+    )
+    return _backbone_with_head(backbone, vocab_size, sequence_length)
+
+
+def gpt2_with_head(
+    vocab_size: int,
+    sequence_length: int,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    hidden_dim: int = 32,
+    intermediate_dim: int = 64,
+) -> keras.Model:
+    """A keras_hub `GPT2Backbone` built from arguments (no preset) under a `Dense` head."""
+    import keras_hub
+
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=vocab_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        hidden_dim=hidden_dim,
+        intermediate_dim=intermediate_dim,
+        max_sequence_length=sequence_length,
+        dropout=0.0,
+    )
+    return _backbone_with_head(backbone, vocab_size, sequence_length)
+
+
 @keras.saving.register_keras_serializable(package="examples")
 class SmallCNN(keras.Model):
     """A subclassed model: two convolutions and a dense head."""
