@@ -49,8 +49,9 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
     NaN or Inf, or a norm above 1.8e19, whose square would overflow Adam's
     second moment). A finite step runs the inner optimizer's own `apply()` on
     the summed, unscaled gradients, so `MultiOptimizer`, an overridden
-    `apply()`, weight decay, EMA, constraints, `loss_scale_factor` and
-    clipping (of the sum) work as without loss scaling. A non-finite step is
+    `apply()`, weight decay, EMA, constraints and clipping (of the sum)
+    work as without loss scaling; the inner `loss_scale_factor` is taken over
+    by the loss scale (set to None), as the stock class does. A non-finite step is
     skipped on every replica, still advances `iterations`, and backs the scale
     off. With float16 or bfloat16 variables, an update that writes an Inf or
     NaN is undone and counted as a skipped overflow.
@@ -140,10 +141,10 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             dynamic=dynamic,
             all_reduce_dtype=all_reduce_dtype,
         )
-        # The stock class turns the inner optimizer's own loss_scale_factor
-        # off; ours keeps it: `scale_loss` multiplies by it and the inner
-        # `apply()` divides by it, as without loss scaling.
-        loss_scale_factor = inner_optimizer.loss_scale_factor
+        # The stock class takes the inner optimizer's loss_scale_factor over
+        # (sets it to None, through a MultiOptimizer too): the dynamic scale
+        # replaces it, and gradients scaled by the loss scale alone are divided
+        # once. Ours does the same, so a stock loop's gradients update alike.
         super().__init__(
             inner_optimizer,
             initial_scale=float(settings.initial_scale),
@@ -151,7 +152,6 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             name=name,
             **kwargs,
         )
-        inner_optimizer.loss_scale_factor = loss_scale_factor
         # This class accumulates micro-batches itself (Keras' accumulation
         # cannot run under MirroredStrategy): it takes the setting over, and
         # the inner optimizer then counts applied updates in `iterations`, as
@@ -275,13 +275,15 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         Inf or NaN on a step whose gradients overflowed. A tensor (`float()` it
         eagerly), so that a summary in a graph reads the current value.
         """
-        norm = ops.sqrt(2.0 * ops.convert_to_tensor(self._half_squared_norm))
-        factor = self.inner_optimizer.loss_scale_factor
-        return norm if factor is None else norm / factor
+        return ops.sqrt(2.0 * ops.convert_to_tensor(self._half_squared_norm))
 
     @property
     def last_loss(self) -> float | tf.Tensor:
-        """The loss of the last step whose batch was finite (summed over replicas)."""
+        """The loss of the last step whose batch was finite (summed over replicas).
+
+        A loss of several elements (per-example losses given to `scale_loss`)
+        counts as their sum, the loss its gradients are of.
+        """
         return _read(self._last_loss, float)
 
     def step_logs(self) -> dict[str, tf.Tensor]:
@@ -344,21 +346,17 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             for v in self._built_on.variables
         }
 
-    def _total_scale(self) -> tf.Tensor:
-        scale = ops.convert_to_tensor(self.dynamic_scale)
-        factor = self.inner_optimizer.loss_scale_factor
-        return scale if factor is None else scale * factor
-
     def scale_loss(self, loss: tf.Tensor) -> tf.Tensor:
-        """The loss times the scale (and the inner optimizer's `loss_scale_factor`).
+        """The loss times the scale.
 
         Keras' train step calls it with the loss before scaling, and the next
         `apply` of the same replica judges that loss: a NaN or Inf makes the
         step a bad batch, not an overflow.
         """
-        loss = ops.convert_to_tensor(loss)  # A Python number too, as the stock class takes.
+        # A Python number too, and a tensor of any shape, as the stock class takes.
+        loss = ops.convert_to_tensor(loss)
         self._hand_over(loss=loss)
-        return ops.multiply(loss, ops.cast(self._total_scale(), loss.dtype))
+        return ops.multiply(loss, ops.cast(self.dynamic_scale, loss.dtype))
 
     def get_scaled_loss(
         self, loss: tf.Tensor | Callable[[], tf.Tensor]
@@ -529,7 +527,6 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         # verdict, clipping and state updates agree on all replicas.
         grads = self._all_reduce(grads, overwritten)
         if not (caller_unscaled or self._scale_is_one):
-            # The inner `apply()` divides by its own loss_scale_factor.
             scale = ops.convert_to_tensor(self.dynamic_scale)
             grads = [g if o else _unscale(g, scale) for g, o in zip(grads, overwritten)]
         # One op per gradient serves the verdict and the norm: half its float32
@@ -917,11 +914,17 @@ def _batch_verdict(loss: tf.Tensor | None, batch: Any) -> tuple[tf.Tensor, tf.Te
 
     With the batch at hand, a NaN or Inf in it is bad data, and a non-finite
     loss from a finite batch a forward-pass overflow. Without it, a NaN loss
-    is bad data and an infinite one an overflow.
+    is bad data and an infinite one an overflow. A loss of any shape (a custom
+    loop's per-example losses) is judged element by element and recorded as
+    its sum: the loss whose gradient the tape computes.
     """
-    loss = ops.zeros((), "float32") if loss is None else ops.cast(loss, "float32")
+    if loss is None:
+        loss = ops.zeros((), "float32")
+    loss = ops.cast(loss, "float32")
+    loss_is_nan = ops.any(ops.isnan(loss))
+    loss = ops.sum(loss)
     if batch is None:
-        flags = [ops.isnan(loss)]
+        flags = [loss_is_nan]
     else:
         values = [_dense_values(t) for t in keras.tree.flatten(batch)]
         flags = [

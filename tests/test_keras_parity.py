@@ -108,20 +108,21 @@ def test_finite_step_is_the_inner_step_on_unscaled_gradients(mode):
     np.testing.assert_array_equal(var.numpy(), alone.numpy())
 
 
-def test_inner_loss_scale_factor_is_kept_and_divided_out_by_the_inner_apply():
+@pytest.mark.parametrize("mode", MODES)
+def test_the_inner_loss_scale_factor_is_taken_over_and_the_update_unshrunk(mode):
     """Keras: loss_scale_optimizer_test.py::test_finite_step_with_inner_loss_scale.
 
-    Differs on purpose (class docstring; docs/loss_scaling.md, "Who updates the
-    weights"): the stock class sets the inner `loss_scale_factor` to None, ours
-    keeps it, so `scale_loss` multiplies by both and the inner `apply()` divides
-    by its own factor, as without loss scaling. The update is the same.
+    As the stock class, ours sets the inner `loss_scale_factor` to None: the
+    gradients of a loss scaled by the loss scale alone are divided once, so the
+    weights move by 0.5, not 0.005.
     """
     opt = LossScaleOptimizer(keras.optimizers.SGD(0.5, loss_scale_factor=100.0))
-    assert opt.inner_optimizer.loss_scale_factor == 100.0
-    assert float(opt.scale_loss(tf.constant(1.0))) == opt.initial_scale * 100.0
+    assert opt.inner_optimizer.loss_scale_factor is None
+    assert float(opt.scale_loss(tf.constant(1.0))) == opt.initial_scale
     var = _weights()
-    opt.apply([tf.constant(GRAD) * opt.initial_scale * 100.0], [var])
+    _applier(opt, [var], mode)(np.multiply(GRAD, opt.initial_scale))
     np.testing.assert_allclose(var.numpy(), [0.5, -1.0, -0.5, 3.0], rtol=1e-6)
+    assert opt.get_config()["inner_optimizer"]["config"]["loss_scale_factor"] is None
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -410,15 +411,13 @@ def test_multi_optimizer_inside_ours_serializes_with_its_map():
         np.testing.assert_allclose(variable.numpy(), reference.numpy(), rtol=1e-6)
 
 
-def test_multi_optimizer_loss_scale_factor_is_kept_inside_ours():
+def test_a_multi_optimizers_loss_scale_factor_is_taken_over_by_ours():
     """Keras: multi_optimizer_test.py::test_multi_optimizer_wrapped_in_loss_scale_optimizer.
 
     Also test_loss_scaling and test_gradient_unscaling with ours around the
-    MultiOptimizer. Differs on purpose, as for a plain inner optimizer (see
-    test_inner_loss_scale_factor_is_kept_and_divided_out_by_the_inner_apply):
-    the stock class sets the factor to None on the MultiOptimizer and its
-    sub-optimizers; ours keeps it, `scale_loss` multiplies by both, and the
-    update is the one without loss scaling.
+    MultiOptimizer: the factor is set to None on the MultiOptimizer and its
+    sub-optimizers, `scale_loss` multiplies by the loss scale alone, and the
+    gradients are unscaled once.
     """
     slow, fast = keras.optimizers.SGD(0.1), keras.optimizers.SGD(0.1)
     multi = keras.optimizers.MultiOptimizer(
@@ -428,10 +427,10 @@ def test_multi_optimizer_loss_scale_factor_is_kept_inside_ours():
     opt = LossScaleOptimizer(multi, initial_scale=10.0, dynamic_growth_steps=1000)
     encoder, head = _scoped("encoder", [[2.0, 2.0]]), _scoped("head", [[2.0, 2.0]])
     opt.build([encoder, head])
-    assert (multi.loss_scale_factor, slow.loss_scale_factor, fast.loss_scale_factor) == (5.0,) * 3
-    assert float(opt.scale_loss(tf.constant(2.0))) == 100.0
-    # The gradient of the loss scaled by 10 * 5: unscaled 1.0 for each variable.
-    opt.apply([tf.constant([[50.0, 50.0]])] * 2, [encoder, head])
+    assert (multi.loss_scale_factor, slow.loss_scale_factor, fast.loss_scale_factor) == (None,) * 3
+    assert float(opt.scale_loss(tf.constant(2.0))) == 20.0
+    # The gradient of the loss scaled by 10: unscaled 1.0 for each variable.
+    opt.apply([tf.constant([[10.0, 10.0]])] * 2, [encoder, head])
     np.testing.assert_allclose(encoder.numpy(), [[1.9, 1.9]])
     np.testing.assert_allclose(head.numpy(), [[1.9, 1.9]])
 

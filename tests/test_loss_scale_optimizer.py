@@ -1156,6 +1156,46 @@ def _batch_norm_fit(strategy: tf.distribute.Strategy) -> dict[str, Any]:
     }
 
 
+def _per_example_loss_steps(
+    strategy: tf.distribute.Strategy | None, mode: str = "function"
+) -> dict[str, Any]:
+    """A custom loop that hands per-example losses to the tape: a finite step, then a NaN label.
+
+    Two examples per replica (four on one device); the loss of the first step
+    is 0 + 1 per pair of examples, summed over the replicas.
+    """
+    strategy = strategy or tf.distribute.get_strategy()
+    replicas = strategy.num_replicas_in_sync
+    x = tf.constant([[1.0, 0.0], [0.0, 1.0]] * (2 // replicas))
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((2,)), keras.layers.Dense(1, kernel_initializer="ones", use_bias=False)]
+        )
+        opt = LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=4.0)
+        opt.build(model.trainable_variables)
+
+    def replica_step(labels: tf.Tensor) -> None:
+        with tf.GradientTape() as tape:
+            per_example = tf.square(model(x)[:, 0] - labels)  # Shape (batch,), not reduced.
+            scaled = opt.get_scaled_loss(per_example)
+        opt.apply(tape.gradient(scaled, model.trainable_variables), model.trainable_variables)
+
+    def step(labels: tf.Tensor) -> None:
+        strategy.run(replica_step, args=(labels,))
+
+    if mode == "function":
+        step = tf.function(step)
+    step(tf.constant([1.0, 0.0] * (2 // replicas)))
+    finite_loss = opt.last_loss
+    step(tf.constant([np.nan, 0.0] * (2 // replicas)))
+    return {
+        "finite_loss": finite_loss,
+        "last_loss": opt.last_loss,
+        "weights": _local(strategy, model.trainable_variables[0]),
+        "health": [opt.skipped_steps, opt.bad_batches, opt.bad_batch_steps(), opt.loss_scale],
+    }
+
+
 def _distributed_results() -> dict[str, Any]:
     """Runs the tf.distribute scenarios; needs two logical CPU devices."""
     devices = ["/cpu:0", "/cpu:1"]
@@ -1220,6 +1260,7 @@ def _distributed_results() -> dict[str, Any]:
         np.isfinite(v.numpy()).all() for v in model.trainable_variables
     )
     results["mirrored"]["keras2_loop"] = _keras2_loop(mirrored)
+    results["mirrored"]["per_example_loss"] = _per_example_loss_steps(mirrored)
 
     single = tf.distribute.get_strategy()
     model, opt = _fit(single)
@@ -1288,6 +1329,31 @@ def test_get_scaled_loss_takes_a_callable_as_tf_keras_does():
     assert callable(scaled)
     assert (float(scaled()), float(scaled())) == (16.0, 24.0)
     assert float(optimizer.get_scaled_loss(tf.constant(0.5))) == 4.0
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_a_per_example_loss_is_scaled_whole_and_recorded_as_its_sum(mode):
+    """Stock Keras and tf-keras scale a loss of any shape; a custom loop often gives one."""
+    opt = LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=8.0)
+    scaled = opt.scale_loss(tf.constant([[1.0, 2.0], [3.0, 0.5]]))
+    np.testing.assert_array_equal(scaled, [[8.0, 16.0], [24.0, 4.0]])
+    result = _per_example_loss_steps(None, mode)
+    # Each x row picks one weight: errors 0 and 1, twice; SGD(0.1) on the
+    # unscaled gradient of the sum moves the second weight by 0.1 * 2 * 2.
+    assert result["finite_loss"] == 2.0
+    np.testing.assert_allclose(result["weights"], [[[1.0], [0.6]]], rtol=1e-6)
+    # The NaN label: a bad batch, skipped, the scale and the recorded loss kept.
+    assert result["last_loss"] == 2.0
+    assert result["health"] == [1, 1, [2], 4.0]
+
+
+def test_a_per_example_loss_under_a_strategy_is_judged_by_every_replica(distributed):
+    result = distributed["mirrored"]["per_example_loss"]
+    assert result["finite_loss"] == 2.0  # Each replica's sum, summed.
+    assert result["last_loss"] == 2.0
+    # Each replica's gradient of its own sum, all-reduced.
+    np.testing.assert_allclose(result["weights"], [[[1.0], [0.6]]] * 2, rtol=1e-6)
+    assert result["health"] == [1, 1, [2], 4.0]
 
 
 def test_get_unscaled_gradients_keeps_each_gradients_dtype_form_and_none():
@@ -1387,9 +1453,10 @@ def test_matches_the_unscaled_inner_optimizer_step_for_step(make_inner):
         "function", inner=make_inner(), initial_scale=1024.0, growth_interval=3
     )
     for grad in grads:
-        # Keras' own step: the loss times loss_scale_factor, divided in apply.
+        # Keras' own step: the loss times loss_scale_factor, divided in apply;
+        # ours takes the factor over: the loss times the loss scale alone.
         reference_inner.apply([tf.constant(np.multiply(grad, factor), tf.float32)], [reference_var])
-        step(_scaled(np.multiply(grad, factor), opt))
+        step(_scaled(grad, opt))
         np.testing.assert_allclose(var.numpy(), reference_var.numpy(), rtol=1e-6)
     assert int(opt.iterations) == int(reference_inner.iterations)
 
