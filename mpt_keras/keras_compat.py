@@ -58,6 +58,11 @@ The layers' (`precision.manifest`, `calibration`, `layer_paths`, `validation`):
   graph (which call of which layer made a tensor, on what inputs), for which
   Keras has no public accessor.
 
+The data check's (`data.sources`):
+
+- `dataset_inputs`: the datasets a `tf.data.Dataset` transforms, to find a
+  `.batch()` in a data factory's pipeline (TensorFlow 2.21).
+
 The optimizer's (`runs`):
 
 - `learning_rate_schedule`: the learning rate an optimizer was given, where
@@ -505,3 +510,13 @@ def check() -> list[str]:
     require(layer, "layer", attributes=["_called", "_parent_path", "_losses"])
     require(model.outputs[0], "symbolic tensor", attributes=["_keras_history"])
     return problems
+
+
+def dataset_inputs(dataset: Any) -> list[Any]:
+    """The datasets a `tf.data.Dataset` transforms (none for a source).
+
+    tf.data keeps a pipeline's chain (`DatasetV2._inputs`, TensorFlow 2.21)
+    but offers no public way to read it; the data check walks it to find a
+    `.batch()` in a data factory's pipeline.
+    """
+    return list(dataset._inputs())

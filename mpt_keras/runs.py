@@ -146,6 +146,7 @@ def components_from_objects(
     data: tuple[Any, Any],
     loss: Any,
     metrics: Sequence[Any] = (),
+    batching: str = "config.data.batch_size",
 ) -> Components:
     """Components from the user's own objects, for the library's `validate` and canary.
 
@@ -157,9 +158,11 @@ def components_from_objects(
             or `(x, y, sample_weight)` elements, or a tuple `(x, y)` of arrays.
         loss: A Keras loss (object, function or identifier).
         metrics: Keras metrics.
+        batching: The setting the run batches by, named in the error on a
+            batched dataset.
 
     Raises:
-        UserInputError: For data of another shape.
+        UserInputError: For data of another shape, or batched already.
     """
     if isinstance(model, keras.Model):
         original = model
@@ -186,7 +189,9 @@ def components_from_objects(
             "tf.data.Datasets or of (x, y) array tuples"
         )
     run_data = RunData(
-        data_lib.checked_split(data[0], "data[0]"), data_lib.checked_split(data[1], "data[1]"), {}
+        data_lib.checked_split(data[0], "data[0]", batching),
+        data_lib.checked_split(data[1], "data[1]", batching),
+        {},
     )
     makers = tuple(functools.partial(keras_objects.fresh_metric, metric) for metric in metrics)
     return Components(model, lambda: run_data, loss, makers)
@@ -475,4 +480,6 @@ def resolve(
             f"{missing}: required with a model of your own. Allowed: data=(train, eval) "
             "and loss=a Keras loss"
         )
-    return config or TrainConfig(), components_from_objects(model, data, loss, metrics)
+    config = config or TrainConfig()
+    batching = f"config.data.batch_size: {config.data.batch_size}"
+    return config, components_from_objects(model, data, loss, metrics, batching)

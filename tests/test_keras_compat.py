@@ -362,9 +362,20 @@ _TOUCHES = [
     "restore_maybe_symbolic_build",
     "in_multi_worker_mode",
     "call_records_restored",
+    "dataset_inputs",
 ]
 
 
 @pytest.mark.parametrize("name", _TOUCHES)
 def test_each_touch_is_documented(name):
     assert f"`{name}`" in compat.__doc__
+
+
+def test_dataset_inputs_walks_a_pipeline_down_to_its_source():
+    """Written for TensorFlow 2.21: `DatasetV2._inputs` lists what a dataset transforms."""
+    source = tf.data.Dataset.range(8)
+    batched = source.batch(2)
+    zipped = tf.data.Dataset.zip((batched, source))
+    assert compat.dataset_inputs(source) == [], VERSIONS
+    assert compat.dataset_inputs(batched) == [source], VERSIONS
+    assert compat.dataset_inputs(zipped) == [batched, source], VERSIONS

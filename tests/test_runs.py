@@ -48,6 +48,20 @@ def user_code(tmp_path, monkeypatch):
             def not_data():
                 return [1, 2]
 
+            def batched_blobs(how="batch"):
+                train, evaluation, dimensions = blobs()
+                batch = {
+                    "batch": lambda d: d.batch(16),
+                    "drop_remainder": lambda d: d.batch(16, drop_remainder=True).prefetch(2),
+                    "padded": lambda d: d.padded_batch(16).map(lambda x, y: (x, y)),
+                    "zipped": lambda d: tf.data.Dataset.zip(
+                        (d.map(lambda x, y: x).batch(16), d.map(lambda x, y: y).batch(16))
+                    ),
+                    "unbatched_again": lambda d: d.batch(16).unbatch(),
+                    "sequences": lambda d: d.map(lambda x, y: (tf.tile(x, [y + 1]), y)),
+                }[how]
+                return batch(train), batch(evaluation), dimensions
+
             def odd_dimensions():
                 train, evaluation, _ = blobs()
                 return train, evaluation, {"classes": 2}
@@ -193,6 +207,53 @@ def test_bad_components_are_one_line_errors_before_anything_is_built(user_code, 
     with pytest.raises(UserInputError) as raised:
         runs.resolve_components(config).data()
     assert str(raised.value) == message
+
+
+@pytest.mark.parametrize(
+    "how, shapes",
+    [
+        ("batch", "(None, 3), (None,)"),
+        ("drop_remainder", "(16, 3), (16,)"),
+        ("padded", "(None, 3), (None,)"),
+        ("zipped", "(None, 3), (None,)"),
+    ],
+)
+def test_a_data_factory_that_batches_is_one_line_naming_the_runs_batch_size(
+    user_code, how, shapes
+):
+    config = _blobs_config().merged(
+        {"data": {"factory": "user_code:batched_blobs", "options": {"how": how}, "batch_size": 8}}
+    )
+    with pytest.raises(UserInputError) as raised:
+        runs.resolve_components(config).data()
+    assert str(raised.value) == (
+        "data.factory user_code:batched_blobs: train: received a batched tf.data.Dataset (a "
+        f".batch() in its pipeline; elements of shapes {shapes}), but the run batches the data "
+        "itself (data.batch_size: 8). Allowed: unbatched (x, y) elements: leave out the "
+        ".batch() (or add .unbatch())"
+    )
+
+
+@pytest.mark.parametrize("how", ["unbatched_again", "sequences"])
+def test_unbatched_data_is_taken_even_when_its_shapes_look_batched(user_code, how):
+    """An .unbatch() after the .batch(), and sequences of unknown length (a leading None)."""
+    config = _blobs_config().merged(
+        {"data": {"factory": "user_code:batched_blobs", "options": {"how": how}}}
+    )
+    data = runs.resolve_components(config).data()
+    assert isinstance(data.train, tf.data.Dataset)
+
+
+def test_batched_data_given_to_validate_names_the_configs_batch_size():
+    dataset = tf.data.Dataset.from_tensor_slices((np.zeros((8, 3), "float32"), np.zeros(8)))
+    with pytest.raises(UserInputError) as raised:
+        runs.resolve(lambda: None, data=(dataset.batch(4), dataset), loss="mse")
+    assert str(raised.value) == (
+        "data[0]: received a batched tf.data.Dataset (a .batch() in its pipeline; elements of "
+        "shapes (None, 3), (None,)), but the run batches the data itself "
+        "(config.data.batch_size: 64). Allowed: unbatched (x, y) elements: leave out the "
+        ".batch() (or add .unbatch())"
+    )
 
 
 def test_a_data_factory_that_fails_is_reported_with_its_file_and_line(user_code):

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from mpt_keras import keras_compat as compat
 from mpt_keras.components import DATA_DIMENSIONS, BoundFactory, describe_error
 from mpt_keras.config import DataConfig
 from mpt_keras.data import loading, pipeline
@@ -90,7 +91,7 @@ def load_run_data(
         UserInputError: Naming what was wrong with the data and what is allowed.
     """
     if factory is not None:
-        loaded = _from_data_factory(factory, seed)
+        loaded = _from_data_factory(factory, seed, f"data.batch_size: {source.batch_size}")
     elif source.features is not None:
         loaded = _from_tfds_features(source)
     else:
@@ -135,7 +136,7 @@ def _from_tfds_features(source: DataConfig) -> RunData:
     return RunData(train, evaluation, {**_spec_dimensions(train), **dimensions})
 
 
-def _from_data_factory(factory: BoundFactory, seed: int) -> RunData:
+def _from_data_factory(factory: BoundFactory, seed: int, batching: str) -> RunData:
     what = f"data.factory {factory.reference}"
     try:
         returned = factory(seed=seed)
@@ -148,8 +149,8 @@ def _from_data_factory(factory: BoundFactory, seed: int) -> RunData:
             f"{what} returned {type(returned).__name__}. Allowed: (train, eval) tf.data.Datasets, "
             "optionally with a third element, a dict of dimensions such as {'num_classes': 10}"
         )
-    train = checked_split(returned[0], f"{what}: train")
-    evaluation = checked_split(returned[1], f"{what}: eval")
+    train = checked_split(returned[0], f"{what}: train", batching)
+    evaluation = checked_split(returned[1], f"{what}: eval", batching)
     declared = returned[2] if len(returned) == 3 else {}
     if not isinstance(declared, Mapping) or set(declared) - set(DATA_DIMENSIONS):
         raise UserInputError(
@@ -159,14 +160,30 @@ def _from_data_factory(factory: BoundFactory, seed: int) -> RunData:
     return RunData(train, evaluation, {**_spec_dimensions(train), **declared})
 
 
-def checked_split(split: Any, what: str) -> tuple[np.ndarray, ...] | tf.data.Dataset:
+def checked_split(
+    split: Any, what: str, batching: str
+) -> tuple[np.ndarray, ...] | tf.data.Dataset:
     """`split` if it is data a run takes: a dataset of `(x, y[, sample_weight])` or `(x, y)` arrays.
+
+    Args:
+        split: What the user gave.
+        what: Where it came from, for the error.
+        batching: The setting the run batches by (`data.batch_size: 32`), for
+            the error on a dataset batched already.
 
     Raises:
         UserInputError: Naming `what` and what is allowed.
     """
     if isinstance(split, tf.data.Dataset):
         spec = split.element_spec
+        if _batched(split):
+            shapes = ", ".join(str(tuple(s.shape)) for s in tf.nest.flatten(spec))
+            raise UserInputError(
+                f"{what}: received a batched tf.data.Dataset (a .batch() in its pipeline; "
+                f"elements of shapes {shapes}), but the run batches the data itself "
+                f"({batching}). Allowed: unbatched (x, y) elements: leave out the .batch() "
+                "(or add .unbatch())"
+            )
         if isinstance(spec, tuple) and len(spec) in (2, 3):
             return split
         raise UserInputError(
@@ -179,6 +196,49 @@ def checked_split(split: Any, what: str) -> tuple[np.ndarray, ...] | tf.data.Dat
         f"{what}: received {type(split).__name__}. Allowed: a tf.data.Dataset of unbatched "
         "(x, y) elements, or a tuple (x, y) of arrays of equal length"
     )
+
+
+def _batched(dataset: tf.data.Dataset) -> bool:
+    """Whether the pipeline's last batching (or unbatching) step batched it.
+
+    Read from the pipeline's chain, not from shapes alone (a sequence of
+    unknown length also has a leading None): the nearest transformation that
+    adds a leading dimension to every component batched; one that removes it
+    unbatched. A dataset of several inputs (`zip`, `concatenate`) is batched
+    when each of them is.
+    """
+    inputs = compat.dataset_inputs(dataset)
+    if not inputs:
+        return False
+    if len(inputs) > 1:
+        return all(_batched(each) for each in inputs)
+    (source,) = inputs
+    ranks = _rank_changes(dataset.element_spec, source.element_spec)
+    if ranks == {1}:
+        return True
+    if ranks == {-1}:
+        return False
+    return _batched(source)
+
+
+def _rank_changes(spec: Any, source_spec: Any) -> set[int]:
+    """How the rank of each component changed from `source_spec` to `spec`, with the
+    trailing dimensions kept (empty where the structures differ or a rank is unknown)."""
+    try:
+        pairs = list(zip(tf.nest.flatten(spec), tf.nest.flatten(source_spec), strict=True))
+    except ValueError:
+        return set()
+    changes = set()
+    for after, before in pairs:
+        after, before = getattr(after, "shape", None), getattr(before, "shape", None)
+        if after is None or before is None or after.rank is None or before.rank is None:
+            return set()
+        change = after.rank - before.rank
+        outer, inner = (after, before) if change > 0 else (before, after)
+        if abs(change) != 1 or outer[1:].as_list() != inner.as_list():
+            return {0}
+        changes.add(change)
+    return changes
 
 
 def _spec_dimensions(dataset: tf.data.Dataset) -> dict[str, Any]:
