@@ -58,3 +58,39 @@ class StopAtStep(GlobalStepCallback):
         super().on_train_batch_end(batch, logs)
         if self.global_step >= self.last_step:
             self.model.stop_training = True
+
+
+class IntervalProgbar(keras.callbacks.ProgbarLogger):
+    """Keras' progress bar whose total is the steps each interval really runs.
+
+    A run is cut into epochs of `checkpoint_every` steps and stopped at its
+    last step (`StopAtStep`), so its last interval (or its only one, when
+    `steps` is below `checkpoint_every`) runs fewer steps than an epoch
+    holds: the stock bar would still say `100/100` after 60 steps.
+
+    Args:
+        last_step: The run's total number of train steps.
+    """
+
+    def __init__(self, last_step: int):
+        super().__init__()
+        self.last_step = last_step
+        self._step = 0
+
+        self._steps_per_epoch = 1
+
+    def set_params(self, params):
+        super().set_params(params)
+        self._steps_per_epoch = params["steps"]
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        self._step = int(self.model.optimizer.iterations.numpy())
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.target = max(1, min(self._steps_per_epoch, self.last_step - self._step))
+        super().on_epoch_begin(epoch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._step += self.target
+        super().on_epoch_end(epoch, logs)

@@ -35,7 +35,7 @@ import keras
 from mpt_keras import runs
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError
-from mpt_keras.files import write_json_atomic
+from mpt_keras.files import json_safe, write_json_atomic
 from mpt_keras.training import Runtime, run_training
 from mpt_keras.validation import BASELINE, train_steps
 
@@ -107,11 +107,8 @@ class CanaryResult:
     message: str
 
     def to_dict(self) -> dict[str, Any]:
-        """The result as JSON values (a non-finite loss as a string)."""
-        values = dataclasses.asdict(self)
-        for key in ("losses", "baseline_losses"):
-            values[key] = [loss if math.isfinite(loss) else str(loss) for loss in values[key]]
-        return values
+        """The result as JSON values (a non-finite loss as a string: `files.json_safe`)."""
+        return json_safe(dataclasses.asdict(self))
 
 
 def run_canary(

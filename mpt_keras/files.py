@@ -1,7 +1,8 @@
 """Atomic writes: a file in `model_dir` is either its old or its new version.
 
 A writer that is killed half-way leaves a temporary file beside the target,
-never a torn target; `os.replace` is atomic on POSIX file systems.
+never a torn target; `os.replace` is atomic on POSIX file systems. JSON
+files hold non-finite numbers as strings (`json_safe`).
 `check_writable_dir` refuses, before a run starts, a directory it could not
 write to.
 """
@@ -9,8 +10,10 @@ write to.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
+from collections.abc import Mapping
 from typing import Any
 
 from mpt_keras.errors import UserInputError
@@ -39,9 +42,27 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
         raise
 
 
+def json_safe(value: Any) -> Any:
+    """`value` with each non-finite float as the string `"inf"`, `"-inf"` or `"nan"`.
+
+    The one form every JSON file of a run writes them in: JSON has no
+    Infinity or NaN (Python writes them, other readers refuse them), and a
+    diverged run's loss or perplexity must still be written and read back.
+    `float()` reads the strings back.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
+
+
 def write_json_atomic(path: str | os.PathLike, value: Any) -> None:
-    """Writes `value` as indented, key-sorted JSON; see `write_text_atomic`."""
-    write_text_atomic(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
+    """Writes `value` as indented, key-sorted, valid JSON (`json_safe`); see `write_text_atomic`."""
+    text = json.dumps(json_safe(value), indent=2, sort_keys=True, allow_nan=False)
+    write_text_atomic(path, text + "\n")
 
 
 # A run writes checkpoints, logs and a saved model: refuse to start one that

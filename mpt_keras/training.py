@@ -36,7 +36,7 @@ from tensorflow.python.framework import config as tf_config
 
 from mpt_keras import distribute, models, runs, serving
 from mpt_keras.auto_promote import AutoPromote
-from mpt_keras.callbacks import StopAtStep
+from mpt_keras.callbacks import IntervalProgbar, StopAtStep
 from mpt_keras.checkpointing import Checkpointer, SaveCheckpoints
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import RunStoppedError, UserInputError
@@ -57,6 +57,8 @@ from mpt_keras.prometheus import PrometheusExporter
 CONFIG_FILE = "config.json"
 PRECISION_REPORT_FILE = "precision_report.json"
 METRICS_FILE = "metrics.json"
+# math.exp raises OverflowError above it.
+_LOG_FLOAT_MAX = math.log(sys.float_info.max)
 METRICS_CSV_FILE = "metrics.csv"
 MODEL_FILE = "model.keras"
 PROMOTED_MANIFEST_FILE = "promoted_manifest.json"
@@ -338,6 +340,7 @@ def _fit_from(fit: _Fit, step: int, guard: DivergenceGuard | None) -> None:
         validation_freq=config.eval_every // interval,
         callbacks=[
             StopAtStep(config.steps),
+            *([IntervalProgbar(config.steps)] if verbose else []),
             *([] if guard is None else [guard]),
             BadBatchLimit(config.data.max_bad_batches, check_every=config.log_every),
             MixedPrecisionMonitor(
@@ -425,7 +428,9 @@ def _final_metrics(
     }
     metrics.update({f"val_{name}": float(value) for name, value in results.items()})
     if task == models.LANGUAGE_MODEL:
-        metrics["val_perplexity"] = math.exp(metrics["val_loss"])
+        loss = metrics["val_loss"]
+        # A diverged run's loss may be past what exp() takes: its perplexity is inf.
+        metrics["val_perplexity"] = math.inf if loss > _LOG_FLOAT_MAX else math.exp(loss)
         metrics["val_bits_per_byte"] = metrics["val_loss"] / math.log(2)
     return metrics
 

@@ -232,8 +232,8 @@ def test_precision_table_lists_each_layer_and_its_decision(tfds_dir):
     )
 
 
-def test_language_model_reports_perplexity(tfds_dir, tmp_path):
-    config = TrainConfig.from_dict(
+def _tiny_language_model(tfds_dir, **values) -> TrainConfig:
+    return TrainConfig.from_dict(
         {
             "steps": 2,
             "checkpoint_every": 2,
@@ -249,9 +249,13 @@ def test_language_model_reports_perplexity(tfds_dir, tmp_path):
                 "name": "transformer_lm",
                 "options": {"num_layers": 1, "d_model": 16, "num_heads": 2},
             },
+            **values,
         }
     )
-    metrics = run_training(config, Runtime(str(tmp_path / "lm"), verbose=0))
+
+
+def test_language_model_reports_perplexity(tfds_dir, tmp_path):
+    metrics = run_training(_tiny_language_model(tfds_dir), Runtime(str(tmp_path / "lm"), verbose=0))
     assert metrics["val_perplexity"] == pytest.approx(np.exp(metrics["val_loss"]))
     assert metrics["val_bits_per_byte"] == pytest.approx(metrics["val_loss"] / np.log(2))
     # Two steps from a uniform start: the loss is still near log(256).
@@ -347,3 +351,30 @@ def test_a_bad_config_leaves_model_dir_untouched_and_the_fixed_rerun_trains(
     assert not model_dir.exists()
     metrics = run_training(config.merged(bad).merged(fix), Runtime(str(model_dir), verbose=0))
     assert metrics["step"] == 3
+
+
+def test_a_diverged_language_model_reports_an_infinite_perplexity_in_valid_json(
+    tfds_dir, tmp_path
+):
+    """exp() of a loss past 709.78 overflows: the perplexity is inf, written as "inf"."""
+    config = _tiny_language_model(
+        tfds_dir, optimizer={"name": "adamw", "learning_rate": 0.001, "weight_decay": 1e12}
+    )
+    model_dir = str(tmp_path / "lm")
+    metrics = run_training(config, Runtime(model_dir, verbose=0))
+    assert metrics["val_loss"] > 709.79
+    assert metrics["val_perplexity"] == np.inf
+    with open(os.path.join(model_dir, "metrics.json")) as file:
+        text = file.read()
+    written = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+    assert written["val_perplexity"] == "inf"
+    assert float(written["val_perplexity"]) == metrics["val_perplexity"]
+
+
+def test_the_progress_bar_counts_the_steps_each_interval_runs(tfds_dir, tmp_path, capsys):
+    """Steps 5 in intervals of 3, then resumed to 10: bars of 3, 2; then 3, 2."""
+    model_dir = str(tmp_path / "run")
+    run_training(tiny_config(tfds_dir, steps=5), Runtime(model_dir, verbose=2))
+    run_training(tiny_config(tfds_dir, steps=10), Runtime(model_dir, verbose=2))
+    bars = [line.split(" - ")[0] for line in capsys.readouterr().out.splitlines() if " - " in line]
+    assert bars == ["3/3", "2/2", "3/3", "2/2"]
