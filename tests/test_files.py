@@ -1,6 +1,7 @@
 """Tests of mpt_keras.files: the check that a directory can be written before a run."""
 
 import errno
+import json
 import os
 
 import pytest
@@ -82,3 +83,11 @@ def test_a_directory_to_be_in_a_read_only_place_is_refused(tmp_path, monkeypatch
     assert str(raised.value) == (
         f"model_dir {tmp_path / 'run'}: cannot be created (Read-only file system)"
     )
+
+
+def test_json_files_hold_non_finite_numbers_as_strings_and_stay_valid_json(tmp_path):
+    path = tmp_path / "metrics.json"
+    files.write_json_atomic(path, {"loss": float("nan"), "values": [1.5, float("inf"), -float("inf")]})
+    written = json.loads(path.read_text(), parse_constant=lambda name: pytest.fail(name))
+    assert written == {"loss": "nan", "values": [1.5, "inf", "-inf"]}
+    assert [float(value) for value in written["values"]] == [1.5, float("inf"), -float("inf")]
