@@ -123,6 +123,57 @@ def gpt2_with_head(
 
 
 @keras.saving.register_keras_serializable(package="examples")
+class LlamaLanguageModel(keras.Model):
+    """A subclassed model: a keras_hub `LlamaBackbone` and a `Dense` head in `call`.
+
+    No graph to read layer outputs from: what mpt_keras reaches inside it
+    is what a layer call shows while the model runs.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        num_layers: int = 2,
+        hidden_dim: int = 32,
+        intermediate_dim: int = 64,
+        **kwargs,
+    ):
+        import keras_hub
+
+        super().__init__(**kwargs)
+        self.vocab_size = vocab_size
+        self.num_layers = num_layers
+        self.hidden_dim = hidden_dim
+        self.intermediate_dim = intermediate_dim
+        self.backbone = keras_hub.models.LlamaBackbone(
+            vocabulary_size=vocab_size,
+            num_layers=num_layers,
+            num_query_heads=4,
+            num_key_value_heads=2,
+            hidden_dim=hidden_dim,
+            intermediate_dim=intermediate_dim,
+        )
+        self.head = keras.layers.Dense(vocab_size, name="lm_head")
+
+    def call(self, inputs):
+        return self.head(self.backbone(inputs))
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "vocab_size": self.vocab_size,
+            "num_layers": self.num_layers,
+            "hidden_dim": self.hidden_dim,
+            "intermediate_dim": self.intermediate_dim,
+        }
+
+
+def llama_subclassed(vocab_size: int, num_layers: int = 2, hidden_dim: int = 32) -> keras.Model:
+    """`LlamaLanguageModel`, unbuilt: it makes its variables on its first call."""
+    return LlamaLanguageModel(vocab_size, num_layers=num_layers, hidden_dim=hidden_dim)
+
+
+@keras.saving.register_keras_serializable(package="examples")
 class SmallCNN(keras.Model):
     """A subclassed model: two convolutions and a dense head."""
 
