@@ -24,33 +24,38 @@ a loss) are checked where they are used.
                  fraction of the norm of its variables' gradients together.
     sensitivity  per layer, the relative error ||y_low - y|| / ||y|| of its
                  output when it alone computes in float16 (`mixed_float16`)
-                 or bfloat16 (`mixed_bfloat16`), all other layers float32.
-    float8       per Dense and EinsumDense, the layers' sublayers included,
-                 in the gradients' pass: the amax of its inputs, kernel and
+                 or bfloat16 (`mixed_bfloat16`), all other layers float32
+                 (a group of tied layers together; none for a layer that
+                 only passes its inputs on, or was not called).
+    float8       per Dense and EinsumDense, a block's included, in the
+                 gradients' pass: the amax of its inputs, kernel and
                  output gradient, and the shares of each that saturate or
                  underflow in e4m3 or e5m2 at the scale Keras' delayed
                  scaling would use (`calibration_float8`).
 
 The activations are recorded as the model runs (each layer's `call` wrapped,
 so a layer called twice, as a causal LM's token embedding, is measured on
-both calls), and sensitivity is measured clone-free: the layer is called
-alone on the float32 inputs recorded for it, after it and its nested layers
-other than safe-default ones got the low-precision policy, as the resulting
-manifest's rules would give it them. Each layer is run once per batch and
-policy, so the cost is about `2 * steps` forward passes. The model runs with
+both calls, and a block's sublayers on their real calls inside it), and
+sensitivity is measured clone-free: the layer is called alone on the float32
+inputs recorded for it, after it got the low-precision policy, every other
+layer float32. Each layer is run once per
+batch and policy, so the cost is about `2 * steps` forward passes for each
+level of nesting (a block, its attention). The model runs with
 `training=False` throughout (no dropout; batch normalization on its moving
 statistics), so its weights are left as they were.
 
-Which layers. The layers of the functional or Sequential model calibrated
-and, recursively, those of every functional or Sequential model nested in it
-(a keras_hub backbone, a keras.applications model), each measured alone, at
-the granularity a manifest rule can express. Any other layer is one unit with
-its sublayers, which run inside its own `call` and cannot be measured apart:
-a DecoderBlock, a keras_hub TransformerDecoder (attention, MLP and norms
-together), a subclassed model nested in the model. A subclassed model has no
-graph to find its layers in and is refused.
+Which layers (`calibration_sites`): every layer a manifest rule can name,
+down to the sublayers of a keras_hub block (its attention's projections and
+softmax, its feed-forward denses and norms), each by its own path; a
+functional, Sequential or subclassed model is its layers. A block's own
+decision covers only what its `call` computes outside its sublayers. A
+layer that only passes its inputs on (Dropout at inference, ReLU, Reshape)
+is not measured, and its range alone decides it. Sublayers that must compute
+in their block's dtype (what a block adds to its residual stream with `+`)
+are tied to it and follow its decision.
 
-Decisions (`CalibrationThresholds`), per layer:
+Decisions (`CalibrationThresholds`), per layer, or per group of tied layers
+on the figures of all its members (its members' reasons: `tied to <path>`):
 
     mixed_float16   activation max <= 65504 / float16_headroom, float16
                     flushes at most `max_flushed_norm_fraction` of the norm
@@ -58,6 +63,9 @@ Decisions (`CalibrationThresholds`), per layer:
                     scale, and the float16 error <= `max_float16_error`;
     mixed_bfloat16  otherwise, if the bfloat16 error <= `max_bfloat16_error`;
     float32         otherwise.
+
+A layer not measured takes the default, or `mixed_bfloat16` when the
+default is `mixed_float16` and its range rules float16 out.
 
 With `float8=True`, a Dense or EinsumDense whose own decision is the
 manifest's default and whose shares are within `max_float8_saturated_fraction`
@@ -93,8 +101,9 @@ Example:
 Why one module: the measurement (one recording forward and backward pass per
 batch) and the decision per layer are one procedure whose statistics are
 its output; split, each half would carry the other's layout of those
-statistics. The manifest it writes, the diagnosis and the layer paths live
-in their own modules, and so do the float8 figures with their decision
+statistics. The manifest it writes, the diagnosis, the layer paths and which
+layers are measured (`calibration_sites`) live in their own modules, and so
+do the float8 figures with their decision
 (`calibration_float8`): recorded in the same backward pass, they and their
 rule are a procedure of their own.
 """
@@ -122,9 +131,14 @@ from mpt_keras.calibration_float8 import (
     format_figure,
     format_share,
 )
+from mpt_keras.calibration_sites import (
+    CalibrationSites,
+    Group,
+    flat_float32,
+    pass_through_reason,
+)
 from mpt_keras.diagnosis import diagnose_nonfinite
 from mpt_keras.errors import UserInputError
-from mpt_keras.layer_calls import calls_wrapped
 from mpt_keras.layer_paths import first_instance_name, iter_layer_paths, iter_layers
 from mpt_keras.precision.float8 import FLOAT8_LAYER_CLASSES, is_float8_state
 from mpt_keras.precision.manifest import PrecisionManifest, Rule
@@ -221,8 +235,10 @@ class CalibrationResult:
             `thresholds`, `default`, per layer path (`layers`) its class,
             `activations`, `gradients` (`norm` and `flushed_norm_fraction` of
             its variables' gradients together), `errors` (per low-precision
-            policy; `null` when the output was not finite), `policy` and
-            `reason`, and per variable path (`gradients`) its `layer`, `max`,
+            policy, `null` when the output was not finite; `errors` itself
+            null for a layer not measured alone: tied to another, passing its
+            inputs on, or not called), `policy` and `reason`, and per
+            variable path (`gradients`) its `layer` (the innermost), `max`,
             `norm`, `flushed_norm_fraction`, `nonzero_fraction` and
             `overflow_fraction`; and `diagnosis`, where the first batch whose
             gradients were not finite stopped being finite (`statistics
@@ -263,9 +279,10 @@ def calibrate(
     """Measures a model in float32 on `steps` batches and decides a manifest.
 
     Args:
-        model_or_factory: A built functional or Sequential model with float32
-            variables, or a function of no arguments returning one. Its
-            policies and weights are left as they were.
+        model_or_factory: A functional, Sequential or subclassed model with
+            float32 variables, or a function of no arguments returning one.
+            Its policies and weights are left as they were; one not built
+            yet is built on the first batch.
         data: A `tf.data.Dataset` of `(x, y)` or `(x, y, sample_weight)`
             batches (the first `steps` are read), or a tuple `(x, y)` or
             `(x, y, sample_weight)` of arrays, shuffled with `seed` and cut
@@ -292,8 +309,7 @@ def calibrate(
         same result.
 
     Raises:
-        UserInputError: For a model without a graph (subclassed, or not
-            built), a factory not returning a model, bad `steps`,
+        UserInputError: For a factory not returning a model, bad `steps`,
             `batch_size`, `initial_scale`, `loss` or `float8`, or bad data.
     """
     if not isinstance(steps, int) or steps < 1:
@@ -304,8 +320,10 @@ def calibrate(
         raise UserInputError(f"initial_scale: must be a number > 0, received {initial_scale!r}")
     loss = _loss(loss)
     model = _model(model_or_factory)
-    sites = _sites(model)
     batches = list(_batches(data, steps, seed, batch_size))
+    if not model.built:
+        model(batches[0][0], training=False)
+    sites = CalibrationSites(model)
     saved_policies = [(layer, layer.dtype_policy) for _, layer in iter_layers(model)]
     try:
         float32 = PrecisionManifest(default="float32").apply(model)
@@ -330,14 +348,15 @@ def format_calibration_table(statistics: dict[str, Any]) -> str:
     columns = ("path", "class", "act_max", "fp16_err", "bf16_err", "policy", "reason")
     rows = [columns]
     for path, layer in statistics["layers"].items():
-        errors = layer["errors"]
+        # "-": not measured alone (tied, passing its inputs on, or not called).
+        errors = layer["errors"] or {}
         rows.append(
             (
                 path,
                 layer["class"],
                 format_figure(layer["activations"]["max"]),
-                format_figure(errors["mixed_float16"]),
-                format_figure(errors["mixed_bfloat16"]),
+                format_figure(errors["mixed_float16"]) if errors else "-",
+                format_figure(errors["mixed_bfloat16"]) if errors else "-",
                 layer["policy"],
                 layer["reason"],
             )
@@ -396,53 +415,6 @@ def _model(model_or_factory) -> keras.Model:
             f"model_or_factory: the factory returned {type(model).__name__}. {_MODEL_ALLOWED}"
         )
     return model
-
-
-@dataclasses.dataclass
-class _Site:
-    """A layer measured as one unit, and its calls as the model ran.
-
-    Attributes:
-        path: Its path from the model calibrated (`iter_layers`).
-        layer: The layer.
-        calls: `(args, kwargs, outputs)` of each call of its `call`, over
-            all batches, as `calibrate` recorded them.
-    """
-
-    path: str
-    layer: keras.layers.Layer
-    calls: list[tuple[tuple, dict, Any]] = dataclasses.field(default_factory=list)
-
-    def outputs(self) -> list[np.ndarray]:
-        return [_flat_float32(keras.tree.flatten(outputs)) for _, _, outputs in self.calls]
-
-
-def _has_graph(model: keras.Model) -> bool:
-    return model.built and bool(getattr(model, "outputs", None))
-
-
-def _sites(model: keras.Model) -> list[_Site]:
-    """The layers of `model` and of the models with a graph nested in it; see "Which layers"."""
-    if not _has_graph(model):
-        raise UserInputError(
-            f"model '{model.name}': {type(model).__name__} has no graph of layer outputs "
-            "(subclassed, or not built). Allowed: a built functional or Sequential model"
-        )
-    sites: list[_Site] = []
-    seen: set[int] = set()
-
-    def visit(graph_model: keras.Model, prefix: str) -> None:
-        for layer in graph_model.layers:  # A functional model's are in graph order.
-            if isinstance(layer, keras.layers.InputLayer) or id(layer) in seen:
-                continue
-            seen.add(id(layer))
-            if isinstance(layer, keras.Model) and _has_graph(layer):
-                visit(layer, f"{prefix}{layer.name}/")
-            else:
-                sites.append(_Site(prefix + layer.name, layer))
-
-    visit(model, "")
-    return sites
 
 
 def _batches(data, steps: int, seed: int, batch_size: int) -> Iterator[tuple[Any, Any, Any]]:
@@ -506,64 +478,41 @@ class _Calibration:
         ]
         self._safe_default = {
             site.path: decided_by[site.path]
-            for site in sites
+            for site in sites.sites
             if decided_by[site.path].startswith("safe default")
         }
-        # Nested layers decided by a safe default take no rule, so they stay
-        # float32 as the safe defaults have them.
-        self._members = {
-            site.path: [(site.path, site.layer)]
-            + [
-                (path, layer)
-                for path, layer in iter_layers(site.layer, prefix=site.path + "/")
-                if decided_by[path] == "default"
-            ]
-            for site in sites
+        # Each built Dense and EinsumDense, at its first path.
+        self._float8_candidates = {
+            site.path: site.layer
+            for site in sites.sites
+            if type(site.layer) in FLOAT8_LAYER_CLASSES and site.layer.built
         }
-        # Each built Dense and EinsumDense among the sites and their members,
-        # at its first path, with the site it follows.
-        self._float8_candidates: dict[str, tuple[keras.layers.Layer, _Site]] = {}
-        seen: set[int] = set()
-        for site in sites:
-            for path, layer in self._members[site.path]:
-                if type(layer) in FLOAT8_LAYER_CLASSES and layer.built and id(layer) not in seen:
-                    seen.add(id(layer))
-                    self._float8_candidates[path] = (layer, site)
-        self._float8 = Float8Recorder(
-            [(path, layer) for path, (layer, _) in self._float8_candidates.items()]
-        )
+        self._float8 = Float8Recorder(list(self._float8_candidates.items()))
+        self._lead: dict[str, str] = {}  # Per site, the lead of its group.
 
     def run(self, batches, loss, seed: int) -> CalibrationResult:
-        self._record(batches)
+        with self._sites.recording():
+            for features, _, _ in batches:
+                self._model(features, training=False)
         gradients = self._gradient_statistics(batches, loss)
         diagnosis = self._diagnosis(batches, loss, gradients)
-        layers = {}
-        for site in self._sites:
-            references = site.outputs()
-            magnitudes = np.concatenate([np.abs(output) for output in references] or [[]])
-            layers[site.path] = {
+        magnitudes = {site.path: _magnitudes(site.outputs()) for site in self._sites.sites}
+        layers = {
+            site.path: {
                 "class": type(site.layer).__name__,
-                "activations": _activation_statistics(magnitudes),
+                "activations": _activation_statistics(magnitudes[site.path]),
                 "gradients": _layer_gradients(
                     figures for figures in gradients.values() if figures["layer"] == site.path
                 ),
-                "errors": {
-                    policy: self._error(site, policy, references)
-                    for policy in LOW_PRECISION_POLICIES
-                },
+                "errors": None,
             }
-            layers[site.path]["policy"], layers[site.path]["reason"] = self._decide(
-                site.path, layers[site.path]
-            )
-        default = collections.Counter(
-            layer["policy"] for path, layer in layers.items() if path not in self._safe_default
-        ).most_common(1)
-        default_policy = default[0][0] if default else "mixed_float16"
+            for site in self._sites.sites
+        }
+        default_policy = self._decide_groups(layers, magnitudes, gradients)
         rules = tuple(
-            rule
+            Rule(layer["policy"], path=re.escape(path), reason=layer["reason"])
             for path, layer in layers.items()
             if path not in self._safe_default and layer["policy"] != default_policy
-            for _, rule in self._rules(path, layer["policy"], layer["reason"])
         )
         float8_layers = self._float8_layers(layers, default_policy)
         float8_rules = self._float8_rules(float8_layers)
@@ -585,15 +534,46 @@ class _Calibration:
             statistics, dataclasses.replace(manifest, rules=(*float8_rules, *manifest.rules))
         )
 
-    def _record(self, batches) -> None:
-        """Runs the model on every batch, recording each site's calls."""
-        sites = {id(site.layer): site for site in self._sites}
-        with calls_wrapped(
-            (site.layer for site in self._sites),
-            lambda layer, call: _recording(sites[id(layer)], call),
-        ):
-            for features, _, _ in batches:
-                self._model(features, training=False)
+    def _decide_groups(self, layers, magnitudes, gradients) -> str:
+        """Decides every group, gives each member its policy and reason in
+        `layers`, and returns the default: the policy most measured layers got."""
+        groups = self._sites.groups()
+        decided, group_figures = {}, {}
+        for group in groups:
+            lead, paths = group.lead.path, [member.path for member in group.members]
+            self._lead.update(dict.fromkeys(paths, lead))
+            # A group decides on the figures of all its members.
+            group_figures[lead] = {
+                "activations": _activation_statistics(
+                    np.concatenate([magnitudes[path] for path in paths])
+                ),
+                "gradients": _layer_gradients(
+                    figures for figures in gradients.values() if figures["layer"] in paths
+                ),
+            }
+            if _unmeasured(group) is None:
+                references = group.called.outputs()
+                layers[lead]["errors"] = group_figures[lead]["errors"] = {
+                    policy: self._error(group, policy, references)
+                    for policy in LOW_PRECISION_POLICIES
+                }
+                decided[lead] = self._decide(group, group_figures[lead])
+        default = collections.Counter(
+            decided[self._lead[path]][0]
+            for path in layers
+            if path not in self._safe_default and self._lead[path] in decided
+        ).most_common(1)
+        default_policy = default[0][0] if default else "mixed_float16"
+        for group in groups:
+            lead = group.lead.path
+            if lead not in decided:
+                decided[lead] = self._decide_unmeasured(group, group_figures[lead], default_policy)
+            policy, reason = decided[lead]
+            tied = f"tied to {lead} (they meet in an op of one dtype) -> {policy}"
+            for member in group.members:
+                layers[member.path]["policy"] = policy
+                layers[member.path]["reason"] = reason if member is group.lead else tied
+        return default_policy
 
     def _diagnosis(self, batches, loss, gradients) -> str | None:
         """The diagnosis of the first batch not finite in float32, if one was not.
@@ -607,7 +587,7 @@ class _Calibration:
                 precision mends and no decision can be made on.
         """
         outputs_finite = all(
-            np.isfinite(output).all() for site in self._sites for output in site.outputs()
+            np.isfinite(output).all() for site in self._sites.sites for output in site.outputs()
         )
         if outputs_finite and all(figures["max"] is not None for figures in gradients.values()):
             return None
@@ -623,16 +603,6 @@ class _Calibration:
                 return f"{batch}: {report}"
         return None
 
-    def _rules(self, path: str, policy: str, reason: str) -> list[tuple[str, Rule]]:
-        """The rules giving the site at `path` and its members `policy`, each
-        with the path of its layer. A rule's path is a regex: escaped, a
-        layer's path (`mobilenetv2_0.35_32/...`) matches that layer only."""
-        members = [member for member, _ in self._members[path]]
-        return [(members[0], Rule(policy, path=re.escape(members[0]), reason=reason))] + [
-            (member, Rule(policy, path=re.escape(member), reason=f"follows {path}"))
-            for member in members[1:]
-        ]
-
     def _uncaught(
         self, manifest: PrecisionManifest, layers, float8_layers: dict[str, dict[str, Any]]
     ) -> PrecisionManifest:
@@ -645,10 +615,11 @@ class _Calibration:
         would turn the model's layers to float8): the layers of those, which
         go first and match them alone, are not checked.
         """
-        decided = list(self._safe_defaults)
-        for path, layer in layers.items():
-            if path not in self._safe_default:
-                decided.extend(self._rules(path, layer["policy"], layer["reason"]))
+        decided = list(self._safe_defaults) + [
+            (path, Rule(layer["policy"], path=re.escape(path), reason=layer["reason"]))
+            for path, layer in layers.items()
+            if path not in self._safe_default
+        ]
         policies = manifest.apply(self._model).policies
         model_name = first_instance_name(self._model)
         caught = tuple(
@@ -661,16 +632,15 @@ class _Calibration:
     def _float8_layers(self, layers, default: str) -> dict[str, dict[str, Any]]:
         """Per Dense and EinsumDense path, its float8 figures and decision.
 
-        Its own decision without float8 is its site's (`layers`): a member
-        follows its site.
+        Its own decision without float8 is in `layers`: a tied layer's is
+        its group's.
         """
         limits = self._thresholds
         decided = {}
         for path, figures in self._float8.figures().items():
-            site = self._float8_candidates[path][1]
-            policy = layers[site.path]["policy"]
-            if path != site.path:
-                why = f"follows {site.path}"
+            policy = layers[path]["policy"]
+            if self._lead[path] != path:
+                why = f"follows {self._lead[path]}"
             else:
                 why = self._safe_default.get(path, "for its numbers")
             recommended, reason = decide_float8(
@@ -701,23 +671,23 @@ class _Calibration:
         model_name = first_instance_name(self._model)
         rules = []
         for path in chosen:
-            layer = self._float8_candidates[path][0]
+            layer = self._float8_candidates[path]
             rule = Rule(FLOAT8, path=re.escape(path), reason=float8_layers[path]["reason"])
             if any(rule.matches(e.forms, e.layer) for e in entries if e.layer is not layer):
                 rule = dataclasses.replace(rule, path=re.escape(f"{model_name}/{path}"))
             rules.append(rule)
         return tuple(rules)
 
-    def _error(self, site: _Site, policy: str, references: list[np.ndarray]) -> float | None:
-        # The policies the manifest's rules for the site would give it and
-        # its members; all layers are float32 already.
-        members = [layer for _, layer in self._members[site.path]]
+    def _error(self, group: Group, policy: str, references: list[np.ndarray]) -> float | None:
+        # The policy the manifest's rules would give the group's members; all
+        # other layers are float32 already.
+        members = [member.layer for member in group.members]
         for layer in members:
             layer.dtype_policy = policy
         try:
             squared_error = squared_reference = 0.0
-            for (args, kwargs, _), reference in zip(site.calls, references):
-                low = _flat_float32(keras.tree.flatten(site.layer(*args, **kwargs)))
+            for (args, kwargs, _), reference in zip(group.called.calls, references):
+                low = flat_float32(keras.tree.flatten(group.called.layer(*args, **kwargs)))
                 squared_error += float(np.sum(np.square(low - reference, dtype=np.float64)))
                 squared_reference += float(np.sum(np.square(reference, dtype=np.float64)))
         finally:
@@ -730,7 +700,7 @@ class _Calibration:
     def _gradient_statistics(self, batches, loss) -> dict[str, dict[str, Any]]:
         """The gradient figures per variable; the float8 recorder records the same pass."""
         owners = {}
-        for site in self._sites:
+        for site in reversed(self._sites.sites):  # A variable's owner is its innermost site.
             for variable in site.layer.trainable_variables:
                 owners.setdefault(id(variable), site.path)
         # A float8 layer's scales and amax histories have no gradient: a step
@@ -762,11 +732,61 @@ class _Calibration:
             }
         return statistics
 
-    def _decide(self, path: str, layer) -> tuple[str, str]:
-        if path in self._safe_default:
-            return "float32", self._safe_default[path]
+    def _decide(self, group: Group, figures: dict[str, Any]) -> tuple[str, str]:
+        """A measured group's policy and reason."""
+        safe_default = self._safe_default_of(group)
+        if safe_default is not None:
+            return "float32", safe_default
         limits = self._thresholds
-        activations = layer["activations"]
+        problems = self._range_problems(figures)
+        # What the measurement covered: a block's own ops, its sublayers apart.
+        parts = ["own ops"] if self._sites.holds_sites(group.lead) else []
+        tied = [member.path.removeprefix(group.lead.path + "/") for member in group.members[1:]]
+        parts += [f"with tied {', '.join(tied)}"] if tied else []
+        covered = f"{' '.join(parts)}: " if parts else ""
+        float16_error = _or_inf(figures["errors"]["mixed_float16"])
+        bfloat16_error = _or_inf(figures["errors"]["mixed_bfloat16"])
+        if not problems:
+            if float16_error <= limits.max_float16_error:
+                return "mixed_float16", (
+                    f"{covered}range fits float16, error {float16_error:.2g} <= "
+                    f"{limits.max_float16_error:g} -> mixed_float16"
+                )
+            problems.append(f"float16 error {float16_error:.2g} > {limits.max_float16_error:g}")
+        if bfloat16_error <= limits.max_bfloat16_error:
+            return "mixed_bfloat16", covered + "; ".join(problems) + " -> mixed_bfloat16"
+        return "float32", (
+            covered
+            + "; ".join(problems)
+            + f"; bfloat16 error {bfloat16_error:.2g} > {limits.max_bfloat16_error:g} -> float32"
+        )
+
+    def _decide_unmeasured(
+        self, group: Group, figures: dict[str, Any], default: str
+    ) -> tuple[str, str]:
+        """The policy and reason of a layer not measured: the default, unless its range
+        rules out a float16 default (see `calibration_sites`)."""
+        safe_default = self._safe_default_of(group)
+        if safe_default is not None:
+            return "float32", safe_default
+        why = _unmeasured(group)
+        problems = self._range_problems(figures)
+        if problems and default == "mixed_float16":
+            return "mixed_bfloat16", f"{why}; " + "; ".join(problems) + " -> mixed_bfloat16"
+        return default, f"{why} -> the default {default}"
+
+    def _safe_default_of(self, group: Group) -> str | None:
+        """The safe default keeping a member float32, which its group follows; or None."""
+        for member in group.members:
+            if member.path in self._safe_default:
+                reason = self._safe_default[member.path]
+                return reason if member is group.lead else f"{reason} (tied {member.path})"
+        return None
+
+    def _range_problems(self, figures: dict[str, Any]) -> list[str]:
+        """What rules float16 out in the activations' range and the flushed norms."""
+        limits = self._thresholds
+        activations = figures["activations"]
         fits = FLOAT16_MAX / limits.float16_headroom
         flushed_limit = format_share(limits.max_flushed_norm_fraction)
         problems = []
@@ -782,38 +802,25 @@ class _Calibration:
                 f"activations: {format_share(flushed)} of their norm flushes to zero in float16 "
                 f"(below 6e-08; > {flushed_limit})"
             )
-        flushed = layer["gradients"]["flushed_norm_fraction"]
+        flushed = figures["gradients"]["flushed_norm_fraction"]
         if flushed is not None and flushed > limits.max_flushed_norm_fraction:
             problems.append(
                 f"gradient x {self._scale:g}: {format_share(flushed)} of its norm flushes to "
                 f"zero in float16 (below 6e-08; > {flushed_limit})"
             )
-        float16_error = _or_inf(layer["errors"]["mixed_float16"])
-        bfloat16_error = _or_inf(layer["errors"]["mixed_bfloat16"])
-        if not problems:
-            if float16_error <= limits.max_float16_error:
-                return "mixed_float16", (
-                    f"range fits float16, error {float16_error:.2g} <= "
-                    f"{limits.max_float16_error:g} -> mixed_float16"
-                )
-            problems.append(f"float16 error {float16_error:.2g} > {limits.max_float16_error:g}")
-        if bfloat16_error <= limits.max_bfloat16_error:
-            return "mixed_bfloat16", "; ".join(problems) + " -> mixed_bfloat16"
-        return "float32", (
-            "; ".join(problems)
-            + f"; bfloat16 error {bfloat16_error:.2g} > {limits.max_bfloat16_error:g} -> float32"
-        )
+        return problems
 
 
-def _recording(site: _Site, call: Callable[..., Any]) -> Callable[..., Any]:
-    """`call`, `site.layer`'s, recording each call in `site.calls`."""
+def _unmeasured(group: Group) -> str | None:
+    """Why a group is not measured (it was not called, or passes its inputs on), or None."""
+    if not group.called.calls:
+        return "not called on the calibration batches"
+    passes_through = pass_through_reason(group.lead.layer) if len(group.members) == 1 else None
+    return f"no compute worth measuring ({passes_through})" if passes_through else None
 
-    def recording_call(*args, **kwargs):
-        outputs = call(*args, **kwargs)
-        site.calls.append((args, kwargs, outputs))
-        return outputs
 
-    return recording_call
+def _magnitudes(outputs: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate([np.abs(output) for output in outputs] or [np.zeros(0, np.float32)])
 
 
 def _layer_gradients(variables) -> dict[str, float | None]:
@@ -858,15 +865,6 @@ def _activation_statistics(magnitudes: np.ndarray) -> dict[str, float | None]:
     )
     figures["flushed_norm_fraction"] = _flushed_norm_fraction(magnitudes, magnitudes)
     return figures
-
-
-def _flat_float32(tensors) -> np.ndarray:
-    pieces = [
-        np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(tensor, "float32"))).ravel()
-        for tensor in tensors
-        if keras.backend.is_float_dtype(tensor.dtype)
-    ]
-    return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
 
 
 def _fraction(count: int, total: int) -> float:

@@ -1,12 +1,13 @@
 """Tests of mpt_keras.calibration: statistics, decisions with reasons, the manifest."""
 
 import json
+import re
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from toy_layers import Times
+from toy_layers import Residual, Times
 
 from mpt_keras import PrecisionManifest, Rule, UserInputError
 from mpt_keras.calibration import CalibrationThresholds, calibrate, format_calibration_table
@@ -251,7 +252,7 @@ def test_a_factory_is_called_once_for_the_model():
     assert from_factory.manifest == from_model.manifest
 
 
-def test_a_wrapped_keras_hub_backbone_is_measured_layer_by_layer(tiny_gpt2):
+def test_a_wrapped_keras_hub_backbone_is_decided_down_to_its_blocks_sublayers(tiny_gpt2):
     built = []
 
     def causal_lm():
@@ -267,15 +268,49 @@ def test_a_wrapped_keras_hub_backbone_is_measured_layer_by_layer(tiny_gpt2):
     result = calibrate(causal_lm, dataset.batch(4), LOSS, steps=2)
 
     layers = result.statistics["layers"]
-    assert {path: (layer["class"], layer["policy"]) for path, layer in layers.items()} == {
-        "gpt2_backbone/token_embedding": ("ReversibleEmbedding", "float32"),
-        "gpt2_backbone/position_embedding": ("PositionEmbedding", "mixed_float16"),
-        "gpt2_backbone/embeddings_add": ("Add", "mixed_float16"),
-        "gpt2_backbone/embeddings_dropout": ("Dropout", "mixed_float16"),
-        "gpt2_backbone/transformer_layer_0": ("TransformerDecoder", "mixed_float16"),
-        "gpt2_backbone/transformer_layer_1": ("TransformerDecoder", "mixed_float16"),
-        "gpt2_backbone/layer_norm": ("LayerNormalization", "float32"),
+    block = {
+        path.removeprefix("gpt2_backbone/transformer_layer_0/"): (layer["class"], layer["policy"])
+        for path, layer in layers.items()
+        if path.startswith("gpt2_backbone/transformer_layer_0/")
     }
+    # The attention's softmax and dropout, which it makes for itself, by the
+    # attributes holding them (`layer_paths`).
+    assert block == {
+        "self_attention": ("CachedMultiHeadAttention", "mixed_float16"),
+        "self_attention/query": ("EinsumDense", "mixed_float16"),
+        "self_attention/key": ("EinsumDense", "mixed_float16"),
+        "self_attention/value": ("EinsumDense", "mixed_float16"),
+        "self_attention/_softmax": ("Softmax", "mixed_float16"),
+        "self_attention/_dropout_layer": ("Dropout", "mixed_float16"),
+        "self_attention/attention_output": ("EinsumDense", "mixed_float16"),
+        "self_attention_layer_norm": ("LayerNormalization", "float32"),
+        "self_attention_dropout": ("Dropout", "mixed_float16"),
+        "feedforward_intermediate_dense": ("Dense", "mixed_float16"),
+        "feedforward_output_dense": ("Dense", "mixed_float16"),
+        "feedforward_layer_norm": ("LayerNormalization", "float32"),
+        "feedforward_dropout": ("Dropout", "mixed_float16"),
+    }
+    assert {path: layers[path]["policy"] for path in layers if path.count("/") == 1} == {
+        "gpt2_backbone/token_embedding": "float32",
+        "gpt2_backbone/position_embedding": "mixed_float16",
+        "gpt2_backbone/embeddings_add": "mixed_float16",
+        "gpt2_backbone/embeddings_dropout": "mixed_float16",
+        "gpt2_backbone/transformer_layer_0": "mixed_float16",
+        "gpt2_backbone/transformer_layer_1": "mixed_float16",
+        "gpt2_backbone/layer_norm": "float32",
+    }
+    # The block adds both dropouts' outputs to its residual stream with `+`.
+    assert layers["gpt2_backbone/transformer_layer_0"]["reason"].startswith(
+        "own ops with tied self_attention_dropout, feedforward_dropout: range fits float16"
+    )
+    assert layers["gpt2_backbone/transformer_layer_0/feedforward_dropout"]["reason"] == (
+        "tied to gpt2_backbone/transformer_layer_0 (they meet in an op of one dtype) "
+        "-> mixed_float16"
+    )
+    assert layers["gpt2_backbone/transformer_layer_0/self_attention/_dropout_layer"]["reason"] == (
+        "no compute worth measuring (Dropout: the identity at inference) -> the default "
+        "mixed_float16"
+    )
     # The token embedding was measured on both of its calls: the logits too.
     embedding = built[0].token_embedding
     lookups = embedding(tokens)
@@ -284,13 +319,128 @@ def test_a_wrapped_keras_hub_backbone_is_measured_layer_by_layer(tiny_gpt2):
     assert layers["gpt2_backbone/token_embedding"]["activations"]["max"] == pytest.approx(
         float(np.max(np.abs(logits)))
     )
-    block = layers["gpt2_backbone/transformer_layer_0"]
+    key = layers["gpt2_backbone/transformer_layer_0/self_attention/key"]
     key_bias = result.statistics["gradients"]["transformer_layer_0/self_attention/key/bias"]
-    # Zero but for rounding: whatever of it flushes, the block loses nothing.
-    assert key_bias["layer"] == "gpt2_backbone/transformer_layer_0"
-    assert key_bias["norm"] < 1e-6 * block["gradients"]["norm"]
-    assert block["gradients"]["flushed_norm_fraction"] < 1e-6
+    # Zero but for rounding: whatever of it flushes, the projection loses nothing.
+    assert key_bias["layer"] == "gpt2_backbone/transformer_layer_0/self_attention/key"
+    assert key_bias["flushed_norm_fraction"] > 0.1
+    assert key_bias["norm"] < 1e-6 * key["gradients"]["norm"]
+    assert key["gradients"]["flushed_norm_fraction"] < 1e-6
     assert result.manifest == PrecisionManifest("mixed_float16")
+
+
+def _llama_with_head(query_scale: float = 1.0, output_scale: float = 1.0) -> keras.Model:
+    """A tiny keras_hub LlamaBackbone under a Dense head; its first block's query and
+    feed-forward output kernels times `query_scale` and `output_scale`."""
+    import keras_hub
+
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.LlamaBackbone(
+        vocabulary_size=64,
+        num_layers=1,
+        num_query_heads=2,
+        num_key_value_heads=1,
+        hidden_dim=16,
+        intermediate_dim=32,
+    )
+    inputs = {
+        "token_ids": keras.Input((8,), dtype="int32", name="token_ids"),
+        "padding_mask": keras.Input((8,), dtype="int32", name="padding_mask"),
+    }
+    model = keras.Model(inputs, keras.layers.Dense(64, name="lm_head")(backbone(inputs)))
+    for path, scale in (
+        ("transformer_layer_0/self_attention/query", query_scale),
+        ("transformer_layer_0/feedforward_output_dense", output_scale),
+    ):
+        kernel = next(v for v in backbone.weights if v.path == f"{path}/kernel")
+        kernel.assign(kernel * scale)
+    return model
+
+
+def test_a_llama_block_is_decided_sublayer_by_sublayer_and_the_manifest_applies():
+    # query's outputs (2.8e4) and the feed-forward output's (1.4e4) are
+    # beyond 65504 / 8, and so is the rotary embedding of the queries.
+    tokens = np.random.default_rng(0).integers(0, 64, size=(8, 8)).astype("int32")
+    features = {"token_ids": tokens, "padding_mask": np.ones_like(tokens)}
+    data = (features, np.roll(tokens, -1, axis=1))
+    result = calibrate(
+        lambda: _llama_with_head(query_scale=1e5, output_scale=1e7), data, LOSS, steps=1
+    )
+
+    layers = result.statistics["layers"]
+    block = "llama_backbone/transformer_layer_0"
+    assert {
+        path.removeprefix(block): layer["policy"]
+        for path, layer in layers.items()
+        if path.startswith(block)
+    } == {
+        "": "mixed_bfloat16",
+        "/self_attention": "mixed_float16",
+        "/self_attention/query": "mixed_bfloat16",
+        "/self_attention/key": "mixed_float16",
+        "/self_attention/value": "mixed_float16",
+        "/self_attention/attention_softmax": "mixed_float16",
+        "/self_attention/_dropout_layer": "mixed_float16",
+        "/self_attention/attention_output": "mixed_float16",
+        "/self_attention/rotary_embedding_layer": "mixed_bfloat16",
+        "/self_attention_layernorm": "float32",
+        "/self_attention_dropout": "mixed_bfloat16",
+        "/feedforward_intermediate_dense": "mixed_float16",
+        "/feedforward_gate_dense": "mixed_float16",
+        "/feedforward_output_dense": "mixed_bfloat16",
+        "/feedforward_layernorm": "float32",
+    }
+    # The block adds its attention dropout's and its feed-forward output's
+    # outputs to its residual stream with `+`: one decision for the three,
+    # on the range of the feed-forward output.
+    assert layers[block]["reason"].startswith(
+        "own ops with tied self_attention_dropout, feedforward_output_dense: "
+        "activation max 1.38e+04 > 8188"
+    )
+    assert layers[f"{block}/feedforward_output_dense"]["reason"] == (
+        "tied to llama_backbone/transformer_layer_0 (they meet in an op of one dtype) "
+        "-> mixed_bfloat16"
+    )
+    assert layers[f"{block}/self_attention/query"]["reason"] == (
+        "activation max 2.75e+04 > 8188 (float16 max 65504 / headroom 8) -> mixed_bfloat16"
+    )
+    assert layers[f"{block}/self_attention/attention_softmax"]["errors"]["mixed_float16"] < 1e-2
+    # The float8 candidates are the block's projections, each by its own path.
+    float8 = result.statistics["float8_layers"]
+    assert {path: layer["class"] for path, layer in float8.items()} == {
+        f"{block}/self_attention/query": "EinsumDense",
+        f"{block}/self_attention/key": "EinsumDense",
+        f"{block}/self_attention/value": "EinsumDense",
+        f"{block}/self_attention/attention_output": "EinsumDense",
+        f"{block}/feedforward_intermediate_dense": "Dense",
+        f"{block}/feedforward_gate_dense": "Dense",
+        f"{block}/feedforward_output_dense": "Dense",
+        "lm_head": "Dense",
+    }
+    assert float8[f"{block}/feedforward_output_dense"]["reason"] == (
+        "mixed_bfloat16, but a float8 layer computes in the default mixed_float16 -> not float8"
+    )
+
+    # Applied to a fresh model (its backbone llama_backbone_1), the manifest
+    # gives every layer its decision, and the model runs: the tied layers
+    # compute in one dtype.
+    fresh = _llama_with_head()
+    backbone = next(layer for layer in fresh.layers if isinstance(layer, keras.Model))
+    paths = {path: path.replace("llama_backbone", backbone.name, 1) for path in layers}
+    report = result.manifest.apply(fresh)
+    assert report.unmatched_rules == ()
+    assert {path: report.policies[paths[path]] for path in layers} == {
+        path: layer["policy"] for path, layer in layers.items()
+    }
+    assert np.isfinite(keras.ops.convert_to_numpy(fresh(features))).all()
+    # Each path calibration decides is one a rule matches, and that rule that layer alone.
+    every = PrecisionManifest(
+        "mixed_float16", tuple(Rule("float32", path=re.escape(path)) for path in layers)
+    ).apply(fresh)
+    assert every.unmatched_rules == ()
+    assert {path for path, policy in every.policies.items() if policy == "float32"} == set(
+        paths.values()
+    )
 
 
 def test_a_wrapped_keras_applications_model_is_measured_layer_by_layer():
@@ -362,22 +512,39 @@ def test_too_large_errors_in_both_low_precisions_give_float32():
     )
 
 
-def test_a_nested_unit_gets_rules_for_its_sublayers_but_not_its_normalization():
+def test_a_block_and_each_of_its_sublayers_are_decided_on_their_own():
+    # block multiplies its norm's output by 1e5: its own op, beyond float16's range.
     model = _model(Block(1e5, name="block"))
     result = calibrate(model, _data(), LOSS, steps=1)
 
-    reason = result.statistics["layers"]["block"]["reason"]
+    layers = result.statistics["layers"]
+    reason = layers["block"]["reason"]
+    assert reason.startswith("own ops: activation max ")
     assert reason.endswith("(float16 max 65504 / headroom 8) -> mixed_bfloat16")
-    assert result.manifest.rules == (
-        Rule("mixed_bfloat16", path="block", reason=reason),
-        Rule("mixed_bfloat16", path="block/inner", reason="follows block"),
-    )
+    assert layers["block/inner"]["reason"].startswith("range fits float16, error ")
+    assert layers["block/norm"]["reason"] == "safe default: normalization"
+    assert result.manifest.rules == (Rule("mixed_bfloat16", path="block", reason=reason),)
     assert result.manifest.apply(model).policies == {
         "first": "mixed_float16",
         "block": "mixed_bfloat16",
-        "block/inner": "mixed_bfloat16",
+        "block/inner": "mixed_float16",
         "block/norm": "float32",
         "logits": "float32",
+    }
+
+
+def test_a_sequential_model_not_built_is_built_on_the_first_batch():
+    model = keras.Sequential(
+        [keras.layers.Dense(4, name="first"), Block(1.0, name="block"), keras.layers.Dense(3)]
+    )
+    result = calibrate(model, _data(), LOSS, steps=1)
+
+    assert {path: layer["policy"] for path, layer in result.statistics["layers"].items()} == {
+        "first": "mixed_float16",
+        "block": "mixed_float16",
+        "block/inner": "mixed_float16",
+        "block/norm": "float32",
+        "dense": "float32",
     }
 
 
@@ -421,15 +588,6 @@ def test_policies_and_weights_are_restored():
     }
     for before, after in zip(weights, model.get_weights()):
         np.testing.assert_array_equal(before, after)
-
-
-class _Subclassed(keras.Model):
-    def __init__(self):
-        super().__init__(name="subclassed")
-        self.dense = keras.layers.Dense(3)
-
-    def call(self, inputs):
-        return self.dense(inputs)
 
 
 @pytest.mark.parametrize(
@@ -486,15 +644,59 @@ def test_bad_arguments_are_one_line_errors(kwargs, message):
     assert str(raised.value) == message
 
 
-def test_a_subclassed_model_is_refused():
+class _Subclassed(keras.Model):
+    """first, a Residual whose inner layer's outputs (about 1e5) need bfloat16, logits."""
+
+    def __init__(self):
+        super().__init__(name="subclassed")
+        self.first = keras.layers.Dense(4, name="first")
+        self.residual = Residual(1e5, name="residual")
+        self.logits = keras.layers.Dense(3, name="logits")
+
+    def call(self, inputs):
+        return self.logits(self.residual(self.first(inputs)))
+
+
+def _subclassed():
+    keras.utils.set_random_seed(0)
     model = _Subclassed()
     model(np.zeros((1, 4), "float32"))
-    with pytest.raises(UserInputError) as raised:
-        calibrate(model, _data(), LOSS)
-    assert str(raised.value) == (
-        "model 'subclassed': _Subclassed has no graph of layer outputs (subclassed, or not "
-        "built). Allowed: a built functional or Sequential model"
+    return model
+
+
+def test_a_subclassed_model_is_decided_by_its_sublayers_tied_ones_together():
+    result = calibrate(_subclassed(), _data(), LOSS, steps=1)
+
+    layers = result.statistics["layers"]
+    assert {path: layer["policy"] for path, layer in layers.items()} == {
+        "first": "mixed_float16",
+        "residual": "mixed_bfloat16",
+        "residual/norm": "float32",
+        "residual/inner": "mixed_bfloat16",
+        "logits": "float32",
+    }
+    # inner's range decides for both; inner is not measured alone.
+    assert layers["residual"]["reason"].startswith("own ops with tied inner: activation max ")
+    assert layers["residual/inner"]["reason"] == (
+        "tied to residual (they meet in an op of one dtype) -> mixed_bfloat16"
     )
+    assert layers["residual/inner"]["errors"] is None
+    # Two layers of three measured got bfloat16: the default.
+    assert result.manifest == PrecisionManifest(
+        "mixed_bfloat16",
+        (Rule("mixed_float16", path="first", reason=layers["first"]["reason"]),),
+    )
+    features = _data()[0][:2]
+    fresh = _subclassed()
+    policies = result.manifest.apply(fresh).policies
+    assert policies == {path: layer["policy"] for path, layer in layers.items()}
+    assert fresh(features).dtype == "float32"
+    # Without the tie, the residual's float16 `+` meets inner's bfloat16.
+    PrecisionManifest("mixed_float16", (Rule("mixed_bfloat16", path="residual/inner"),)).apply(
+        fresh
+    )
+    with pytest.raises(tf.errors.InvalidArgumentError, match="AddV2"):
+        fresh(features)
 
 
 def test_bad_thresholds_are_one_line_errors():
@@ -713,7 +915,8 @@ def test_float8_follows_each_layers_own_decision():
         "float8_layers"
     ]
     assert figures["first"]["reason"] == "stays float32 (for its numbers) -> not float8"
-    assert figures["block/inner"]["reason"] == "stays float32 (follows block) -> not float8"
+    # Decided on its own, not as a part of block.
+    assert figures["block/inner"]["reason"] == "stays float32 (for its numbers) -> not float8"
 
 
 def test_a_float8_rule_matches_its_layer_alone():

@@ -14,3 +14,23 @@ class Times(keras.layers.Layer):
 
     def call(self, inputs):
         return inputs * self.factor
+
+
+class Residual(keras.layers.Layer):
+    """`inputs + inner(norm(inputs))`, with TensorFlow's `+` as keras_hub's blocks add
+    their sublayers' outputs to their residual stream: inner and it take one dtype."""
+
+    def __init__(self, stddev: float, **kwargs):
+        super().__init__(**kwargs)
+        self.norm = keras.layers.LayerNormalization(name="norm", dtype=self.dtype_policy)
+        kernel = keras.initializers.RandomNormal(stddev=stddev, seed=0)
+        self.inner = keras.layers.Dense(
+            4, kernel_initializer=kernel, name="inner", dtype=self.dtype_policy
+        )
+
+    def build(self, input_shape):
+        self.norm.build(input_shape)
+        self.inner.build(input_shape)
+
+    def call(self, inputs):
+        return inputs + self.inner(self.norm(inputs))
