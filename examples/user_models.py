@@ -58,7 +58,9 @@ def gpt2_lm(
     return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
 
 
-def _backbone_with_head(backbone: keras.Model, vocab_size: int, sequence_length: int) -> keras.Model:
+def _backbone_with_head(
+    backbone: keras.Model, vocab_size: int, sequence_length: int
+) -> keras.Model:
     """`backbone` called on the user's own inputs, under a `Dense` head of their own.
 
     The most common way to put a head on a keras_hub backbone. The outer inputs

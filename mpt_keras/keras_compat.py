@@ -47,7 +47,7 @@ rebuilt around the loss-scale optimizer:
 - `loss_tracker` and `unscale_loss_for_distribution`: the `loss` metric, and
   the per-replica loss undone back to the model's loss before it is tracked.
 
-The layers' (`precision.manifest`, `calibration`, `layer_paths`, `validation`):
+The layers' (`precision.manifest`, `calibration`, `layer_paths`, `forward_parity`):
 
 - `replace_dtype_policy`: the public `dtype_policy` setter writes into a
   `DTypePolicyMap` the layer holds (after an earlier apply, or loading)
@@ -57,6 +57,9 @@ The layers' (`precision.manifest`, `calibration`, `layer_paths`, `validation`):
 - `producing_layer` and `producing_node`: the edges of a functional model's
   graph (which call of which layer made a tensor, on what inputs), for which
   Keras has no public accessor.
+- `graph_calls`: the calls a functional or Sequential model's `call` runs
+  from its graph, in the order it runs them (`forward_parity` counts each
+  layer's calls to tell which call of a shared layer it watches).
 
 The data check's (`data.sources`):
 
@@ -509,7 +512,43 @@ def check() -> list[str]:
     require(layer, "layer", attributes=["_dtype_policy", "_inbound_nodes"])
     require(layer, "layer", attributes=["_called", "_parent_path", "_losses"])
     require(model.outputs[0], "symbolic tensor", attributes=["_keras_history"])
+    require(model, "functional model", attributes=["_nodes_by_depth"])
     return problems
+
+
+def graph_calls(model: keras.Model) -> list[Any] | None:
+    """The calls (nodes) `model`'s own `call` runs from its graph, in the order it runs them.
+
+    Keras runs a functional model's graph by depth, the deepest first
+    (`Function._run_through_graph`), a built Sequential model's through the
+    functional model it holds (`_functional`); neither the order nor the
+    graph of a Sequential model is public.
+
+    Args:
+        model: A model or layer.
+
+    Returns:
+        The nodes of `_nodes_by_depth` from the deepest depth to 0, without
+        input nodes; None where `model`'s call does not run a graph: a layer,
+        a subclassed model, a functional subclass with a `call` of its own,
+        or a Sequential model Keras built no graph for.
+    """
+    functional = importlib.import_module("keras.src.models.functional").Functional
+    if isinstance(model, keras.Sequential):
+        graph = model._functional if type(model).call is keras.Sequential.call else None
+    elif isinstance(model, functional) and type(model).call is functional.call:
+        graph = model
+    else:
+        graph = None
+    if graph is None:
+        return None
+    by_depth = graph._nodes_by_depth
+    return [
+        node
+        for depth in sorted(by_depth, reverse=True)
+        for node in by_depth[depth]
+        if node.operation is not None and not node.is_input
+    ]
 
 
 def dataset_inputs(dataset: Any) -> list[Any]:

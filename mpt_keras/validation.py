@@ -9,32 +9,22 @@ same model factory, manifest, optimizer, loss-scale settings, loss, metrics and
 compiled step, bad-batch skip and XLA choice included) and the same batch
 order, and is evaluated on the validation split.
 
-Forward parity. Then the weights the baseline reached are copied into the
-candidate, which keeps the state its own run gave it besides (a float8
-layer's scales and amax histories: what a float8 model computes with). Both
-run the validation split with `training=False`; the output of every top-level
-layer of the functional model is compared (a layer called twice at its first
-call, or at the call that makes a model output: a tied embedding that also
-makes the logits), so the report shows where the drift enters, not only that
-it exists. The weights are trained ones because the logits of random weights
-are nearly uniform: their argmax is a near tie that rounding breaks either
-way, so top-1 agreement there counts ties, not predictions. Measured on the
-bundled Transformer with its float8 manifest: top-1 agreement 0.881 on the
-initial weights and 0.983 after the 50 steps, KL divergence 0.0011 and
-0.0002. Per layer and per model output:
-
-    max_abs_error      max |candidate - baseline|
-    mean_abs_error     mean |candidate - baseline|
-    relative_error     ||candidate - baseline||_2 / ||baseline||_2, the norms
-                       taken over the whole validation split (all elements)
-    error_jump         relative_error minus the largest relative_error of the
-                       layer's inputs (0 for the model inputs): the drift this
-                       layer adds; the largest jump is where the drift enters
-
-and for the outputs, taken as logits over the last axis:
-
-    top1_agreement     fraction of predictions whose argmax agrees
-    kl_divergence      mean KL(softmax(baseline) || softmax(candidate)), in nats
+Forward parity (`forward_parity`). Then the weights the baseline reached are
+copied into the candidate, which keeps the state its own run gave it besides
+(a float8 layer's scales and amax histories: what a float8 model computes
+with). Both run the validation split with `training=False` and the output of
+every layer the model's graph calls is compared, the layers of a backbone
+called inside the model included (`llama_backbone/transformer_layer_0`), so
+the report shows where the drift enters, not only that it exists; the layers
+it could not reach are listed with the reason (`ValidationReport.unreached`:
+inside a subclassed model, whose call is Python code, only its output is
+compared). Per layer: max and mean absolute error, relative error and the
+error jump; per model output, also top-1 agreement and KL divergence. The
+weights are trained ones because the logits of random weights are nearly
+uniform: their argmax is a near tie that rounding breaks either way, so top-1
+agreement there counts ties, not predictions. Measured on the bundled
+Transformer with its float8 manifest: top-1 agreement 0.881 on the initial
+weights and 0.983 after the 50 steps, KL divergence 0.0011 and 0.0002.
 
 Training parity's figures:
 
@@ -47,8 +37,6 @@ Training parity's figures:
     skipped_fraction   candidate steps skipped for non-finite gradients / steps
 
 Each check compares one value with a `Thresholds` field; a NaN value fails.
-A subclassed model has no graph of layer outputs: its forward parity compares
-the model's outputs only.
 
 The subject is a `TrainConfig`, or the user's own model factory (or a
 functional model, cloned per precision) with `data` and `loss`:
@@ -66,9 +54,9 @@ Example:
     report = validate(config, "mixed_float16", Thresholds(output_rtol=0.01))
     report.passed, [check.name for check in report.failed_checks()]
 
-Why one module: forward parity, training parity and the checks produce one
-report from two runs built side by side (`runs`); the report's JSON, table,
-curves and TensorBoard forms are how `mpt-validate` writes it.
+Why one module: training parity, the checks and the report come from two
+runs built side by side (`runs`); the report's JSON, table, curves and
+TensorBoard forms are how `mpt-validate` writes it.
 """
 
 from __future__ import annotations
@@ -83,30 +71,15 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mpt_keras import keras_compat as compat
 from mpt_keras import runs
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError
-from mpt_keras.files import write_json_atomic, write_text_atomic
-from mpt_keras.precision.float8 import learned_weights
+from mpt_keras.files import json_safe, write_json_atomic, write_text_atomic
+from mpt_keras.forward_parity import LayerParity, UnreachedLayer, forward_parity, nan_as_inf
 from mpt_keras.precision.names import PRECISIONS
 from mpt_keras.thresholds import BASELINE, DEFAULT_STEPS, Check, Thresholds
 
 _CURVE_COLORS = {"baseline": (31, 119, 180), "candidate": (255, 127, 14)}
-
-
-@dataclasses.dataclass(frozen=True)
-class LayerParity:
-    """Forward parity of one layer's (or model output's) output; see the module doc."""
-
-    path: str
-    compute_dtype: str
-    max_abs_error: float
-    mean_abs_error: float
-    relative_error: float
-    error_jump: float
-    top1_agreement: float | None = None
-    kl_divergence: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +89,8 @@ class ValidationReport:
     Attributes:
         candidate: The precision name or manifest path validated.
         steps: Training-parity steps.
-        layers: Forward parity of each top-level layer, in model order.
+        layers: Forward parity of each layer compared, in the order the model
+            runs them (`forward_parity`).
         outputs: Forward parity of each model output, by output layer path.
         baseline_losses: The float32 loss of each training step.
         candidate_losses: The candidate's loss of each training step.
@@ -124,6 +98,7 @@ class ValidationReport:
         candidate_metrics: Final validation metrics of the candidate.
         skipped_steps: Candidate steps skipped for non-finite gradients.
         checks: Each threshold's verdict.
+        unreached: The layers forward parity did not compare, and why.
 
     Example:
 
@@ -141,6 +116,7 @@ class ValidationReport:
     candidate_metrics: Mapping[str, float]
     skipped_steps: int
     checks: tuple[Check, ...]
+    unreached: tuple[UnreachedLayer, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -152,8 +128,9 @@ class ValidationReport:
         return [check for check in self.checks if not check.passed]
 
     def drift_entry(self) -> str:
-        """The path of the layer with the largest error jump."""
-        return max(self.layers, key=lambda layer: _finite_or_inf(layer.error_jump)).path
+        """The path of the layer with the largest error jump ("" when none was compared)."""
+        entry = max(self.layers, key=lambda layer: nan_as_inf(layer.error_jump), default=None)
+        return entry.path if entry else ""
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-serialisable values (NaN and inf as strings)."""
@@ -163,7 +140,7 @@ class ValidationReport:
         ]
         values["passed"] = self.passed
         values["drift_entry"] = self.drift_entry()
-        return _json_safe(values)
+        return json_safe(values)
 
     def table(self) -> str:
         """The report as aligned text: checks, per-layer parity, training."""
@@ -193,6 +170,9 @@ class ValidationReport:
                 f"output {output.path}: top1_agreement {output.top1_agreement:.4f}, "
                 f"kl_divergence {output.kl_divergence:.3g}"
             )
+        if self.unreached:
+            lines += ["", f"not compared ({len(self.unreached)}):"]
+            lines += [f"  {layer.path}: {layer.reason}" for layer in self.unreached]
         lines += ["", f"training parity over {self.steps} steps:"]
         metric_names = sorted(self.baseline_metrics, key=lambda name: name != "val_loss")
         lines += _aligned(
@@ -278,8 +258,14 @@ def validate(
 
     baseline_run = train_steps(baseline_config, components, run_data)
     candidate_run = train_steps(candidate_config, components, run_data)
-    layers, outputs = _forward_parity(
-        baseline_run.model, candidate_run.model, run_data, config.data.eval_batch_size
+    parity = forward_parity(
+        baseline_run.model,
+        candidate_run.model,
+        # Parity compares the models with each other, not with labels.
+        (
+            keras.utils.unpack_x_y_sample_weight(batch)[0]
+            for batch in run_data.eval_batches(config.data.eval_batch_size)
+        ),
     )
 
     window = max(1, steps // 5)
@@ -288,19 +274,19 @@ def validate(
     checks = (
         Check(
             "output_relative_error",
-            max(output.relative_error for output in outputs),
+            max((output.relative_error for output in parity.outputs), default=math.nan),
             thresholds.output_rtol,
             "<=",
         ),
         Check(
             "top1_agreement",
-            min(output.top1_agreement for output in outputs),
+            min((output.top1_agreement for output in parity.outputs), default=math.nan),
             thresholds.min_top1_agreement,
             ">=",
         ),
         Check(
             "kl_divergence",
-            max(output.kl_divergence for output in outputs),
+            max((output.kl_divergence for output in parity.outputs), default=math.nan),
             thresholds.max_kl,
             "<=",
         ),
@@ -332,14 +318,15 @@ def validate(
     return ValidationReport(
         candidate=candidate,
         steps=steps,
-        layers=layers,
-        outputs=outputs,
+        layers=parity.layers,
+        outputs=parity.outputs,
         baseline_losses=baseline_run.losses,
         candidate_losses=candidate_run.losses,
         baseline_metrics=baseline_run.metrics,
         candidate_metrics=candidate_run.metrics,
         skipped_steps=candidate_run.skipped_steps,
         checks=checks,
+        unreached=parity.unreached,
     )
 
 
@@ -439,168 +426,6 @@ def _candidate_config(config: TrainConfig, candidate: str, steps: int) -> TrainC
     return config.merged({"manifest": candidate, "steps": steps}, source="candidate")
 
 
-def _forward_parity(
-    baseline: keras.Model, candidate: keras.Model, run_data: runs.RunData, batch_size: int
-) -> tuple[tuple[LayerParity, ...], tuple[LayerParity, ...]]:
-    """Forward parity of the trained `baseline`'s weights in `candidate` (module doc)."""
-    # A float8 candidate has its float8 state besides: it keeps its own run's.
-    for variable, value in zip(learned_weights(candidate), baseline.get_weights(), strict=True):
-        variable.assign(value)
-    layers = _probed_layers(baseline)
-    baseline_probe = _probe(baseline, baseline, layers)
-    candidate_probe = _probe(candidate, baseline, layers)
-    output_names = _output_names(baseline, layers)
-    compared = _compared_tensors(baseline, baseline, layers)
-
-    errors = {name: _ErrorSums() for name in layers}
-    for batch in run_data.eval_batches(batch_size):
-        # Parity compares the models with each other, not with labels.
-        features = keras.utils.unpack_x_y_sample_weight(batch)[0]
-        expected = baseline_probe(features)
-        received = candidate_probe(features)
-        for name in layers:
-            errors[name].add(
-                keras.ops.convert_to_numpy(expected[name]),
-                keras.ops.convert_to_numpy(received[name]),
-                logits=name in output_names,
-            )
-
-    relative = {name: errors[name].relative_error() for name in layers}
-    parities = []
-    for name, layer in layers.items():
-        upstream = [relative.get(parent, 0.0) for parent in _parents(compared.get(name))]
-        parities.append(
-            errors[name].parity(
-                name,
-                _twin(candidate, baseline, layer).dtype_policy.compute_dtype,
-                error_jump=relative[name] - max(upstream, default=0.0),
-                logits=name in output_names,
-            )
-        )
-    return tuple(parities), tuple(parity for parity in parities if parity.path in output_names)
-
-
-class _ErrorSums:
-    """Running sums of one layer's errors over the validation batches."""
-
-    def __init__(self):
-        self.max_abs = 0.0
-        self.abs_sum = self.squared_error = self.squared_baseline = 0.0
-        self.count = 0
-        self.agreements = self.predictions = 0
-        self.kl_sum = 0.0
-
-    def add(self, expected: np.ndarray, received: np.ndarray, logits: bool) -> None:
-        expected = expected.astype(np.float64)
-        received = received.astype(np.float64)
-        difference = np.abs(received - expected)
-        # max() of an array holding NaN is NaN, which fails every check.
-        self.max_abs = max(self.max_abs, float(np.max(difference)), key=_finite_or_inf)
-        self.abs_sum += float(np.sum(difference))
-        self.squared_error += float(np.sum(difference**2))
-        self.squared_baseline += float(np.sum(expected**2))
-        self.count += difference.size
-        if logits:
-            self.agreements += int(np.sum(expected.argmax(-1) == received.argmax(-1)))
-            self.predictions += expected[..., 0].size
-            expected_log = _log_softmax(expected)
-            received_log = _log_softmax(received)
-            self.kl_sum += float(np.sum(np.exp(expected_log) * (expected_log - received_log)))
-
-    def relative_error(self) -> float:
-        if self.squared_baseline == 0:
-            return 0.0 if self.squared_error == 0 else math.inf
-        return math.sqrt(self.squared_error / self.squared_baseline)
-
-    def parity(self, path: str, compute_dtype: str, error_jump: float, logits: bool):
-        return LayerParity(
-            path=path,
-            compute_dtype=compute_dtype,
-            max_abs_error=self.max_abs,
-            mean_abs_error=self.abs_sum / self.count,
-            relative_error=self.relative_error(),
-            error_jump=error_jump,
-            top1_agreement=self.agreements / self.predictions if logits else None,
-            kl_divergence=self.kl_sum / self.predictions if logits else None,
-        )
-
-
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max(-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-
-
-def _probed_layers(model: keras.Model) -> dict[str, keras.layers.Layer]:
-    """The top-level layers whose outputs are compared; the model itself if it has no graph."""
-    if not getattr(model, "inputs", None):
-        # Subclassed: no graph to read intermediate outputs from.
-        return {model.name: model}
-    return {
-        layer.name: layer
-        for layer in model.layers
-        if not isinstance(layer, keras.layers.InputLayer)
-        and isinstance(layer.output, keras.KerasTensor)
-    }
-
-
-def _probe(
-    model: keras.Model, baseline: keras.Model, layers: Mapping[str, keras.layers.Layer]
-) -> Callable[[Any], Any]:
-    """`features -> {baseline layer name: output}` for `model`, a twin of `baseline`.
-
-    Layers are paired by position: two builds of one factory may name their
-    layers differently (`dense` and `dense_1`).
-    """
-    if not getattr(model, "inputs", None):
-        (name,) = layers
-        return lambda features: {name: model(features, training=False)}
-    probe = keras.Model(model.inputs, _compared_tensors(model, baseline, layers))
-    return lambda features: probe(features, training=False)
-
-
-def _compared_tensors(
-    model: keras.Model, baseline: keras.Model, layers: Mapping[str, keras.layers.Layer]
-) -> dict[str, keras.KerasTensor]:
-    """`{baseline layer name: the symbolic output of model compared for it}`.
-
-    A layer's output at its first call; for a layer that makes a model output,
-    that output: a layer called twice, such as a tied embedding that also
-    makes the logits (keras_hub's CausalLMs), has the logits as its row. None
-    for a model without a graph.
-    """
-    if not getattr(model, "inputs", None):
-        return {}
-    position = {id(layer): index for index, layer in enumerate(baseline.layers)}
-    tensors = {name: model.layers[position[id(layer)]].output for name, layer in layers.items()}
-    for tensor in keras.tree.flatten(model.outputs):
-        index = model.layers.index(compat.producing_layer(tensor))
-        tensors[baseline.layers[index].name] = tensor
-    return tensors
-
-
-def _twin(model: keras.Model, baseline: keras.Model, layer: keras.layers.Layer):
-    """The layer of `model` at `layer`'s position in `baseline` (the model for itself)."""
-    if layer is baseline:
-        return model
-    return model.layers[baseline.layers.index(layer)]
-
-
-def _output_names(model: keras.Model, layers: Mapping[str, keras.layers.Layer]) -> set[str]:
-    if not getattr(model, "inputs", None):
-        return set(layers)
-    return {compat.producing_layer(tensor).name for tensor in keras.tree.flatten(model.outputs)}
-
-
-def _parents(tensor: keras.KerasTensor | None) -> list[str]:
-    """Names of the layers whose outputs the call that made `tensor` took as inputs."""
-    if tensor is None:  # A subclassed model, probed whole.
-        return []
-    return [
-        compat.producing_layer(parent).name
-        for parent in compat.producing_node(tensor).input_tensors
-    ]
-
-
 def train_steps(
     config: TrainConfig, components: runs.Components, run_data: runs.RunData
 ) -> TrainingRun:
@@ -653,18 +478,3 @@ def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
         "  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
         for row in rows
     ]
-
-
-def _finite_or_inf(value: float) -> float:
-    """Orders NaN above everything, so the worst value wins a max()."""
-    return math.inf if math.isnan(value) else value
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, Mapping):
-        return {key: _json_safe(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(item) for item in value]
-    return value

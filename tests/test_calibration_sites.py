@@ -98,8 +98,17 @@ def test_sublayers_tied_by_a_subclassed_models_own_call_are_one_group_called_thr
         (keras.layers.Add(), None),
     ],
     ids=[
-        "dropout", "spatial_dropout", "gaussian_noise", "relu", "activation_silu", "reshape",
-        "zero_padding", "activation_softmax", "softmax", "dense", "add",
+        "dropout",
+        "spatial_dropout",
+        "gaussian_noise",
+        "relu",
+        "activation_silu",
+        "reshape",
+        "zero_padding",
+        "activation_softmax",
+        "softmax",
+        "dense",
+        "add",
     ],  # fmt: skip
 )
 def test_pass_through_layers_are_those_whose_error_is_their_inputs_rounding(layer, reason):

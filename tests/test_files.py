@@ -4,6 +4,7 @@ import errno
 import json
 import os
 
+import numpy as np
 import pytest
 
 from mpt_keras import files
@@ -87,7 +88,16 @@ def test_a_directory_to_be_in_a_read_only_place_is_refused(tmp_path, monkeypatch
 
 def test_json_files_hold_non_finite_numbers_as_strings_and_stay_valid_json(tmp_path):
     path = tmp_path / "metrics.json"
-    files.write_json_atomic(path, {"loss": float("nan"), "values": [1.5, float("inf"), -float("inf")]})
+    files.write_json_atomic(
+        path, {"loss": float("nan"), "values": [1.5, float("inf"), -float("inf")]}
+    )
     written = json.loads(path.read_text(), parse_constant=lambda name: pytest.fail(name))
     assert written == {"loss": "nan", "values": [1.5, "inf", "-inf"]}
     assert [float(value) for value in written["values"]] == [1.5, float("inf"), -float("inf")]
+
+
+def test_json_safe_takes_numpy_float64_in_nested_values():
+    assert files.json_safe({"a": [np.float64("nan"), 1.0], "b": (np.float64("-inf"),)}) == {
+        "a": ["nan", 1.0],
+        "b": ["-inf"],
+    }

@@ -340,6 +340,46 @@ def test_call_records_restored_puts_back_what_calls_record():
     )
 
 
+def test_graph_calls_are_the_nodes_a_model_runs_in_its_order():
+    """Written for Keras 3.15.1: `Function._run_through_graph` runs `_nodes_by_depth`."""
+    inputs = keras.Input((2,), name="compat_graph_input")
+    shared = keras.layers.Dense(2, name="compat_graph_shared")
+    hidden = keras.layers.Activation("relu", name="compat_graph_relu")(shared(inputs))
+    model = keras.Model(inputs, shared(hidden), name="compat_graph")
+    nodes = compat.graph_calls(model)
+    assert [node.operation.name for node in nodes] == [
+        "compat_graph_shared",
+        "compat_graph_relu",
+        "compat_graph_shared",
+    ], f"{VERSIONS}: model._nodes_by_depth changed"
+    assert nodes[-1].output_tensors[0] is model.outputs[0]
+    called = []
+    shared.call = lambda x, *rest, call=shared.call, **kw: called.append(x) or call(x, *rest, **kw)
+    model(-np.ones((1, 2), "float32"))
+    del shared.call
+    # The run's first call of the shared layer took the input, its second the relu's output.
+    smallest = [float(np.min(keras.ops.convert_to_numpy(given))) for given in called]
+    assert smallest[0] == -1.0 and smallest[1] >= 0.0 and len(smallest) == 2
+    sequential = keras.Sequential(
+        [keras.Input((2,)), keras.layers.Dense(1, name="compat_graph_seq_dense")]
+    )
+    assert [node.operation.name for node in compat.graph_calls(sequential)] == [
+        "compat_graph_seq_dense"
+    ], f"{VERSIONS}: Sequential._functional changed"
+
+    class Subclassed(keras.Model):
+        def call(self, x):
+            return x
+
+    class OwnCall(keras.Model):  # Functional, with a call of its own.
+        def call(self, x):
+            return x
+
+    own_call = OwnCall(inputs, hidden, name="compat_graph_own_call")
+    for graphless in (Subclassed(name="compat_graph_sub"), own_call, shared):
+        assert compat.graph_calls(graphless) is None
+
+
 _TOUCHES = [
     "maybe_merge_call",
     "gradients_already_reduced",
@@ -363,6 +403,7 @@ _TOUCHES = [
     "in_multi_worker_mode",
     "call_records_restored",
     "dataset_inputs",
+    "graph_calls",
 ]
 
 

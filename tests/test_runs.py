@@ -218,9 +218,7 @@ def test_bad_components_are_one_line_errors_before_anything_is_built(user_code, 
         ("zipped", "(None, 3), (None,)"),
     ],
 )
-def test_a_data_factory_that_batches_is_one_line_naming_the_runs_batch_size(
-    user_code, how, shapes
-):
+def test_a_data_factory_that_batches_is_one_line_naming_the_runs_batch_size(user_code, how, shapes):
     config = _blobs_config().merged(
         {"data": {"factory": "user_code:batched_blobs", "options": {"how": how}, "batch_size": 8}}
     )

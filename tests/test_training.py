@@ -353,9 +353,7 @@ def test_a_bad_config_leaves_model_dir_untouched_and_the_fixed_rerun_trains(
     assert metrics["step"] == 3
 
 
-def test_a_diverged_language_model_reports_an_infinite_perplexity_in_valid_json(
-    tfds_dir, tmp_path
-):
+def test_a_diverged_language_model_reports_an_infinite_perplexity_in_valid_json(tfds_dir, tmp_path):
     """exp() of a loss past 709.78 overflows: the perplexity is inf, written as "inf"."""
     config = _tiny_language_model(
         tfds_dir, optimizer={"name": "adamw", "learning_rate": 0.001, "weight_decay": 1e12}

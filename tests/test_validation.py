@@ -106,20 +106,36 @@ def test_a_normalization_in_float16_shows_its_drift_at_that_layer(tfds_dir, tmp_
     assert "drift enters at final_norm" in report.table()
 
 
-def test_a_layer_called_twice_is_compared_at_the_call_that_makes_the_output():
-    """As a tied embedding that also makes the logits (keras_hub's CausalLMs).
+def test_a_backbone_inside_ones_own_model_is_compared_layer_by_layer():
+    """The probe was a keras.Model on the outer inputs: "features" used 2 times."""
 
-    Its first call's output was compared before: for a keras_hub GPT-2, the
-    float32 token lookup stood for the logits, with an error of 0.
-    """
-    inputs = keras.Input((4,), name="x")
-    shared = keras.layers.Dense(4, name="shared")
-    hidden = keras.layers.Activation("relu", name="relu")(shared(inputs))
-    model = keras.Model(inputs, shared(hidden))
-    tensors = validation._compared_tensors(model, model, validation._probed_layers(model))
-    assert tensors["shared"] is model.outputs[0]
-    assert validation._parents(tensors["shared"]) == ["relu"]
-    assert validation._parents(tensors["relu"]) == ["shared"]
+    def build():
+        inner = keras.Input((4,), name="features")
+        encoder = keras.Sequential([keras.layers.Dense(8, name="project")], name="encoder")
+        hidden = keras.layers.Dense(8, activation="relu", name="hidden")(encoder(inner))
+        backbone = keras.Model(inner, hidden, name="backbone")
+        inputs = keras.Input((4,), name="features")  # Named as the backbone's, as users do.
+        return keras.Model(inputs, keras.layers.Dense(3, name="logits")(backbone(inputs)))
+
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    y = (x[:, 0] > 0).astype("int32")
+    report = validation.validate(
+        build,
+        "mixed_bfloat16",
+        steps=2,
+        data=((x, y), (x[:16], y[:16])),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        config=mpt_keras.TrainConfig.from_dict({"data": {"batch_size": 16}}),
+    )
+    assert [(layer.path, layer.compute_dtype) for layer in report.layers] == [
+        ("backbone/encoder/project", "bfloat16"),
+        ("backbone/hidden", "bfloat16"),
+        ("logits", "float32"),  # The run's safe default for the logits.
+    ]
+    assert [output.path for output in report.outputs] == ["logits"]
+    assert report.unreached == ()
+    assert "not compared" not in report.table()
+    assert 0 < report.outputs[0].relative_error < 0.05
 
 
 def test_float32_against_itself_is_exact(tfds_dir):
@@ -217,10 +233,6 @@ def test_a_bad_candidate_is_a_user_error(tfds_dir):
     )
 
 
-def test_nan_in_the_json_report_is_a_string():
-    assert validation._json_safe({"a": [np.float64("nan"), 1.0]}) == {"a": ["nan", 1.0]}
-
-
 def test_a_subclassed_model_is_compared_by_its_outputs():
     import keras
 
@@ -247,6 +259,20 @@ def test_a_subclassed_model_is_compared_by_its_outputs():
     assert [(layer.path, layer.compute_dtype) for layer in report.layers] == [("mlp", "bfloat16")]
     assert report.outputs == report.layers
     assert 0 < report.outputs[0].relative_error < 0.05
+    # Its layers run inside its Python call: said, in the report, the table and the JSON.
+    reason = (
+        "inside 'mlp', a model whose call is Python code, not a graph of layer calls: "
+        "compared as part of 'mlp'"
+    )
+    assert report.unreached == (
+        validation.UnreachedLayer("dense", reason),
+        validation.UnreachedLayer("dense_1", reason),
+    )
+    assert f"not compared (2):\n  dense: {reason}\n  dense_1: {reason}\n" in report.table()
+    assert report.to_dict()["unreached"] == [
+        {"path": "dense", "reason": reason},
+        {"path": "dense_1", "reason": reason},
+    ]
     # No accuracy metric: no accuracy check.
     assert [check.name for check in report.checks] == [
         "output_relative_error",

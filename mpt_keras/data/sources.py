@@ -160,9 +160,7 @@ def _from_data_factory(factory: BoundFactory, seed: int, batching: str) -> RunDa
     return RunData(train, evaluation, {**_spec_dimensions(train), **declared})
 
 
-def checked_split(
-    split: Any, what: str, batching: str
-) -> tuple[np.ndarray, ...] | tf.data.Dataset:
+def checked_split(split: Any, what: str, batching: str) -> tuple[np.ndarray, ...] | tf.data.Dataset:
     """`split` if it is data a run takes: a dataset of `(x, y[, sample_weight])` or `(x, y)` arrays.
 
     Args:

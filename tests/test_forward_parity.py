@@ -1,0 +1,276 @@
+"""Tests of mpt_keras.forward_parity: every layer a model runs, compared between two precisions.
+
+Each builds one model twice, in float32 and in mixed_bfloat16, and compares
+them on the float32 one's weights, without training.
+"""
+
+import keras
+import numpy as np
+
+from mpt_keras import forward_parity as fp
+from mpt_keras.layer_calls import calls_wrapped
+
+_PYTHON_CALL = (
+    "inside {0!r}, a model whose call is Python code, not a graph of layer calls: "
+    "compared as part of {0!r}"
+)
+
+
+def _compare(build, features):
+    """`(forward parity, baseline walk)` of `build()` in float32 against mixed_bfloat16."""
+    baseline = build()
+    keras.config.set_dtype_policy("mixed_bfloat16")  # The conftest restores float32.
+    candidate = build()
+    keras.config.set_dtype_policy("float32")
+    baseline(features)
+    candidate(features)
+    return fp.forward_parity(baseline, candidate, [features]), fp._Walk(baseline)
+
+
+def _captured(model, walk, features):
+    """`{path: what the row's call returned}` when `model` ran on `features`."""
+    recorder = fp._Recorder(model, walk)
+    with calls_wrapped(walk.watched.values(), recorder.watching):
+        returned = recorder.run(features)
+    return {walk.rows[row].path: keras.ops.convert_to_numpy(returned[row]) for row in returned}
+
+
+def _parents(walk):
+    return {row.path: [walk.rows[parent].path for parent in row.parents] for row in walk.rows}
+
+
+def _tokens(vocabulary=64, length=8):
+    rng = np.random.default_rng(0)
+    return {
+        "token_ids": rng.integers(1, vocabulary, (4, length)).astype("int32"),
+        "padding_mask": np.ones((4, length), "int32"),
+    }
+
+
+def _with_head(backbone):
+    """A backbone under the user's own Dense head, its inputs named as the backbone's own."""
+    inputs = {
+        name: keras.Input((8,), dtype="int32", name=name) for name in ("token_ids", "padding_mask")
+    }
+    logits = keras.layers.Dense(64, name="lm_head")(backbone(inputs))
+    return keras.Model(inputs, logits, name="lm_with_head")
+
+
+def test_a_llama_backbone_under_a_head_of_ones_own_is_compared_layer_by_layer():
+    """The probe built a keras.Model on the outer inputs: "token_ids" used 2 times."""
+    import keras_hub
+
+    def build():
+        return _with_head(
+            keras_hub.models.LlamaBackbone(
+                vocabulary_size=64,
+                num_layers=1,
+                num_query_heads=2,
+                num_key_value_heads=1,
+                hidden_dim=16,
+                intermediate_dim=32,
+                name="llama_backbone",
+            )
+        )
+
+    parity, walk = _compare(build, _tokens())
+    assert _parents(walk) == {
+        "llama_backbone/token_embedding": [],
+        "llama_backbone/transformer_layer_0": ["llama_backbone/token_embedding"],
+        "llama_backbone/sequence_output_layernorm": ["llama_backbone/transformer_layer_0"],
+        "lm_head": ["llama_backbone/sequence_output_layernorm"],
+    }
+    assert [(row.path, row.compute_dtype) for row in parity.layers] == [
+        ("llama_backbone/token_embedding", "bfloat16"),
+        ("llama_backbone/transformer_layer_0", "bfloat16"),
+        ("llama_backbone/sequence_output_layernorm", "bfloat16"),
+        ("lm_head", "bfloat16"),
+    ]
+    assert [output.path for output in parity.outputs] == ["lm_head"]
+    assert parity.outputs[0] == parity.layers[-1]
+    assert parity.unreached == ()
+    assert all(0 < row.relative_error < 0.05 for row in parity.layers)
+    assert parity.layers[0].error_jump == parity.layers[0].relative_error  # Fed by inputs only.
+    assert parity.outputs[0].top1_agreement > 0.9
+
+
+def test_a_gpt2_backbone_under_a_head_is_compared_through_its_add_and_dropout(tiny_gpt2):
+    parity, walk = _compare(lambda: _with_head(tiny_gpt2(num_layers=1)), _tokens())
+    backbone = walk.rows[0].path.split("/")[0]  # Keras numbers a second build: gpt2_backbone_1.
+    assert _parents(walk) == {
+        f"{backbone}/{path}": [f"{backbone}/{parent}" for parent in parents]
+        for path, parents in {
+            "token_embedding": [],
+            # keras_hub's PositionEmbedding takes the token embeddings, for their shape.
+            "position_embedding": ["token_embedding"],
+            "embeddings_add": ["token_embedding", "position_embedding"],
+            "embeddings_dropout": ["embeddings_add"],
+            "transformer_layer_0": ["embeddings_dropout"],
+            "layer_norm": ["transformer_layer_0"],
+        }.items()
+    } | {"lm_head": [f"{backbone}/layer_norm"]}
+    assert [row.path for row in parity.layers] == list(_parents(walk))
+    assert parity.layers[3].error_jump == 0.0  # The dropout, inactive.
+    assert parity.unreached == ()
+
+
+def test_a_tied_embedding_is_compared_as_the_logits_and_as_the_token_lookup(tiny_gpt2):
+    """As keras_hub's GPT2CausalLM: the backbone's token embedding also makes the logits."""
+
+    def build():
+        backbone = tiny_gpt2(num_layers=1)
+        inputs = {
+            name: keras.Input((8,), dtype="int32", name=name)
+            for name in ("token_ids", "padding_mask")
+        }
+        logits = backbone.token_embedding(backbone(inputs), reverse=True)
+        return keras.Model(inputs, logits)
+
+    parity, walk = _compare(build, _tokens())
+    backbone = walk.rows[0].path.split("/")[0]
+    rows = {row.path: row for row in parity.layers}
+    assert [output.path for output in parity.outputs] == ["token_embedding"]
+    assert _parents(walk)["token_embedding"] == [f"{backbone}/layer_norm"]
+    # The lookup only rounds the table to bfloat16; the logits carry every layer's drift.
+    lookup, logits = rows[f"{backbone}/token_embedding"], rows["token_embedding"]
+    assert logits.relative_error > lookup.relative_error > 0
+    assert logits.top1_agreement is not None and lookup.top1_agreement is None
+
+
+def test_a_shared_layer_is_compared_at_the_call_that_makes_the_output():
+    """Its first call's output was compared before: for a keras_hub GPT-2, the
+    float32 token lookup stood for the logits, with an error of 0."""
+
+    inputs = keras.Input((4,), name="x")
+    shared = keras.layers.Dense(4, name="shared")
+    hidden = keras.layers.Activation("relu", name="relu")(shared(inputs))
+    model = keras.Model(inputs, [shared(hidden), hidden])
+    walk = fp._Walk(model)
+    # Rows in the order of the calls compared; the parent of each is the other's row.
+    assert _parents(walk) == {"relu": ["shared"], "shared": ["relu"]}
+    assert [walk.rows[row].path for row in walk.outputs] == ["shared", "relu"]
+    x = np.random.default_rng(0).normal(size=(16, 4)).astype("float32")
+    outputs = model(x)
+    captured = _captured(model, walk, x)
+    np.testing.assert_array_equal(captured["shared"], keras.ops.convert_to_numpy(outputs[0]))
+    np.testing.assert_array_equal(captured["relu"], keras.ops.convert_to_numpy(outputs[1]))
+
+
+def test_a_sequential_inside_a_functional_model_is_descended_into():
+    def build():
+        inputs = keras.Input((4,), name="x")
+        encoder = keras.Sequential(
+            [keras.layers.Dense(8, name="hidden"), keras.layers.Dense(8, name="code")],
+            name="encoder",
+        )
+        added = keras.ops.add(encoder(inputs), 1.0)  # An operation between layers.
+        return keras.Model(inputs, keras.layers.Dense(2, name="head")(added))
+
+    parity, walk = _compare(build, np.ones((4, 4), "float32"))
+    assert _parents(walk) == {
+        "encoder/hidden": [],
+        "encoder/code": ["encoder/hidden"],
+        "head": ["encoder/code"],  # Through the add.
+    }
+    assert [row.path for row in parity.layers] == ["encoder/hidden", "encoder/code", "head"]
+    assert parity.unreached == ()
+
+
+def test_a_model_of_dict_inputs_traces_each_input_into_a_nested_model():
+    def build():
+        inner_inputs = {name: keras.Input((3,), name=name) for name in ("a", "b")}
+        inner = keras.Model(
+            inner_inputs,
+            keras.layers.Dense(2, name="from_b")(inner_inputs["b"]),
+            name="inner",
+        )
+        inputs = {name: keras.Input((3,), name=name) for name in ("a", "b")}
+        scaled = keras.layers.Dense(3, name="scale_b")(inputs["b"])
+        return keras.Model(inputs, inner({"a": inputs["a"], "b": scaled}))
+
+    features = {name: np.ones((2, 3), "float32") for name in ("a", "b")}
+    parity, walk = _compare(build, features)
+    assert _parents(walk) == {"scale_b": [], "inner/from_b": ["scale_b"]}
+    assert [output.path for output in parity.outputs] == ["inner/from_b"]
+
+
+def test_an_embedding_mask_reaches_the_layers_as_in_training():
+    def build():
+        tokens = keras.Input((6,), dtype="int32", name="tokens")
+        embedded = keras.layers.Embedding(10, 4, mask_zero=True, name="embed")(tokens)
+        pooled = keras.layers.GlobalAveragePooling1D(name="pool")(embedded)
+        return keras.Model(tokens, keras.layers.Dense(3, name="logits")(pooled))
+
+    tokens = np.array([[1, 2, 0, 0, 0, 0], [3, 0, 0, 0, 0, 0]], "int32")
+    parity, walk = _compare(build, tokens)
+    assert [row.path for row in parity.layers] == ["embed", "pool", "logits"]
+    # The mask left the padding out of the mean: without it, a mean over 6 positions.
+    pooled = _captured(walk.rows[0].graph.model, walk, tokens)["pool"]
+    embeddings = keras.ops.convert_to_numpy(walk.rows[0].layer.embeddings)
+    np.testing.assert_allclose(pooled[1], embeddings[3], rtol=1e-6)
+    assert parity.unreached == ()
+
+
+def test_a_subclassed_block_in_a_functional_model_is_one_row_and_its_layers_unreached():
+    class Block(keras.Model):
+        def __init__(self):
+            super().__init__(name="block")
+            self.first = keras.layers.Dense(4, name="first")
+            self.second = keras.layers.Dense(4, name="second")
+
+        def call(self, inputs):
+            return self.second(self.first(inputs))
+
+    def build():
+        inputs = keras.Input((4,), name="x")
+        return keras.Model(inputs, keras.layers.Dense(2, name="head")(Block()(inputs)))
+
+    parity, _ = _compare(build, np.ones((2, 4), "float32"))
+    assert [row.path for row in parity.layers] == ["block", "head"]
+    assert parity.unreached == (
+        fp.UnreachedLayer("block/first", _PYTHON_CALL.format("block")),
+        fp.UnreachedLayer("block/second", _PYTHON_CALL.format("block")),
+    )
+
+
+def test_a_layer_the_graph_never_calls_is_unreached():
+    class WithSpare(keras.Model):  # Functional: its call is its graph's.
+        def __init__(self):
+            inputs = keras.Input((2,), name="x")
+            super().__init__(inputs, keras.layers.Dense(2, name="used")(inputs), name="spare")
+            self.spare = keras.layers.Dense(2, name="never_called")
+
+    parity, _ = _compare(WithSpare, np.ones((2, 2), "float32"))
+    assert [row.path for row in parity.layers] == ["used"]
+    assert parity.unreached == (
+        fp.UnreachedLayer("never_called", "held by 'spare' but not called by its graph"),
+    )
+
+
+def test_an_output_an_operation_makes_is_read_from_what_the_model_returned():
+    def build():
+        inputs = keras.Input((4,), name="x")
+        logits = keras.layers.Dense(3, name="logits")(inputs)
+        return keras.Model(inputs, keras.ops.softmax(logits))
+
+    parity, walk = _compare(build, np.ones((2, 4), "float32"))
+    assert walk.rows[1].frame is None and walk.rows[1].returned == 0
+    assert parity.layers[0].path == "logits"
+    assert parity.layers[1].path.startswith("softmax")
+    assert parity.outputs == parity.layers[1:]
+    assert _parents(walk)[parity.layers[1].path] == ["logits"]
+    assert parity.layers[1].compute_dtype == "bfloat16"  # What the operation returned.
+
+
+def test_rows_pair_by_position_when_two_builds_name_layers_differently():
+    def build():
+        inputs = keras.Input((4,))
+        return keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Dense(3)(inputs)))
+
+    baseline, candidate = build(), build()
+    assert baseline.layers[1].name != candidate.layers[1].name  # dense, dense_2
+    x = np.ones((2, 4), "float32")
+    parity = fp.forward_parity(baseline, candidate, [x])
+    assert [row.path for row in parity.layers] == [layer.name for layer in baseline.layers[1:]]
+    assert all(row.max_abs_error == 0.0 for row in parity.layers)  # Same weights, same precision.
+    assert parity.unreached == ()

@@ -1,0 +1,78 @@
+"""keras_hub backbones under a head of the user's own, and a subclassed model, through
+every launcher: calibrate, train with the manifest and a canary, validate.
+
+The models are the ones `examples/user_models.py` ships: a keras_hub
+`LlamaBackbone` and `GPT2Backbone` built from arguments (no preset, no
+network) and called on the user's own `keras.Input`s named like the
+backbone's, under a `Dense` head (the most common way to put a head on a
+backbone), and `LlamaLanguageModel`, a subclassed model holding a Llama
+backbone. Each launcher runs in this process (tests/launchers.py), a few tiny
+steps each; tests/test_own_model.py runs launchers as processes.
+"""
+
+import json
+import os
+
+import pytest
+from launchers import launch_in_process
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LLAMA = os.path.join(REPO, "examples", "configs", "llama_python_source.json")
+TINY = {"num_layers": 1, "hidden_dim": 16}
+MODELS = {
+    "llama_with_head": {**TINY, "intermediate_dim": 32},
+    "gpt2_with_head": {**TINY, "intermediate_dim": 32},
+    "llama_subclassed": TINY,
+}
+
+
+def _override(factory: str) -> str:
+    return json.dumps(
+        {
+            "jit_compile": "false",
+            "checkpoint_every": 2,
+            "eval_every": 2,
+            "model": {"factory": f"examples.user_models:{factory}", "options": MODELS[factory]},
+            "data": {"batch_size": 4, "eval_examples": 8, "options": {"sequence_length": 8}},
+        }
+    )
+
+
+def _read(path):
+    with open(path) as file:
+        return json.load(file)
+
+
+@pytest.mark.parametrize("factory", MODELS)
+def test_every_launcher_runs_on_a_backbone_of_the_users_own(factory, tmp_path):
+    config = [f"--config={LLAMA}", f"--config_override={_override(factory)}"]
+    manifest = str(tmp_path / "manifest.json")
+    calibrated = launch_in_process("mpt-calibrate", *config, "--steps=1", f"--output={manifest}")
+    assert calibrated.status == 0, calibrated.stderr
+    decided = _read(manifest.replace(".json", ".stats.json"))["layers"]
+    # Decided inside the blocks, not a block as one unit.
+    assert any(path.endswith("transformer_layer_0/self_attention/query") for path in decided)
+
+    model_dir = str(tmp_path / "run")
+    trained = launch_in_process(
+        "mpt-train",
+        *config,
+        f"--model_dir={model_dir}",
+        f"--manifest={manifest}",
+        "--canary_steps=1",
+        "--steps=2",
+    )
+    assert trained.status == 0, trained.stderr
+    assert _read(os.path.join(model_dir, "metrics.json"))["step"] == 2
+    assert not _read(os.path.join(model_dir, "canary.json"))["diverged"]
+    assert "2/2" in trained.stdout + trained.stderr
+
+    output = str(tmp_path / "validation.json")
+    validated = launch_in_process(
+        "mpt-validate", *config, f"--manifest={manifest}", "--steps=2", f"--output={output}"
+    )
+    assert validated.status in (0, 1), validated.stderr
+    report = _read(output)
+    assert report["candidate"] == manifest
+    compared = [layer["path"] for layer in report["layers"]]
+    assert compared, report
