@@ -6,22 +6,21 @@ compared layer wrapped (`layer_calls.calls_wrapped`) to keep what it returned.
 Nothing is rebuilt around the model: a backbone inside the user's own model,
 Sequential models, dict inputs, shared layers and masks run as in training.
 
-Rows, in the order the model runs them, by path (`layer_paths`' paths):
-every layer a functional or Sequential model's graph calls, descending into a
-functional or Sequential model called in it (`llama_backbone/transformer_layer_0`;
-its outputs are its last layers' rows). A layer called twice in one graph is
-compared at the call that makes an output of its model, else at its first: a
-keras_hub CausalLM's tied embedding is the logits at `token_embedding` and the
-token lookup at `gpt2_backbone/token_embedding`. A layer holding layers (a
-transformer block) is one row, and so is a model whose call is Python code
-(subclassed, or a functional subclass with a `call` of its own). A model
-output an operation makes (`keras.ops.softmax(x)`) is a row read from what the
-model returned. Two builds of one factory may name layers differently
-(`dense`, `dense_1`): rows pair by position, by path where classes differ.
+Rows, in the order the model calls them (`parity_rows`): every layer a
+functional or Sequential model's graph calls, descending into a functional or
+Sequential model called in it (`llama_backbone/transformer_layer_0`); every
+layer a layer whose call is Python code holds (a transformer block, its
+attention, a subclassed model), at its first call inside its holder's call
+(`llama_backbone/transformer_layer_0/self_attention/query`), after its
+holder's own row; a model output an operation makes (`keras.ops.softmax(x)`),
+read from what the model returned. Two builds of one factory may name layers
+differently (`dense`, `dense_1`): rows pair by position, by path where classes
+differ.
 
-Unreached (with the reason): the layers inside a model whose call is Python
-code; a layer a model holds that its graph never calls; a call not seen when
-the model ran; outputs not arrays of one shape in both models; no twin.
+Unreached (with the reason): a layer a model holds that its graph never calls;
+a sublayer its holder did not call (an attention's softmax beside a fused
+attention kernel); a call not seen when the model ran; outputs not arrays of
+one shape in both models; no twin.
 
 Figures, per row and per model output:
 
@@ -29,9 +28,12 @@ Figures, per row and per model output:
     mean_abs_error     mean |candidate - baseline|
     relative_error     ||candidate - baseline||_2 / ||baseline||_2 over all batches
     error_jump         relative_error minus the largest relative_error of the
-                       rows the call's inputs come from (through operations and
-                       nested models; 0 for the model inputs): the drift this
-                       layer adds; the largest jump is where the drift enters
+                       rows the call's inputs come from (`parity_rows`' parents:
+                       through operations and nested models in a graph; inside
+                       a block, by identity, else every row the input may come
+                       from; 0 for the model inputs): the drift this layer
+                       adds; the largest jump is where the drift enters. A
+                       block's own row: the drift its whole call adds
 
 and for the outputs, taken as logits over the last axis:
 
@@ -47,28 +49,17 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import keras
 import numpy as np
 
-from mpt_keras import keras_compat as compat
 from mpt_keras.layer_calls import calls_wrapped
-from mpt_keras.layer_paths import iter_layers
+from mpt_keras.parity_rows import ParityRows, Recorder, Row, UnreachedLayer
 from mpt_keras.precision.float8 import learned_weights
 
-# A call: (id(layer), its call number) of each watched call from the model down to it.
-_Frame = tuple[tuple[int, int], ...]
-
-_PYTHON_CALL = (
-    "inside {model!r}, a model whose call is Python code, not a graph of layer calls: "
-    "compared as part of {model!r}"
-)
-_NOT_IN_GRAPH = "held by {model!r} but not called by its graph"
-_NOT_SEEN = "its call was not seen when the model ran"
 _NO_TWIN = "the candidate model has no layer at this path"
 
 
@@ -87,19 +78,11 @@ class LayerParity:
 
 
 @dataclasses.dataclass(frozen=True)
-class UnreachedLayer:
-    """A layer forward parity did not compare, and why (see the module doc)."""
-
-    path: str
-    reason: str
-
-
-@dataclasses.dataclass(frozen=True)
 class ForwardParity:
     """What `forward_parity` compared, and what it could not.
 
     Attributes:
-        layers: Each row, in the order the model runs them.
+        layers: Each row, in the order the model calls them (`parity_rows`).
         outputs: The row of each model output, in the model's order.
         unreached: The layers not compared, with the reason.
     """
@@ -125,10 +108,10 @@ def forward_parity(
     """
     for variable, value in zip(learned_weights(candidate), baseline.get_weights(), strict=True):
         variable.assign(value)
-    walk, twin = _Walk(baseline), _Walk(candidate)
+    walk, twin = ParityRows(baseline), ParityRows(candidate)
     pairs, reasons = _paired(walk.rows, twin.rows)
     sums = {row: _ErrorSums() for row in pairs}
-    expected, received = _Recorder(baseline, walk), _Recorder(candidate, twin)
+    expected, received = Recorder(baseline, walk), Recorder(candidate, twin)
     with (
         calls_wrapped(walk.watched.values(), expected.watching),
         calls_wrapped(twin.watched.values(), received.watching),
@@ -142,8 +125,12 @@ def forward_parity(
                         reasons[row] = reason
     for row, errors in sums.items():
         if not errors.batches:
-            reasons.setdefault(row, _NOT_SEEN)
-    relative = {row: sums[row].relative_error() for row in pairs if row not in reasons}
+            reasons.setdefault(row, walk.unseen_reason(row))
+    relative = {
+        row: sums[row].relative_error()
+        for row in expected.in_call_order(pairs)
+        if row not in reasons
+    }
     parities = {}
     for row in relative:
         upstream = [relative[parent] for parent in walk.rows[row].parents if parent in relative]
@@ -160,7 +147,7 @@ def forward_parity(
         outputs=tuple(parities[row] for row in walk.outputs if row in parities),
         unreached=(
             *walk.unreached,
-            *(UnreachedLayer(walk.rows[row].path, reason) for row, reason in reasons.items()),
+            *(UnreachedLayer(walk.rows[row].path, reasons[row]) for row in sorted(reasons)),
         ),
     )
 
@@ -168,182 +155,6 @@ def forward_parity(
 def nan_as_inf(value: float) -> float:
     """Orders NaN above everything, so the worst value wins a max()."""
     return math.inf if math.isnan(value) else value
-
-
-@dataclasses.dataclass(frozen=True)
-class _Graph:
-    """One call of a model whose call runs its graph: where its rows' inputs come from."""
-
-    model: keras.Model
-    frame: _Frame
-    prefix: str
-    caller: _Graph | None = None  # The graph that called it, and its node there.
-    node: Any = None
-
-
-@dataclasses.dataclass
-class _Row:
-    """One compared call: a layer's, or a model output read from what the model returned."""
-
-    path: str
-    layer: Any
-    frame: _Frame | None  # None: read from what the model returned.
-    returned: int | None = None  # With no frame: that model output; None: all of them.
-    node: Any = None  # Its call in `graph` (None for a model compared whole).
-    graph: _Graph | None = None
-    parents: tuple[int, ...] = ()
-    output: bool = False
-
-
-class _Walk:
-    """The rows of one model, the layers whose calls are watched, and the unreached layers."""
-
-    def __init__(self, model: keras.Model):
-        self.rows: list[_Row] = []
-        self.outputs: list[int] = []
-        self.unreached: list[UnreachedLayer] = []
-        self.watched: dict[int, keras.layers.Layer] = {}
-        self._row_at: dict[tuple[_Frame, int], int] = {}
-        self._graph_at: dict[tuple[_Frame, int], _Graph] = {}
-        if compat.graph_calls(model) is None:
-            self.rows.append(_Row(model.name, model, None, output=True))
-            self.outputs.append(0)
-            self._unreach_inside(model, model.name, prefix="")
-            return
-        top = _Graph(model, (), "")
-        self._walk(top)
-        for index, tensor in enumerate(model.outputs):
-            row = self._output_row(tensor, top, index)
-            self.rows[row].output = True
-            self.outputs.append(row)
-        for index, row in enumerate(self.rows):
-            sources = self._all_sources(row.node.input_tensors, row.graph)
-            row.parents = tuple(sorted(sources - {index}))
-
-    def _walk(self, graph: _Graph) -> None:
-        nodes = compat.graph_calls(graph.model)
-        calls: dict[int, list[Any]] = {}
-        for node in nodes:
-            calls.setdefault(id(node.operation), []).append(node)
-        for node in nodes:
-            layer, own = node.operation, calls[id(node.operation)]
-            if not isinstance(layer, keras.layers.Layer) or node is not _compared(own, graph):
-                continue
-            frame = (*graph.frame, (id(layer), own.index(node)))
-            path = graph.prefix + layer.name
-            self.watched[id(layer)] = layer
-            if compat.graph_calls(layer) is not None:
-                inner = _Graph(layer, frame, path + "/", graph, node)
-                self._graph_at[graph.frame, id(layer)] = inner
-                self._walk(inner)
-                continue
-            self._row_at[graph.frame, id(layer)] = len(self.rows)
-            self.rows.append(_Row(path, layer, frame, node=node, graph=graph))
-            if isinstance(layer, keras.Model):
-                self._unreach_inside(layer, path, prefix=path + "/")
-        for path, layer in _children(graph.model, graph.prefix):
-            if id(layer) not in calls:
-                self.unreached.append(
-                    UnreachedLayer(path, _NOT_IN_GRAPH.format(model=graph.model.name))
-                )
-
-    def _unreach_inside(self, model: keras.Model, path: str, prefix: str) -> None:
-        self.unreached += [
-            UnreachedLayer(child, _PYTHON_CALL.format(model=path))
-            for child, _ in _children(model, prefix)
-        ]
-
-    def _output_row(self, tensor: Any, graph: _Graph, index: int) -> int:
-        """The row of model output `index`, made by `tensor` of `graph`; a new one if none is."""
-        layer, node = compat.producing_layer(tensor), compat.producing_node(tensor)
-        inner = self._graph_at.get((graph.frame, id(layer)))
-        if inner is not None and inner.node is node:
-            position = _position(tensor, node.output_tensors)
-            return self._output_row(inner.model.outputs[position], inner, index)
-        row = self._row_at.get((graph.frame, id(layer)))
-        if row is not None and self.rows[row].node is node and len(node.output_tensors) == 1:
-            return row
-        # Made by an operation, by another call of a layer, or with other outputs beside.
-        path = graph.prefix + layer.name
-        if any(other.path == path for other in self.rows):
-            path += f"/output_{index}"
-        self.rows.append(_Row(path, layer, None, returned=index, node=node, graph=graph))
-        return len(self.rows) - 1
-
-    def _all_sources(self, tensors: Iterable[Any], graph: _Graph) -> frozenset[int]:
-        """The rows whose outputs `tensors` of `graph` are, or are computed from by operations."""
-        found, seen = set(), set()
-        pending = [(tensor, graph) for tensor in tensors]
-        while pending:  # Not recursive: a chain of operations may be long.
-            tensor, graph = pending.pop()
-            if (id(tensor), graph.frame) in seen:
-                continue
-            seen.add((id(tensor), graph.frame))
-            layer, node = compat.producing_layer(tensor), compat.producing_node(tensor)
-            row = self._row_at.get((graph.frame, id(layer)))
-            inner = self._graph_at.get((graph.frame, id(layer)))
-            if isinstance(layer, keras.layers.InputLayer):
-                pending += self._fed(tensor, graph)
-            elif row is not None:
-                found.add(row)
-            elif inner is not None:
-                position = _position(tensor, node.output_tensors)
-                pending.append((inner.model.outputs[position], inner))
-            else:  # An operation between layers: where its inputs come from.
-                pending += [(given, graph) for given in node.input_tensors]
-        return frozenset(found)
-
-    @staticmethod
-    def _fed(tensor: Any, graph: _Graph) -> list[tuple[Any, _Graph]]:
-        """What feeds input `tensor` of a nested model's call (nothing for the model's own)."""
-        if graph.caller is None:
-            return []
-        given, inputs = graph.node.input_tensors, graph.model.inputs
-        if len(given) == len(inputs) and any(other is tensor for other in inputs):
-            given = [given[_position(tensor, inputs)]]
-        return [(other, graph.caller) for other in given]
-
-
-class _Recorder:
-    """Runs a model with its watched calls wrapped; keeps what each row's call returned."""
-
-    def __init__(self, model: keras.Model, walk: _Walk):
-        self._model, self._walk = model, walk
-        self._rows = {row.frame: index for index, row in enumerate(walk.rows) if row.frame}
-        self._frames: list[_Frame] = [()]
-        self._counts: list[dict[int, int]] = [{}]
-        self._returned: dict[int, Any] = {}
-
-    def run(self, features: Any) -> dict[int, Any]:
-        """`{row: what its call returned}` for one batch."""
-        self._returned = {}
-        outputs = self._model(features, training=False)
-        flat = keras.tree.flatten(outputs)
-        for index, row in enumerate(self._walk.rows):
-            if row.frame is None:
-                self._returned[index] = outputs if row.returned is None else flat[row.returned]
-        return self._returned
-
-    def watching(self, layer: keras.layers.Layer, call: Callable[..., Any]) -> Callable[..., Any]:
-        """`call`, numbered per caller, keeping its outputs when it is a row's call."""
-
-        @functools.wraps(call)
-        def watched(*args, **kwargs):
-            counts = self._counts[-1]
-            number = counts[id(layer)] = counts.get(id(layer), -1) + 1
-            frame = (*self._frames[-1], (id(layer), number))
-            self._frames.append(frame)
-            self._counts.append({})
-            try:
-                outputs = call(*args, **kwargs)
-            finally:
-                self._frames.pop()
-                self._counts.pop()
-            if frame in self._rows:
-                self._returned[self._rows[frame]] = outputs
-            return outputs
-
-        return watched
 
 
 class _ErrorSums:
@@ -405,7 +216,7 @@ class _ErrorSums:
         )
 
 
-def _paired(rows: list[_Row], twins: list[_Row]) -> tuple[dict[int, int], dict[int, str]]:
+def _paired(rows: list[Row], twins: list[Row]) -> tuple[dict[int, int], dict[int, str]]:
     """`{row: the candidate's row}` by position (by path where the layer classes differ),
     and `{row: why}` for the rows without a twin."""
     if [type(row.layer) for row in rows] == [type(row.layer) for row in twins]:
@@ -413,24 +224,6 @@ def _paired(rows: list[_Row], twins: list[_Row]) -> tuple[dict[int, int], dict[i
     by_path = {row.path: index for index, row in enumerate(twins)}
     pairs = {index: by_path[row.path] for index, row in enumerate(rows) if row.path in by_path}
     return pairs, {index: _NO_TWIN for index in range(len(rows)) if index not in pairs}
-
-
-def _compared(nodes: list[Any], graph: _Graph) -> Any:
-    """Of a layer's calls in `graph`, the first making an output of its model, else the first."""
-    outputs = {id(tensor) for tensor in graph.model.outputs}
-    made = [node for node in nodes if any(id(x) in outputs for x in node.output_tensors)]
-    return (made or nodes)[0]
-
-
-def _children(model: keras.Model, prefix: str) -> list[tuple[str, Any]]:
-    """`(path, layer)` of the layers `model` holds directly."""
-    depth = prefix.count("/")
-    return [(path, layer) for path, layer in iter_layers(model, prefix) if path.count("/") == depth]
-
-
-def _position(tensor: Any, tensors: list[Any]) -> int:
-    # Symbolic tensors overload ==: find by identity.
-    return next(index for index, other in enumerate(tensors) if other is tensor)
 
 
 def _arrays(value: Any) -> list[np.ndarray]:

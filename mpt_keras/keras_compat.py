@@ -47,7 +47,7 @@ rebuilt around the loss-scale optimizer:
 - `loss_tracker` and `unscale_loss_for_distribution`: the `loss` metric, and
   the per-replica loss undone back to the model's loss before it is tracked.
 
-The layers' (`precision.manifest`, `calibration`, `layer_paths`, `forward_parity`):
+The layers' (`precision.manifest`, `calibration`, `layer_paths`, `parity_rows`):
 
 - `replace_dtype_policy`: the public `dtype_policy` setter writes into a
   `DTypePolicyMap` the layer holds (after an earlier apply, or loading)
@@ -58,7 +58,7 @@ The layers' (`precision.manifest`, `calibration`, `layer_paths`, `forward_parity
   graph (which call of which layer made a tensor, on what inputs), for which
   Keras has no public accessor.
 - `graph_calls`: the calls a functional or Sequential model's `call` runs
-  from its graph, in the order it runs them (`forward_parity` counts each
+  from its graph, in the order it runs them (`parity_rows` counts each
   layer's calls to tell which call of a shared layer it watches).
 
 The data check's (`data.sources`):

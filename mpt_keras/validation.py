@@ -14,11 +14,13 @@ copied into the candidate, which keeps the state its own run gave it besides
 (a float8 layer's scales and amax histories: what a float8 model computes
 with). Both run the validation split with `training=False` and the output of
 every layer the model's graph calls is compared, the layers of a backbone
-called inside the model included (`llama_backbone/transformer_layer_0`), so
-the report shows where the drift enters, not only that it exists; the layers
-it could not reach are listed with the reason (`ValidationReport.unreached`:
-inside a subclassed model, whose call is Python code, only its output is
-compared). Per layer: max and mean absolute error, relative error and the
+called inside the model included (`llama_backbone/transformer_layer_0`), and
+of every layer that a block or a subclassed model holds
+(`llama_backbone/transformer_layer_0/self_attention/query`), so the report
+shows where the drift enters, not only that it exists; the layers it could
+not reach are listed with the reason (`ValidationReport.unreached`: a
+sublayer its block did not call, as an attention's softmax beside a fused
+kernel). Per layer: max and mean absolute error, relative error and the
 error jump; per model output, also top-1 agreement and KL divergence. The
 weights are trained ones because the logits of random weights are nearly
 uniform: their argmax is a near tie that rounding breaks either way, so top-1

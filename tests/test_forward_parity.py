@@ -1,7 +1,8 @@
 """Tests of mpt_keras.forward_parity: every layer a model runs, compared between two precisions.
 
 Each builds one model twice, in float32 and in mixed_bfloat16, and compares
-them on the float32 one's weights, without training.
+them on the float32 one's weights, without training. The rows and their
+parents come from mpt_keras.parity_rows.
 """
 
 import keras
@@ -9,34 +10,41 @@ import numpy as np
 
 from mpt_keras import forward_parity as fp
 from mpt_keras.layer_calls import calls_wrapped
-
-_PYTHON_CALL = (
-    "inside {0!r}, a model whose call is Python code, not a graph of layer calls: "
-    "compared as part of {0!r}"
-)
+from mpt_keras.layer_paths import iter_layers
+from mpt_keras.parity_rows import ParityRows, Recorder
 
 
-def _compare(build, features):
-    """`(forward parity, baseline walk)` of `build()` in float32 against mixed_bfloat16."""
+def _compare(build, features, candidate_policy="mixed_bfloat16"):
+    """`(forward parity, baseline rows)` of `build()` in float32 against `candidate_policy`.
+
+    The rows are the baseline's after a run on `features`, which sets a sublayer's parents.
+    """
     baseline = build()
-    keras.config.set_dtype_policy("mixed_bfloat16")  # The conftest restores float32.
+    keras.config.set_dtype_policy(candidate_policy)  # The conftest restores float32.
     candidate = build()
     keras.config.set_dtype_policy("float32")
     baseline(features)
     candidate(features)
-    return fp.forward_parity(baseline, candidate, [features]), fp._Walk(baseline)
+    rows = ParityRows(baseline)
+    _captured(baseline, rows, features)
+    return fp.forward_parity(baseline, candidate, [features]), rows
 
 
-def _captured(model, walk, features):
+def _captured(model, rows, features):
     """`{path: what the row's call returned}` when `model` ran on `features`."""
-    recorder = fp._Recorder(model, walk)
-    with calls_wrapped(walk.watched.values(), recorder.watching):
+    recorder = Recorder(model, rows)
+    with calls_wrapped(rows.watched.values(), recorder.watching):
         returned = recorder.run(features)
-    return {walk.rows[row].path: keras.ops.convert_to_numpy(returned[row]) for row in returned}
+    return {rows.rows[row].path: keras.ops.convert_to_numpy(returned[row]) for row in returned}
 
 
-def _parents(walk):
-    return {row.path: [walk.rows[parent].path for parent in row.parents] for row in walk.rows}
+def _parents(rows, holder=None):
+    """`{path: its parents' paths}` of the rows no layer holds, or of those inside `holder`."""
+    inside = [row for row in rows.rows if row.path.startswith(f"{holder}/")]
+    return {
+        row.path: [rows.rows[parent].path for parent in row.parents]
+        for row in (inside if holder else [row for row in rows.rows if row.holder is None])
+    }
 
 
 def _tokens(vocabulary=64, length=8):
@@ -56,42 +64,135 @@ def _with_head(backbone):
     return keras.Model(inputs, logits, name="lm_with_head")
 
 
-def test_a_llama_backbone_under_a_head_of_ones_own_is_compared_layer_by_layer():
-    """The probe built a keras.Model on the outer inputs: "token_ids" used 2 times."""
+def _llama_with_head():
     import keras_hub
 
-    def build():
-        return _with_head(
-            keras_hub.models.LlamaBackbone(
-                vocabulary_size=64,
-                num_layers=1,
-                num_query_heads=2,
-                num_key_value_heads=1,
-                hidden_dim=16,
-                intermediate_dim=32,
-                name="llama_backbone",
-            )
+    return _with_head(
+        keras_hub.models.LlamaBackbone(
+            vocabulary_size=64,
+            num_layers=1,
+            num_query_heads=2,
+            num_key_value_heads=1,
+            hidden_dim=16,
+            intermediate_dim=32,
+            name="llama_backbone",
         )
+    )
 
-    parity, walk = _compare(build, _tokens())
+
+_LLAMA_BLOCK = "llama_backbone/transformer_layer_0"
+
+
+def test_a_llama_backbone_under_a_head_of_ones_own_is_compared_layer_by_layer():
+    """The probe built a keras.Model on the outer inputs: "token_ids" used 2 times."""
+    parity, walk = _compare(_llama_with_head, _tokens())
     assert _parents(walk) == {
         "llama_backbone/token_embedding": [],
-        "llama_backbone/transformer_layer_0": ["llama_backbone/token_embedding"],
-        "llama_backbone/sequence_output_layernorm": ["llama_backbone/transformer_layer_0"],
+        _LLAMA_BLOCK: ["llama_backbone/token_embedding"],
+        "llama_backbone/sequence_output_layernorm": [_LLAMA_BLOCK],
         "lm_head": ["llama_backbone/sequence_output_layernorm"],
     }
-    assert [(row.path, row.compute_dtype) for row in parity.layers] == [
+    graph_rows = [row for row in parity.layers if row.path in _parents(walk)]
+    assert [(row.path, row.compute_dtype) for row in graph_rows] == [
         ("llama_backbone/token_embedding", "bfloat16"),
-        ("llama_backbone/transformer_layer_0", "bfloat16"),
+        (_LLAMA_BLOCK, "bfloat16"),
         ("llama_backbone/sequence_output_layernorm", "bfloat16"),
         ("lm_head", "bfloat16"),
     ]
     assert [output.path for output in parity.outputs] == ["lm_head"]
     assert parity.outputs[0] == parity.layers[-1]
     assert parity.unreached == ()
-    assert all(0 < row.relative_error < 0.05 for row in parity.layers)
+    assert all(0 < row.relative_error < 0.05 for row in graph_rows)
     assert parity.layers[0].error_jump == parity.layers[0].relative_error  # Fed by inputs only.
     assert parity.outputs[0].top1_agreement > 0.9
+
+
+_LLAMA_SUBLAYERS = [  # In call order.
+    "self_attention_layernorm",
+    "self_attention",
+    "self_attention/query",
+    # Called for the query, then the key: compared at the query's.
+    "self_attention/rotary_embedding_layer",
+    "self_attention/key",
+    "self_attention/value",
+    "self_attention/attention_softmax",
+    "self_attention/_dropout_layer",
+    "self_attention/attention_output",
+    "self_attention_dropout",
+    "feedforward_layernorm",
+    "feedforward_gate_dense",
+    "feedforward_intermediate_dense",
+    "feedforward_output_dense",
+]
+
+
+def test_a_llama_block_is_compared_sublayer_by_sublayer_in_call_order():
+    """It was one row, `llama_backbone/transformer_layer_0`."""
+    parity, walk = _compare(_llama_with_head, _tokens())
+    paths = [row.path for row in parity.layers]
+    block = paths.index(_LLAMA_BLOCK)
+    assert paths[block:-2] == [_LLAMA_BLOCK] + [
+        f"{_LLAMA_BLOCK}/{path}" for path in _LLAMA_SUBLAYERS
+    ]
+    rows = {row.path: row for row in parity.layers}
+    assert rows[f"{_LLAMA_BLOCK}/self_attention/attention_softmax"].compute_dtype == "float32"
+    assert rows[f"{_LLAMA_BLOCK}/self_attention/query"].compute_dtype == "bfloat16"
+
+
+def test_a_sublayers_parents_are_found_by_identity_else_what_may_have_fed_it():
+    _, walk = _compare(_llama_with_head, _tokens())
+
+    def before(path, inside=""):
+        """The block's sublayers called before `path`, all or those inside `inside`."""
+        earlier = _LLAMA_SUBLAYERS[: _LLAMA_SUBLAYERS.index(path)]
+        return {sublayer for sublayer in earlier if sublayer.startswith(inside)}
+
+    # What an operation made (attention scores, `x + residual`, `x * silu(gate)`):
+    # the holder's inputs' rows and the rows returned inside the holder before.
+    assert {
+        path.removeprefix(f"{_LLAMA_BLOCK}/"): set(parents)
+        for path, parents in _parents(walk, _LLAMA_BLOCK).items()
+    } == {
+        "self_attention_layernorm": {"llama_backbone/token_embedding"},
+        "self_attention": {f"{_LLAMA_BLOCK}/self_attention_layernorm"},
+        "self_attention/query": {f"{_LLAMA_BLOCK}/self_attention_layernorm"},
+        "self_attention/rotary_embedding_layer": {f"{_LLAMA_BLOCK}/self_attention/query"},
+        "self_attention/key": {f"{_LLAMA_BLOCK}/self_attention_layernorm"},
+        "self_attention/value": {f"{_LLAMA_BLOCK}/self_attention_layernorm"},
+        **{
+            path: {f"{_LLAMA_BLOCK}/self_attention_layernorm"}
+            | {f"{_LLAMA_BLOCK}/{sublayer}" for sublayer in before(path, "self_attention/")}
+            for path in ("self_attention/attention_softmax", "self_attention/_dropout_layer")
+        },
+        "self_attention/attention_output": {f"{_LLAMA_BLOCK}/self_attention/_dropout_layer"},
+        "self_attention_dropout": {f"{_LLAMA_BLOCK}/self_attention"},
+        "feedforward_gate_dense": {f"{_LLAMA_BLOCK}/feedforward_layernorm"},
+        "feedforward_intermediate_dense": {f"{_LLAMA_BLOCK}/feedforward_layernorm"},
+        **{
+            path: {"llama_backbone/token_embedding"}
+            | {f"{_LLAMA_BLOCK}/{sublayer}" for sublayer in before(path)}
+            for path in ("feedforward_layernorm", "feedforward_output_dense")
+        },
+    }
+
+
+def test_a_sublayer_in_bfloat16_shows_the_largest_jump_where_the_drift_enters():
+    """Only the block's feed-forward gate computes in bfloat16; the block was one row."""
+    gate = f"{_LLAMA_BLOCK}/feedforward_gate_dense"
+    baseline, candidate = _llama_with_head(), _llama_with_head()
+    dict(iter_layers(candidate))[gate].dtype_policy = keras.DTypePolicy("mixed_bfloat16")
+    features = _tokens()
+    baseline(features)
+    candidate(features)
+    parity = fp.forward_parity(baseline, candidate, [features])
+    rows = {row.path: row for row in parity.layers}
+    assert rows[gate].compute_dtype == "bfloat16"
+    assert {row.compute_dtype for path, row in rows.items() if path != gate} == {"float32"}
+    assert max(parity.layers, key=lambda row: row.error_jump).path == gate
+    assert rows[gate].error_jump == rows[gate].relative_error > 0  # Its inputs are exact.
+    # Before it in call order, only its block's row, whose output holds its drift, differs.
+    earlier = parity.layers[: list(rows).index(gate)]
+    assert [row.path for row in earlier if row.relative_error] == [_LLAMA_BLOCK]
 
 
 def test_a_gpt2_backbone_under_a_head_is_compared_through_its_add_and_dropout(tiny_gpt2):
@@ -109,9 +210,37 @@ def test_a_gpt2_backbone_under_a_head_is_compared_through_its_add_and_dropout(ti
             "layer_norm": ["transformer_layer_0"],
         }.items()
     } | {"lm_head": [f"{backbone}/layer_norm"]}
-    assert [row.path for row in parity.layers] == list(_parents(walk))
+    # Each block's sublayers after it.
+    assert [row.path for row in parity.layers if row.path in _parents(walk)] == list(_parents(walk))
     assert parity.layers[3].error_jump == 0.0  # The dropout, inactive.
     assert parity.unreached == ()
+
+
+def test_a_sublayer_its_block_did_not_call_is_unreached_with_the_reason():
+    """GPT-2's attention without dropout runs a fused kernel, beside its softmax and dropout."""
+    import keras_hub
+
+    def build():
+        backbone = keras_hub.models.GPT2Backbone(
+            vocabulary_size=64,
+            num_layers=1,
+            num_heads=2,
+            hidden_dim=16,
+            intermediate_dim=32,
+            max_sequence_length=16,
+            dropout=0.0,
+            name="gpt2_backbone",
+        )
+        return _with_head(backbone)
+
+    parity, _ = _compare(build, _tokens())
+    attention = "gpt2_backbone/transformer_layer_0/self_attention"
+    reason = f"not called inside {attention!r}, which holds it, when the model ran"
+    assert parity.unreached == (
+        fp.UnreachedLayer(f"{attention}/_softmax", reason),
+        fp.UnreachedLayer(f"{attention}/_dropout_layer", reason),
+    )
+    assert f"{attention}/attention_output" in [row.path for row in parity.layers]
 
 
 def test_a_tied_embedding_is_compared_as_the_logits_and_as_the_token_lookup(tiny_gpt2):
@@ -145,7 +274,7 @@ def test_a_shared_layer_is_compared_at_the_call_that_makes_the_output():
     shared = keras.layers.Dense(4, name="shared")
     hidden = keras.layers.Activation("relu", name="relu")(shared(inputs))
     model = keras.Model(inputs, [shared(hidden), hidden])
-    walk = fp._Walk(model)
+    walk = ParityRows(model)
     # Rows in the order of the calls compared; the parent of each is the other's row.
     assert _parents(walk) == {"relu": ["shared"], "shared": ["relu"]}
     assert [walk.rows[row].path for row in walk.outputs] == ["shared", "relu"]
@@ -211,7 +340,9 @@ def test_an_embedding_mask_reaches_the_layers_as_in_training():
     assert parity.unreached == ()
 
 
-def test_a_subclassed_block_in_a_functional_model_is_one_row_and_its_layers_unreached():
+def test_a_subclassed_model_in_a_functional_model_is_compared_as_a_block():
+    """Its layers were unreached: "inside 'block', a model whose call is Python code"."""
+
     class Block(keras.Model):
         def __init__(self):
             super().__init__(name="block")
@@ -225,12 +356,10 @@ def test_a_subclassed_block_in_a_functional_model_is_one_row_and_its_layers_unre
         inputs = keras.Input((4,), name="x")
         return keras.Model(inputs, keras.layers.Dense(2, name="head")(Block()(inputs)))
 
-    parity, _ = _compare(build, np.ones((2, 4), "float32"))
-    assert [row.path for row in parity.layers] == ["block", "head"]
-    assert parity.unreached == (
-        fp.UnreachedLayer("block/first", _PYTHON_CALL.format("block")),
-        fp.UnreachedLayer("block/second", _PYTHON_CALL.format("block")),
-    )
+    parity, walk = _compare(build, np.ones((2, 4), "float32"))
+    assert [row.path for row in parity.layers] == ["block", "block/first", "block/second", "head"]
+    assert _parents(walk, "block") == {"block/first": [], "block/second": ["block/first"]}
+    assert parity.unreached == ()
 
 
 def test_a_layer_the_graph_never_calls_is_unreached():
