@@ -130,8 +130,19 @@ class ValidationReport:
         return [check for check in self.checks if not check.passed]
 
     def drift_entry(self) -> str:
-        """The path of the layer with the largest error jump ("" when none was compared)."""
-        entry = max(self.layers, key=lambda layer: nan_as_inf(layer.error_jump), default=None)
+        """The path of the layer with the largest error jump ("" when none was compared).
+
+        Among the rows that hold no other row: a block's jump sums the drift of
+        its compared sublayers, so the block would stand for the sublayer that
+        made it.
+        """
+        paths = [layer.path for layer in self.layers]
+        leaves = [
+            layer
+            for layer in self.layers
+            if not any(path.startswith(layer.path + "/") for path in paths)
+        ]
+        entry = max(leaves, key=lambda layer: nan_as_inf(layer.error_jump), default=None)
         return entry.path if entry else ""
 
     def to_dict(self) -> dict[str, Any]:

@@ -307,3 +307,29 @@ def test_a_config_takes_no_objects_besides():
         "a TrainConfig names its own components: received it with data, loss, metrics or "
         "config too. Allowed: a TrainConfig alone, or a model with data and loss"
     )
+
+
+def test_drift_enters_at_a_sublayer_not_at_the_block_whose_jump_sums_it():
+    def row(path: str, jump: float) -> validation.LayerParity:
+        return validation.LayerParity(path, "float16", 0.0, 0.0, jump, jump)
+
+    report = validation.ValidationReport(
+        candidate="mixed_bfloat16",
+        steps=1,
+        layers=(
+            row("embedding", 0.001),
+            row("block", 0.009),
+            row("block/attention", 0.002),
+            row("block/attention/query", 0.001),
+            row("block/mlp_gate", 0.006),
+            row("logits", 0.003),
+        ),
+        outputs=(),
+        baseline_losses=(),
+        candidate_losses=(),
+        baseline_metrics={},
+        candidate_metrics={},
+        skipped_steps=0,
+        checks=(),
+    )
+    assert report.drift_entry() == "block/mlp_gate"
