@@ -46,7 +46,23 @@ def gpt2_lm(
     """
     import keras_hub  # The user's dependency, not mpt_keras'.
 
-    backbone = keras_hub.models.GPT2Backbone(
+    backbone = _gpt2_backbone(
+        vocab_size, sequence_length, num_layers, num_heads, hidden_dim, intermediate_dim
+    )
+    return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+
+
+def _gpt2_backbone(
+    vocab_size: int,
+    sequence_length: int,
+    num_layers: int,
+    num_heads: int,
+    hidden_dim: int,
+    intermediate_dim: int,
+) -> keras.Model:
+    import keras_hub
+
+    return keras_hub.models.GPT2Backbone(
         vocabulary_size=vocab_size,
         num_layers=num_layers,
         num_heads=num_heads,
@@ -55,12 +71,29 @@ def gpt2_lm(
         max_sequence_length=sequence_length,
         dropout=0.0,
     )
-    return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
 
 
-def _backbone_with_head(
-    backbone: keras.Model, vocab_size: int, sequence_length: int
+def _llama_backbone(
+    vocab_size: int,
+    num_layers: int,
+    hidden_dim: int,
+    intermediate_dim: int,
+    num_query_heads: int = 4,
+    num_key_value_heads: int = 2,
 ) -> keras.Model:
+    import keras_hub
+
+    return keras_hub.models.LlamaBackbone(
+        vocabulary_size=vocab_size,
+        num_layers=num_layers,
+        num_query_heads=num_query_heads,
+        num_key_value_heads=num_key_value_heads,
+        hidden_dim=hidden_dim,
+        intermediate_dim=intermediate_dim,
+    )
+
+
+def backbone_with_head(backbone: keras.Model, vocab_size: int, sequence_length: int) -> keras.Model:
     """`backbone` called on the user's own inputs, under a `Dense` head of their own.
 
     The most common way to put a head on a keras_hub backbone. The outer inputs
@@ -88,17 +121,10 @@ def llama_with_head(
 
     Inputs `{"token_ids", "padding_mask"}`; outputs the next-token logits.
     """
-    import keras_hub  # The user's dependency, not mpt_keras'.
-
-    backbone = keras_hub.models.LlamaBackbone(
-        vocabulary_size=vocab_size,
-        num_layers=num_layers,
-        num_query_heads=num_query_heads,
-        num_key_value_heads=num_key_value_heads,
-        hidden_dim=hidden_dim,
-        intermediate_dim=intermediate_dim,
+    backbone = _llama_backbone(
+        vocab_size, num_layers, hidden_dim, intermediate_dim, num_query_heads, num_key_value_heads
     )
-    return _backbone_with_head(backbone, vocab_size, sequence_length)
+    return backbone_with_head(backbone, vocab_size, sequence_length)
 
 
 def gpt2_with_head(
@@ -110,18 +136,10 @@ def gpt2_with_head(
     intermediate_dim: int = 64,
 ) -> keras.Model:
     """A keras_hub `GPT2Backbone` built from arguments (no preset) under a `Dense` head."""
-    import keras_hub
-
-    backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=vocab_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        hidden_dim=hidden_dim,
-        intermediate_dim=intermediate_dim,
-        max_sequence_length=sequence_length,
-        dropout=0.0,
+    backbone = _gpt2_backbone(
+        vocab_size, sequence_length, num_layers, num_heads, hidden_dim, intermediate_dim
     )
-    return _backbone_with_head(backbone, vocab_size, sequence_length)
+    return backbone_with_head(backbone, vocab_size, sequence_length)
 
 
 @keras.saving.register_keras_serializable(package="examples")
@@ -140,21 +158,12 @@ class LlamaLanguageModel(keras.Model):
         intermediate_dim: int = 64,
         **kwargs,
     ):
-        import keras_hub
-
         super().__init__(**kwargs)
         self.vocab_size = vocab_size
         self.num_layers = num_layers
         self.hidden_dim = hidden_dim
         self.intermediate_dim = intermediate_dim
-        self.backbone = keras_hub.models.LlamaBackbone(
-            vocabulary_size=vocab_size,
-            num_layers=num_layers,
-            num_query_heads=4,
-            num_key_value_heads=2,
-            hidden_dim=hidden_dim,
-            intermediate_dim=intermediate_dim,
-        )
+        self.backbone = _llama_backbone(vocab_size, num_layers, hidden_dim, intermediate_dim)
         self.head = keras.layers.Dense(vocab_size, name="lm_head")
 
     def call(self, inputs):

@@ -88,7 +88,8 @@ class IntervalProgbar(keras.callbacks.ProgbarLogger):
         self._step = int(self.model.optimizer.iterations.numpy())
 
     def on_epoch_begin(self, epoch, logs=None):
-        self.target = max(1, min(self._steps_per_epoch, self.last_step - self._step))
+        # fit runs only while steps remain, so an epoch starts before last_step.
+        self.target = min(self._steps_per_epoch, self.last_step - self._step)
         super().on_epoch_begin(epoch, logs)
 
     def on_epoch_end(self, epoch, logs=None):

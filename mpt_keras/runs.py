@@ -145,8 +145,8 @@ def components_from_objects(
     model: keras.Model | Callable[[], keras.Model],
     data: tuple[Any, Any],
     loss: Any,
-    metrics: Sequence[Any] = (),
-    batching: str = "config.data.batch_size",
+    metrics: Sequence[Any],
+    batching: str,
 ) -> Components:
     """Components from the user's own objects, for the library's `validate` and canary.
 

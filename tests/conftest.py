@@ -1,6 +1,7 @@
 """Fixtures shared by the test files."""
 
 import os
+from typing import Any
 
 # As the launchers do (trainers/__init__.py): CPU memory statistics on every
 # CPU, so the monitor's and the benchmarks' memory figures are tested here too.
@@ -64,7 +65,7 @@ def tiny_gpt2():
     """Builds tiny keras_hub GPT-2 backbones from arguments (no preset, no network)."""
     import keras_hub
 
-    def build(num_layers: int = 2) -> keras.Model:
+    def build(num_layers: int = 2, **options: Any) -> keras.Model:
         return keras_hub.models.GPT2Backbone(
             vocabulary_size=64,
             num_layers=num_layers,
@@ -72,6 +73,26 @@ def tiny_gpt2():
             hidden_dim=16,
             intermediate_dim=32,
             max_sequence_length=16,
+            **options,
+        )
+
+    return build
+
+
+@pytest.fixture
+def tiny_llama():
+    """Builds tiny keras_hub Llama backbones (one block) from arguments (no preset, no network)."""
+    import keras_hub
+
+    def build(**options: Any) -> keras.Model:
+        return keras_hub.models.LlamaBackbone(
+            vocabulary_size=64,
+            num_layers=1,
+            num_query_heads=2,
+            num_key_value_heads=1,
+            hidden_dim=16,
+            intermediate_dim=32,
+            **options,
         )
 
     return build

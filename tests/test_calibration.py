@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 from toy_layers import Residual, Times
 
+from examples.user_models import backbone_with_head
 from mpt_keras import PrecisionManifest, Rule, UserInputError
 from mpt_keras.calibration import CalibrationThresholds, calibrate, format_calibration_table
 
@@ -329,25 +330,14 @@ def test_a_wrapped_keras_hub_backbone_is_decided_down_to_its_blocks_sublayers(ti
     assert result.manifest == PrecisionManifest("mixed_float16")
 
 
-def _llama_with_head(query_scale: float = 1.0, output_scale: float = 1.0) -> keras.Model:
+def _llama_with_head(
+    tiny_llama, query_scale: float = 1.0, output_scale: float = 1.0
+) -> keras.Model:
     """A tiny keras_hub LlamaBackbone under a Dense head; its first block's query and
     feed-forward output kernels times `query_scale` and `output_scale`."""
-    import keras_hub
-
     keras.utils.set_random_seed(0)
-    backbone = keras_hub.models.LlamaBackbone(
-        vocabulary_size=64,
-        num_layers=1,
-        num_query_heads=2,
-        num_key_value_heads=1,
-        hidden_dim=16,
-        intermediate_dim=32,
-    )
-    inputs = {
-        "token_ids": keras.Input((8,), dtype="int32", name="token_ids"),
-        "padding_mask": keras.Input((8,), dtype="int32", name="padding_mask"),
-    }
-    model = keras.Model(inputs, keras.layers.Dense(64, name="lm_head")(backbone(inputs)))
+    backbone = tiny_llama()
+    model = backbone_with_head(backbone, vocab_size=64, sequence_length=8)
     for path, scale in (
         ("transformer_layer_0/self_attention/query", query_scale),
         ("transformer_layer_0/feedforward_output_dense", output_scale),
@@ -357,14 +347,14 @@ def _llama_with_head(query_scale: float = 1.0, output_scale: float = 1.0) -> ker
     return model
 
 
-def test_a_llama_block_is_decided_sublayer_by_sublayer_and_the_manifest_applies():
+def test_a_llama_block_is_decided_sublayer_by_sublayer_and_the_manifest_applies(tiny_llama):
     # query's outputs (2.8e4) and the feed-forward output's (1.4e4) are
     # beyond 65504 / 8, and so is the rotary embedding of the queries.
     tokens = np.random.default_rng(0).integers(0, 64, size=(8, 8)).astype("int32")
     features = {"token_ids": tokens, "padding_mask": np.ones_like(tokens)}
     data = (features, np.roll(tokens, -1, axis=1))
     result = calibrate(
-        lambda: _llama_with_head(query_scale=1e5, output_scale=1e7), data, LOSS, steps=1
+        lambda: _llama_with_head(tiny_llama, query_scale=1e5, output_scale=1e7), data, LOSS, steps=1
     )
 
     layers = result.statistics["layers"]
@@ -424,7 +414,7 @@ def test_a_llama_block_is_decided_sublayer_by_sublayer_and_the_manifest_applies(
     # Applied to a fresh model (its backbone llama_backbone_1), the manifest
     # gives every layer its decision, and the model runs: the tied layers
     # compute in one dtype.
-    fresh = _llama_with_head()
+    fresh = _llama_with_head(tiny_llama)
     backbone = next(layer for layer in fresh.layers if isinstance(layer, keras.Model))
     paths = {path: path.replace("llama_backbone", backbone.name, 1) for path in layers}
     report = result.manifest.apply(fresh)

@@ -7,7 +7,9 @@ parents come from mpt_keras.parity_rows.
 
 import keras
 import numpy as np
+import pytest
 
+from examples.user_models import backbone_with_head
 from mpt_keras import forward_parity as fp
 from mpt_keras.layer_calls import calls_wrapped
 from mpt_keras.layer_paths import iter_layers
@@ -55,37 +57,23 @@ def _tokens(vocabulary=64, length=8):
     }
 
 
-def _with_head(backbone):
+def _with_head(backbone: keras.Model) -> keras.Model:
     """A backbone under the user's own Dense head, its inputs named as the backbone's own."""
-    inputs = {
-        name: keras.Input((8,), dtype="int32", name=name) for name in ("token_ids", "padding_mask")
-    }
-    logits = keras.layers.Dense(64, name="lm_head")(backbone(inputs))
-    return keras.Model(inputs, logits, name="lm_with_head")
+    return backbone_with_head(backbone, vocab_size=64, sequence_length=8)
 
 
-def _llama_with_head():
-    import keras_hub
-
-    return _with_head(
-        keras_hub.models.LlamaBackbone(
-            vocabulary_size=64,
-            num_layers=1,
-            num_query_heads=2,
-            num_key_value_heads=1,
-            hidden_dim=16,
-            intermediate_dim=32,
-            name="llama_backbone",
-        )
-    )
+@pytest.fixture
+def llama_with_head(tiny_llama):
+    """Builds a tiny Llama backbone, named as its first instance, under a head."""
+    return lambda: _with_head(tiny_llama(name="llama_backbone"))
 
 
 _LLAMA_BLOCK = "llama_backbone/transformer_layer_0"
 
 
-def test_a_llama_backbone_under_a_head_of_ones_own_is_compared_layer_by_layer():
+def test_a_llama_backbone_under_a_head_of_ones_own_is_compared_layer_by_layer(llama_with_head):
     """The probe built a keras.Model on the outer inputs: "token_ids" used 2 times."""
-    parity, walk = _compare(_llama_with_head, _tokens())
+    parity, walk = _compare(llama_with_head, _tokens())
     assert _parents(walk) == {
         "llama_backbone/token_embedding": [],
         _LLAMA_BLOCK: ["llama_backbone/token_embedding"],
@@ -126,9 +114,9 @@ _LLAMA_SUBLAYERS = [  # In call order.
 ]
 
 
-def test_a_llama_block_is_compared_sublayer_by_sublayer_in_call_order():
+def test_a_llama_block_is_compared_sublayer_by_sublayer_in_call_order(llama_with_head):
     """It was one row, `llama_backbone/transformer_layer_0`."""
-    parity, walk = _compare(_llama_with_head, _tokens())
+    parity, walk = _compare(llama_with_head, _tokens())
     paths = [row.path for row in parity.layers]
     block = paths.index(_LLAMA_BLOCK)
     assert paths[block:-2] == [_LLAMA_BLOCK] + [
@@ -139,8 +127,8 @@ def test_a_llama_block_is_compared_sublayer_by_sublayer_in_call_order():
     assert rows[f"{_LLAMA_BLOCK}/self_attention/query"].compute_dtype == "bfloat16"
 
 
-def test_a_sublayers_parents_are_found_by_identity_else_what_may_have_fed_it():
-    _, walk = _compare(_llama_with_head, _tokens())
+def test_a_sublayers_parents_are_found_by_identity_else_what_may_have_fed_it(llama_with_head):
+    _, walk = _compare(llama_with_head, _tokens())
 
     def before(path, inside=""):
         """The block's sublayers called before `path`, all or those inside `inside`."""
@@ -176,10 +164,10 @@ def test_a_sublayers_parents_are_found_by_identity_else_what_may_have_fed_it():
     }
 
 
-def test_a_sublayer_in_bfloat16_shows_the_largest_jump_where_the_drift_enters():
+def test_a_sublayer_in_bfloat16_shows_the_largest_jump_where_the_drift_enters(llama_with_head):
     """Only the block's feed-forward gate computes in bfloat16; the block was one row."""
     gate = f"{_LLAMA_BLOCK}/feedforward_gate_dense"
-    baseline, candidate = _llama_with_head(), _llama_with_head()
+    baseline, candidate = llama_with_head(), llama_with_head()
     dict(iter_layers(candidate))[gate].dtype_policy = keras.DTypePolicy("mixed_bfloat16")
     features = _tokens()
     baseline(features)
@@ -216,22 +204,11 @@ def test_a_gpt2_backbone_under_a_head_is_compared_through_its_add_and_dropout(ti
     assert parity.unreached == ()
 
 
-def test_a_sublayer_its_block_did_not_call_is_unreached_with_the_reason():
+def test_a_sublayer_its_block_did_not_call_is_unreached_with_the_reason(tiny_gpt2):
     """GPT-2's attention without dropout runs a fused kernel, beside its softmax and dropout."""
-    import keras_hub
 
     def build():
-        backbone = keras_hub.models.GPT2Backbone(
-            vocabulary_size=64,
-            num_layers=1,
-            num_heads=2,
-            hidden_dim=16,
-            intermediate_dim=32,
-            max_sequence_length=16,
-            dropout=0.0,
-            name="gpt2_backbone",
-        )
-        return _with_head(backbone)
+        return _with_head(tiny_gpt2(num_layers=1, dropout=0.0, name="gpt2_backbone"))
 
     parity, _ = _compare(build, _tokens())
     attention = "gpt2_backbone/transformer_layer_0/self_attention"

@@ -123,6 +123,20 @@ def test_a_normalization_in_float16_shows_its_drift_at_that_layer(tfds_dir, tmp_
     assert "drift enters at final_norm" in report.table()
 
 
+def _validate_in_bfloat16(build) -> validation.ValidationReport:
+    """`validate` of a model of 4 features and 3 classes, 2 steps of 16 random examples."""
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    y = (x[:, 0] > 0).astype("int32")
+    return validation.validate(
+        build,
+        "mixed_bfloat16",
+        steps=2,
+        data=((x, y), (x[:16], y[:16])),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        config=mpt_keras.TrainConfig.from_dict({"data": {"batch_size": 16}}),
+    )
+
+
 def test_a_backbone_inside_ones_own_model_is_compared_layer_by_layer():
     """The probe was a keras.Model on the outer inputs: "features" used 2 times."""
 
@@ -134,16 +148,7 @@ def test_a_backbone_inside_ones_own_model_is_compared_layer_by_layer():
         inputs = keras.Input((4,), name="features")  # Named as the backbone's, as users do.
         return keras.Model(inputs, keras.layers.Dense(3, name="logits")(backbone(inputs)))
 
-    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
-    y = (x[:, 0] > 0).astype("int32")
-    report = validation.validate(
-        build,
-        "mixed_bfloat16",
-        steps=2,
-        data=((x, y), (x[:16], y[:16])),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        config=mpt_keras.TrainConfig.from_dict({"data": {"batch_size": 16}}),
-    )
+    report = _validate_in_bfloat16(build)
     assert [(layer.path, layer.compute_dtype) for layer in report.layers] == [
         ("backbone/encoder/project", "bfloat16"),
         ("backbone/hidden", "bfloat16"),
@@ -252,7 +257,6 @@ def test_a_bad_candidate_is_a_user_error(tfds_dir):
 
 def test_a_subclassed_model_is_compared_as_a_block():
     """Its layers, called in its Python call, were unreached: they are rows, after its own."""
-    import keras
 
     class Mlp(keras.Model):
         def __init__(self):
@@ -264,17 +268,7 @@ def test_a_subclassed_model_is_compared_as_a_block():
         def call(self, inputs):
             return self.logits(self.hidden(inputs))
 
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(64, 4)).astype("float32")
-    y = (x[:, 0] > 0).astype("int32")
-    report = validation.validate(
-        Mlp,
-        "mixed_bfloat16",
-        steps=2,
-        data=((x, y), (x[:16], y[:16])),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        config=mpt_keras.TrainConfig.from_dict({"data": {"batch_size": 16}}),
-    )
+    report = _validate_in_bfloat16(Mlp)
     assert [(layer.path, layer.compute_dtype) for layer in report.layers] == [
         ("mlp", "bfloat16"),
         ("dense", "bfloat16"),
