@@ -1,6 +1,6 @@
 """The suite's plot: achieved FLOP/s per variant against the measured matmul peaks.
 
-Drawn with numpy and `tf.io.encode_png`, as `mpt_keras.validation` draws its
+Drawn with numpy and `tf.io.encode_png`, as `mpt_keras.runs.validation` draws its
 loss curves, so the benchmarks need no plotting library; text is set in a
 built-in 3x5 pixel font (upper case, digits and a little punctuation).
 """

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import keras
 
-from mpt_keras.layer_paths import iter_layer_paths
+from mpt_keras.keras_bridge.layer_paths import iter_layer_paths
 from mpt_keras.precision.float8 import FLOAT8_LAYER_CLASSES
 from mpt_keras.precision.hardware import HardwareProbe
 from mpt_keras.precision.names import LOW_PRECISION_POLICIES

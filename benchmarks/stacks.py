@@ -27,12 +27,12 @@ from typing import Any
 
 import keras
 
-from mpt_keras import xla
 from mpt_keras.errors import UserInputError
-from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
-from mpt_keras.monitor import MixedPrecisionMonitor
+from mpt_keras.execution import xla
 from mpt_keras.precision.float8 import to_float8
 from mpt_keras.precision.manifest import PrecisionManifest
+from mpt_keras.scaling.optimizer import LossScaleOptimizer
+from mpt_keras.telemetry.monitor import MixedPrecisionMonitor
 
 PIECES = ("train_step", "loss_scale_optimizer", "manifest", "monitor")
 

@@ -118,9 +118,9 @@ from benchmarks import (
     suite_report,
     workloads,
 )
-from mpt_keras import xla
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError
+from mpt_keras.execution import xla
 from mpt_keras.precision.hardware import HardwareProbe, probe_hardware
 from mpt_keras.precision.names import COMPUTE_DTYPES, POLICY_NAMES
 from mpt_keras.precision.policies import global_policy

@@ -38,9 +38,10 @@ import keras
 import tensorflow as tf
 
 from benchmarks import harness
-from mpt_keras import models, runs
+from mpt_keras import models
 from mpt_keras.config import TrainConfig
 from mpt_keras.precision.manifest import PrecisionManifest
+from mpt_keras.runs import assembly as runs
 
 LANGUAGE_MODEL = "transformer_lm"
 

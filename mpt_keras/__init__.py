@@ -5,11 +5,11 @@ state and numerically sensitive layers stay in float32, and see what the
 precision choice does.
 
 Each public name is imported from its module on first use (PEP 562), so that
-`mpt_keras.config` and `mpt_keras.components` load, and a bad config fails,
+`mpt_keras.config` and `mpt_keras.config.components` load, and a bad config fails,
 without importing TensorFlow. Keras finds the classes our files hold (the
 `LossScaleOptimizer` in a `model.keras`, the reference models' layers) once
 they are registered, and compiles a model with float16 layers with our
-`LossScaleOptimizer` once `mpt_keras.autoscale` hooks `model.compile`:
+`LossScaleOptimizer` once `mpt_keras.scaling.compile_hook` hooks `model.compile`:
 `import mpt_keras` does both when Keras is imported already (`import keras`
 first, as usual), and so does the first use of any public name that imports
 Keras.
@@ -20,51 +20,51 @@ import sys
 from typing import Any
 
 # The modules whose classes Keras must find by registered name to load our files.
-_SERIALIZABLES = ("mpt_keras.loss_scale_optimizer", "mpt_keras.guards", "mpt_keras.models")
+_SERIALIZABLES = ("mpt_keras.scaling.optimizer", "mpt_keras.reliability.guards", "mpt_keras.models")
 
 _HOMES = {
-    "AutoPromote": "auto_promote",
-    "BadBatchLimit": "guards",
-    "CalibrationResult": "calibration",
-    "CalibrationThresholds": "calibration",
-    "CanaryResult": "canary",
-    "CanaryThresholds": "canary",
-    "DivergenceGuard": "guards",
+    "AutoPromote": "reliability.auto_promote",
+    "BadBatchLimit": "reliability.guards",
+    "CalibrationResult": "calibration.calibrate",
+    "CalibrationThresholds": "calibration.calibrate",
+    "CanaryResult": "runs.canary",
+    "CanaryThresholds": "runs.canary",
+    "DivergenceGuard": "reliability.guards",
     "HardwareProbe": "precision.hardware",
-    "LossScaleOptimizer": "loss_scale_optimizer",
-    "LossScaleSettings": "loss_scale_settings",
-    "MetricsCsv": "metrics_csv",
-    "MixedPrecisionMonitor": "monitor",
-    "NonfiniteReport": "diagnosis",
+    "LossScaleOptimizer": "scaling.optimizer",
+    "LossScaleSettings": "scaling.settings",
+    "MetricsCsv": "telemetry.metrics_csv",
+    "MixedPrecisionMonitor": "telemetry.monitor",
+    "NonfiniteReport": "telemetry.diagnosis",
     "PeerFailedError": "errors",
     "PrecisionManifest": "precision.manifest",
     "PrecisionReport": "precision.report",
-    "PrometheusExporter": "prometheus",
+    "PrometheusExporter": "telemetry.prometheus",
     "Rule": "precision.manifest",
     "RunStoppedError": "errors",
-    "Runtime": "training",
-    "ScaledLearningRate": "guards",
-    "StepHealth": "step_health",
-    "Thresholds": "thresholds",
+    "Runtime": "runs.training",
+    "ScaledLearningRate": "reliability.guards",
+    "StepHealth": "scaling.health",
+    "Thresholds": "validation.thresholds",
     "TrainConfig": "config",
     "UserInputError": "errors",
-    "ValidationReport": "validation",
-    "calibrate": "calibration",
-    "diagnose_nonfinite": "diagnosis",
-    "export_saved_model": "serving",
+    "ValidationReport": "runs.validation",
+    "calibrate": "calibration.calibrate",
+    "diagnose_nonfinite": "telemetry.diagnosis",
+    "export_saved_model": "runs.serving",
     "global_policy": "precision.policies",
-    "plan_precision": "runs",
+    "plan_precision": "runs.assembly",
     "precision_report": "precision.report",
     "probe_hardware": "precision.hardware",
     "resolve_auto_policy": "precision.hardware",
     "resolve_config": "config",
-    "run_calibration": "runs",
-    "run_canary": "canary",
-    "run_training": "training",
-    "run_validation": "validation",
-    "save_for_serving": "serving",
-    "train_with_canary": "canary",
-    "validate": "validation",
+    "run_calibration": "runs.assembly",
+    "run_canary": "runs.canary",
+    "run_training": "runs.training",
+    "run_validation": "runs.validation",
+    "save_for_serving": "runs.serving",
+    "train_with_canary": "runs.canary",
+    "validate": "runs.validation",
 }
 
 __all__ = sorted(_HOMES)
@@ -84,7 +84,7 @@ def _hook_into_keras() -> None:
     """Registers our serializable classes and installs the loss-scaling compile hook."""
     for module in _SERIALIZABLES:
         importlib.import_module(module)
-    importlib.import_module("mpt_keras.autoscale").install()
+    importlib.import_module("mpt_keras.scaling.compile_hook").install()
 
 
 if "keras" in sys.modules:

@@ -4,6 +4,10 @@ Launchers print either as a single line and exit with a status of its own (see
 `trainers.cli`); any other exception is a bug and keeps its traceback.
 """
 
+from __future__ import annotations
+
+import traceback
+
 
 class UserInputError(ValueError):
     """Bad input from the user: a flag, a config or manifest file, or data.
@@ -53,3 +57,17 @@ def printable(text: str) -> str:
         char if char.isprintable() else char.encode("unicode_escape").decode("ascii")
         for char in text
     )
+
+
+def describe_error(error: BaseException) -> str:
+    """`Type: message (file, line N)`: an error of the user's code, in one line.
+
+    The file and line are where it was raised (a syntax error's own position).
+    """
+    if isinstance(error, SyntaxError) and error.filename:
+        return f"{type(error).__name__}: {error.msg} ({error.filename}, line {error.lineno})"
+    frames = traceback.extract_tb(error.__traceback__)
+    # The innermost frame outside the import machinery is where it was raised.
+    user_frames = [frame for frame in frames if "importlib" not in frame.filename]
+    where = f" ({user_frames[-1].filename}, line {user_frames[-1].lineno})" if user_frames else ""
+    return f"{type(error).__name__}: {error}{where}"

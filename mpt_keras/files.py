@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import tempfile
 from collections.abc import Mapping
 from typing import Any
@@ -139,3 +140,45 @@ def _probe(directory: str, path: str, what: str, failure: str, min_free_bytes: i
             f"{what} {path}: only {free // 2**20} MiB free, need at least "
             f"{min_free_bytes // 2**20} MiB"
         )
+
+
+def read_json_object(path: str | os.PathLike) -> dict[str, Any]:
+    """Reads a JSON file holding one object.
+
+    Raises:
+        UserInputError: When the file is missing, unreadable, not JSON (naming
+            the line and column) or not an object.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read()
+    except FileNotFoundError:
+        raise UserInputError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserInputError(f"{path}: cannot be read ({error})") from None
+    return parse_json_object(text, path)
+
+
+def parse_json_object(text: str, source: str) -> dict[str, Any]:
+    """Parses JSON text holding one object; errors name `source` and the position."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise UserInputError(
+            f"{source}: malformed JSON at line {error.lineno} column {error.colno}: {error.msg}"
+        ) from None
+    except RecursionError:
+        raise UserInputError(
+            f"{source}: JSON arrays and objects nested too deeply for Python's "
+            f"recursion limit ({sys.getrecursionlimit()})"
+        ) from None
+    except ValueError:
+        # Python's limit on the digits of an integer it converts from text.
+        raise UserInputError(
+            f"{source}: a JSON integer is too long. Allowed: at most "
+            f"{sys.get_int_max_str_digits()} digits"
+        ) from None
+    if not isinstance(value, dict):
+        raise UserInputError(f"{source}: expected a JSON object, received {type(value).__name__}")
+    return value

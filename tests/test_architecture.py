@@ -3,7 +3,7 @@
 - No module reaches another module's private (`_name`) names: neither
   `from mpt_keras.x import _y` nor `x._y` on an imported first-party module.
   A test file may reach the private names of the one module it is named after
-  (`tests/test_canary.py` and `mpt_keras/canary.py`), to pin a helper that has
+  (`tests/test_runs_canary.py` and `mpt_keras/runs/canary.py`), to pin a helper that has
   no public caller worth driving.
 - A module longer than `LONG_MODULE_LINES` says at its top why it is one
   module (a docstring paragraph that starts "Why one module").
@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import ast
+import itertools
 import os
 import re
 
@@ -92,13 +93,18 @@ def private_reaches(path: str, repo: str = REPO) -> list[str]:
 
 
 def _tested_module(test_path: str) -> str:
-    """The module whose private names `tests/test_<name>.py` may reach."""
-    name = os.path.basename(test_path)[len("test_") : -len(".py")]
-    for candidate in (f"mpt_keras.{name}", f"mpt_keras.{name.replace('_', '.', 1)}"):
-        path = os.path.join(REPO, *candidate.split("."))
+    """The module whose private names `tests/test_<name>.py` may reach.
+
+    `test_scaling_optimizer.py` tests `mpt_keras.scaling.optimizer`: each `_`
+    of the name may stand for a folder's `/`.
+    """
+    parts = os.path.basename(test_path)[len("test_") : -len(".py")].split("_")
+    for cuts in itertools.product(("_", "."), repeat=len(parts) - 1):
+        dotted = parts[0] + "".join(cut + part for cut, part in zip(cuts, parts[1:]))
+        path = os.path.join(REPO, "mpt_keras", *dotted.split("."))
         if os.path.exists(path + ".py") or os.path.exists(os.path.join(path, "__init__.py")):
-            return candidate
-    return f"benchmarks.{name}"
+            return f"mpt_keras.{dotted}"
+    return f"benchmarks.{'_'.join(parts)}"
 
 
 @pytest.mark.parametrize("path", _python_files(*FIRST_PARTY))
@@ -127,22 +133,22 @@ def test_a_long_module_says_why_it_is_one_module(path):
 def test_the_check_finds_each_kind_of_reach(tmp_path):
     (tmp_path / "mpt_keras").mkdir()
     (tmp_path / "mpt_keras" / "user.py").write_text(
-        "from mpt_keras.training import _fit, run_training\n"
-        "from mpt_keras import keras_compat as compat\n"
-        "import mpt_keras.xla\n"
+        "from mpt_keras.runs.training import _fit, run_training\n"
+        "from mpt_keras import compat\n"
+        "import mpt_keras.execution.xla\n"
         "import benchmarks.suite as suite\n"
         "compat._tf_optimizer_class()\n"
-        "mpt_keras.xla._xla_function\n"
+        "mpt_keras.execution.xla._xla_function\n"
         "suite._op_profile\n"
         "run_training._private_but_not_a_module_name\n"
         "__name__, compat.__doc__\n"
     )
     assert private_reaches(os.path.join("mpt_keras", "user.py"), str(tmp_path)) == [
         "benchmarks.suite._op_profile",
-        "mpt_keras.keras_compat._tf_optimizer_class",
-        "mpt_keras.training._fit",
-        "mpt_keras.training.run_training._private_but_not_a_module_name",
-        "mpt_keras.xla._xla_function",
+        "mpt_keras.compat._tf_optimizer_class",
+        "mpt_keras.execution.xla._xla_function",
+        "mpt_keras.runs.training._fit",
+        "mpt_keras.runs.training.run_training._private_but_not_a_module_name",
     ]
 
 

@@ -1,11 +1,11 @@
-"""Tests of mpt_keras.calibration_sites: which layers calibration decides, and their ties."""
+"""Tests of mpt_keras.calibration.sites: which layers calibration decides, and their ties."""
 
 import keras
 import numpy as np
 import pytest
 from toy_layers import Residual, Times
 
-from mpt_keras.calibration_sites import CalibrationSites, pass_through_reason
+from mpt_keras.calibration.sites import CalibrationSites, pass_through_reason
 
 FEATURES = np.random.default_rng(0).normal(size=(2, 4)).astype("float32")
 

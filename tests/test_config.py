@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from mpt_keras.config import TrainConfig, parse_json_object, resolve_config
+from mpt_keras.config import TrainConfig, resolve_config
 from mpt_keras.errors import UserInputError
+from mpt_keras.files import parse_json_object
 
 
 def _write(tmp_path, value, name="run.json"):

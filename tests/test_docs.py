@@ -48,7 +48,7 @@ What is not run, and why (each reported as skipped, with the reason):
   suite. The rest of the line runs: the `mpt-train` of the README's first
   command. `.ci/run` runs the second command as it stands in the README, and
   `tests/test_build.py` checks both against it.
-- `tensorboard`: it serves until it is stopped; `tests/test_monitor.py`
+- `tensorboard`: it serves until it is stopped; `tests/test_telemetry_monitor.py`
   reads the event files it would show.
 - ```yaml: Prometheus' own configuration, which nothing of ours reads.
 - docs/benchmarks.md, whole (`_PAGES_NOT_RUN` says why).
@@ -102,7 +102,10 @@ _SHELLS = ("bash", "shell", "sh", "console")
 _COMMANDS_NOT_RUN = (
     (("python3", "-m", "venv"), "sets up an environment: .ci/run runs the README's setup"),
     (("pip", "install"), "installs into the tests' environment: .ci/run runs the README's setup"),
-    (("tensorboard",), "serves until stopped; tests/test_monitor.py reads its event files"),
+    (
+        ("tensorboard",),
+        "serves until stopped; tests/test_telemetry_monitor.py reads its event files",
+    ),
     ((".",), "activates the environment these tests run in"),
     (("python", "-m", "pytest"), "is this test suite, which .ci/run runs"),
 )

@@ -21,10 +21,9 @@ from keras import ops
 from replicas import run_child
 from tiny_runs import Crash, CrashAtStep, tiny_config
 
-from mpt_keras import xla
-from mpt_keras.checkpointing import Checkpointer
+from mpt_keras.backend.tensorflow.checkpoints import Checkpointer
 from mpt_keras.errors import UserInputError
-from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
+from mpt_keras.execution import xla
 from mpt_keras.precision.float8 import (
     FLOAT8_VARIABLE_NAMES,
     float8_shares,
@@ -33,7 +32,8 @@ from mpt_keras.precision.float8 import (
     format_max,
     to_float8,
 )
-from mpt_keras.training import Runtime, run_training
+from mpt_keras.runs.training import Runtime, run_training
+from mpt_keras.scaling.optimizer import LossScaleOptimizer
 
 STEPS = ["keras_step", "xla"]
 FLOAT8_PATHS = ["hidden", "mix"]

@@ -24,8 +24,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from launchers import launch_in_process
 
-from mpt_keras.config import TrainConfig, parse_json_object, resolve_config
+from mpt_keras.config import TrainConfig, resolve_config
 from mpt_keras.errors import UserInputError
+from mpt_keras.files import parse_json_object
 from mpt_keras.precision.manifest import PrecisionManifest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

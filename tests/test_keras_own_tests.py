@@ -19,7 +19,7 @@ from keras.src import optimizers
 from keras.src.optimizers import loss_scale_optimizer_test as stock_tests
 from keras.src.optimizers import multi_optimizer_test as multi_tests
 
-from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
+from mpt_keras.scaling.optimizer import LossScaleOptimizer
 
 
 @pytest.fixture(autouse=True)

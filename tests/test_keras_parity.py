@@ -43,7 +43,7 @@ import pytest
 import tensorflow as tf
 from replicas import run_child
 
-from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
+from mpt_keras.scaling.optimizer import LossScaleOptimizer
 
 _TESTS_DIR = Path(__file__).resolve().parent
 

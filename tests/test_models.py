@@ -6,7 +6,7 @@ import pytest
 
 from mpt_keras import models
 from mpt_keras.errors import UserInputError
-from mpt_keras.layer_paths import iter_layers
+from mpt_keras.keras_bridge.layer_paths import iter_layers
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn"])

@@ -11,7 +11,7 @@ import pytest
 
 from mpt_keras import models
 from mpt_keras.errors import UserInputError
-from mpt_keras.layer_paths import iter_layers
+from mpt_keras.keras_bridge.layer_paths import iter_layers
 from mpt_keras.precision.manifest import PrecisionManifest, Rule
 from mpt_keras.precision.names import COMPUTE_DTYPES
 from mpt_keras.precision.report import precision_report

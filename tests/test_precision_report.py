@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from mpt_keras import models
-from mpt_keras.layer_paths import iter_layers
+from mpt_keras.keras_bridge.layer_paths import iter_layers
 from mpt_keras.precision.policies import global_policy
 from mpt_keras.precision.report import LayerPrecision, PrecisionReport, precision_report
 

@@ -21,7 +21,7 @@ from tensorflow.python.framework import config as tf_config
 from mpt_keras import data
 from mpt_keras.config import TrainConfig, resolve_config
 from mpt_keras.errors import RunStoppedError, UserInputError
-from mpt_keras.training import Runtime, run_training
+from mpt_keras.runs.training import Runtime, run_training
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = 16
@@ -79,15 +79,17 @@ def test_nan_batches_are_skipped_counted_and_reported_with_their_step(
     tfds_dir, tmp_path, monkeypatch, caplog, precision
 ):
     _poison(monkeypatch, tfds_dir, bad_steps=[2, 5])
-    caplog.set_level(logging.WARNING, logger="mpt_keras.monitor")
-    with caplog.at_level(logging.WARNING, logger="mpt_keras.guards"):
+    caplog.set_level(logging.WARNING, logger="mpt_keras.telemetry.monitor")
+    with caplog.at_level(logging.WARNING, logger="mpt_keras.reliability.guards"):
         metrics = run_training(
             _config(tfds_dir, precision=precision), Runtime(str(tmp_path), verbose=0)
         )
     assert (metrics["step"], metrics["bad_batches"], metrics["skipped_steps"]) == (6, 2, 2)
     # The monitor diagnoses the first bad batch on the batch of its step (one a
     # 100 steps): its NaN is in the model's input.
-    [diagnosis] = [r.getMessage() for r in caplog.records if r.name == "mpt_keras.monitor"]
+    [diagnosis] = [
+        r.getMessage() for r in caplog.records if r.name == "mpt_keras.telemetry.monitor"
+    ]
     assert diagnosis.startswith("step 2: first non-finite output: ")
     assert diagnosis.endswith(", its inputs already non-finite")
     # Not overflows: the float16 scale did not back off.
@@ -143,7 +145,7 @@ def test_rollback_lowers_the_learning_rate_until_training_is_healthy(tfds_dir, t
         **_EXPLODING,
         divergence={"patience": 2, "max_loss": 5.0, "lr_factor": 0.001, "max_rollbacks": 2},
     )
-    with caplog.at_level(logging.WARNING, logger="mpt_keras.training"):
+    with caplog.at_level(logging.WARNING, logger="mpt_keras.runs.training"):
         metrics = run_training(config, Runtime(str(tmp_path), verbose=0))
     assert metrics["step"] == 6
     assert metrics["val_loss"] < 5.0  # Healthy (it was 15.7 when it diverged).

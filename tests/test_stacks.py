@@ -6,9 +6,9 @@ import pytest
 from benchmarks import harness, stacks
 from mpt_keras import models
 from mpt_keras.errors import UserInputError
-from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
-from mpt_keras.monitor import MixedPrecisionMonitor
 from mpt_keras.precision.policies import global_policy
+from mpt_keras.scaling.optimizer import LossScaleOptimizer
+from mpt_keras.telemetry.monitor import MixedPrecisionMonitor
 
 
 def _compiled(precision: str, pieces, tmp_path) -> tuple[keras.Model, list]:

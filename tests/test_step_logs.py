@@ -12,9 +12,9 @@ import keras
 import numpy as np
 import pytest
 
-from mpt_keras import xla
-from mpt_keras.loss_scale_optimizer import LossScaleOptimizer
+from mpt_keras.execution import xla
 from mpt_keras.precision.float8 import float8_statistics, to_float8
+from mpt_keras.scaling.optimizer import LossScaleOptimizer
 
 BATCH = 2
 # Per step: loss_scale, skipped_steps, bad_batches.

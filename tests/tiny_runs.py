@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpt_keras.callbacks import GlobalStepCallback
 from mpt_keras.config import TrainConfig
+from mpt_keras.keras_bridge.callbacks import GlobalStepCallback
 
 
 def tiny_config(tfds_dir: str, **changes: Any) -> TrainConfig:

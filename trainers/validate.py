@@ -6,7 +6,7 @@
 Compares the candidate (`--precision` or `--manifest`, exactly one) with float32
 on the same data: `--steps` training steps from the same weights and batch
 order, then the outputs of every layer on the validation split, from the
-weights float32 reached (see `mpt_keras.validation`). Writes `--output` (the
+weights float32 reached (see `mpt_keras.runs.validation`). Writes `--output` (the
 report JSON), `<stem>.txt` (the report as a table), `<stem>.png` (the two loss
 curves) and the loss curves to TensorBoard under `--tensorboard_dir` (default
 `<stem>_logs`).
@@ -27,8 +27,8 @@ from absl import flags
 
 import mpt_keras
 from mpt_keras import config as config_lib
-from mpt_keras import thresholds
 from mpt_keras.precision.names import PRECISIONS
+from mpt_keras.validation import thresholds
 from trainers import cli
 
 CHECK_FAILED = 1

@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from mpt_keras import keras_compat as compat
-from mpt_keras.components import DATA_DIMENSIONS, BoundFactory, describe_error
+from mpt_keras import compat
 from mpt_keras.config import DataConfig
+from mpt_keras.config.components import DATA_DIMENSIONS, BoundFactory
 from mpt_keras.data import loading, pipeline
-from mpt_keras.errors import UserInputError
+from mpt_keras.errors import UserInputError, describe_error
 
 
 @dataclasses.dataclass(frozen=True)

@@ -60,7 +60,7 @@ import tensorflow as tf
 from keras import ops
 
 from mpt_keras.errors import UserInputError
-from mpt_keras.layer_paths import iter_layer_paths
+from mpt_keras.keras_bridge.layer_paths import iter_layer_paths
 
 # Keras' own classes only: Keras refuses to quantize a subclass, whose call it
 # cannot know (`quantize(type_check=True)`).
@@ -200,7 +200,7 @@ def to_float8(model: keras.Model, paths: Iterable[str]) -> tuple[str, ...]:
 
     Args:
         model: A built model.
-        paths: Layer paths (`mpt_keras.layer_paths`); a layer already in
+        paths: Layer paths (`mpt_keras.keras_bridge.layer_paths`); a layer already in
             float8 is left as it is.
 
     Returns:

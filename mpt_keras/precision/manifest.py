@@ -126,11 +126,10 @@ from typing import Any
 
 import keras
 
-from mpt_keras import autoscale  # noqa: F401 (hooks model.compile: float16 layers loss-scaled)
-from mpt_keras import keras_compat as compat
-from mpt_keras.config import read_json_object
+from mpt_keras import compat
 from mpt_keras.errors import UserInputError
-from mpt_keras.layer_paths import LayerPath, iter_layer_paths, iter_layers
+from mpt_keras.files import read_json_object
+from mpt_keras.keras_bridge.layer_paths import LayerPath, iter_layer_paths, iter_layers
 from mpt_keras.precision.float8 import check_float8_layer, is_float8, to_float8
 from mpt_keras.precision.names import FLOAT8, RULE_POLICIES, check_policy_name
 from mpt_keras.precision.report import PrecisionReport, precision_report

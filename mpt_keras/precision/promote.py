@@ -11,7 +11,7 @@ model's train function rebuilt, so that the next step is traced with the new
 dtypes while weights and optimizer state are kept.
 
 Every promotion goes through `promote`: the divergence action `promote`
-(`mpt_keras.training`) promotes every layer below float32, `AutoPromote` the
+(`mpt_keras.runs.training`) promotes every layer below float32, `AutoPromote` the
 layers that keep overflowing.
 
 Example:
@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 import keras
 
 from mpt_keras.errors import UserInputError
-from mpt_keras.layer_paths import iter_layers
+from mpt_keras.keras_bridge.layer_paths import iter_layers
 from mpt_keras.precision.manifest import PrecisionManifest, Rule
 from mpt_keras.precision.names import promoted_policy
 from mpt_keras.precision.policies import effective_policy

@@ -35,10 +35,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from mpt_keras import keras_compat as compat
-from mpt_keras.components import describe_error
-from mpt_keras.layer_calls import calls_wrapped
-from mpt_keras.layer_paths import iter_layers
+from mpt_keras import compat
+from mpt_keras.errors import describe_error
+from mpt_keras.keras_bridge.layer_calls import calls_wrapped
+from mpt_keras.keras_bridge.layer_paths import iter_layers
 from mpt_keras.precision.policies import effective_policy
 
 _LOGGER = logging.getLogger(__name__)

@@ -1,0 +1,260 @@
+"""Calibration sites: which layers `calibrate` measures and decides, and which decide together.
+
+A manifest rule names any layer by its path (`layer_paths`), the layers a
+keras_hub block makes for itself included, so calibration (`calibration`)
+decides every layer of the model down to those:
+
+    graph models  A functional or Sequential model, the one calibrated or one
+                  nested in it (a keras_hub backbone, a keras.applications
+                  model), only runs its layers: they are sites, it is none.
+                  So is a subclassed model calibrated: its tracked sublayers
+                  are sites.
+    sites         Every other layer, at its first path (a layer at two paths,
+                  as a causal LM's tied token embedding, is one site): one
+                  holding sublayers (a keras_hub TransformerDecoder, an
+                  attention, a subclassed model nested in the model) and each
+                  of its sublayers, down to the leaves: an attention's query,
+                  key, value and output projections, rotary embedding,
+                  softmax and dropout; a block's feed-forward denses and norms.
+
+Each site is measured alone: called on the inputs recorded for it in the
+model's run, its own policy low and every other layer float32. A container's
+own policy governs what its `call` computes outside its sublayers: its
+inputs, which Keras casts to its compute dtype as it is called, and the ops
+on them (a block's residual stream). Keras never passes a policy on to a
+built sublayer, and a manifest sets each layer's own, so each sublayer is
+measured and decided on its own and its rule names its exact path: a
+container needs no rule for its sublayers, and the order of the rules does
+not matter.
+
+Pass-through sites (`pass_through_reason`): a layer whose low-precision error
+is only the rounding of its inputs, a unit in the last place: the identity at
+inference (Dropout, GaussianNoise: calibration runs with `training=False`),
+elementwise without a sum (ReLU, LeakyReLU, an Activation but softmax), or
+moving data (Reshape, Flatten, ZeroPadding2D). It is not measured: its range
+alone decides it.
+
+Ties (`Group`). TensorFlow's `+` on two tensors takes one dtype (Keras' ops
+promote float16 and float32; `+` raises), and a block adds its sublayers'
+outputs to its residual stream with `+`: keras_hub's TransformerDecoder its
+two dropouts' outputs, LlamaTransformerDecoder its attention dropout's and
+its feed-forward output projection's. Such a sublayer and its container must
+compute in one dtype, or the model does not run. Found by trial: each
+sublayer of a container in turn computes in float16, everything else
+float32, and the container is called on its first recorded call; if that
+raises, the two are tied. Tied layers, transitively, are one group, measured
+as one (the outermost called with every member's policy low) and decided as
+one. After `keras.saving.load_model`, a sublayer without a Keras path (a
+dropout) computes in its block's policy (`precision.manifest`): a tie keeps
+that so.
+
+Example:
+
+    sites = CalibrationSites(model)
+    with sites.recording():
+        model(features, training=False)
+    [group.lead.path for group in sites.groups()]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from mpt_keras import compat
+from mpt_keras.keras_bridge.layer_calls import calls_wrapped
+from mpt_keras.keras_bridge.layer_paths import iter_layer_paths
+
+_IDENTITY_AT_INFERENCE = (
+    keras.layers.Dropout,  # SpatialDropout1D to 3D derive from it.
+    keras.layers.GaussianDropout,
+    keras.layers.GaussianNoise,
+    keras.layers.AlphaDropout,
+    keras.layers.ActivityRegularization,
+    keras.layers.Identity,
+)
+_ELEMENTWISE = (keras.layers.ReLU, keras.layers.LeakyReLU, keras.layers.Activation)
+_SUMMING_ACTIVATIONS = ("softmax", "log_softmax")
+_MOVES_DATA = (
+    keras.layers.Reshape,
+    keras.layers.Flatten,
+    keras.layers.Permute,
+    keras.layers.RepeatVector,
+    keras.layers.Cropping1D,
+    keras.layers.Cropping2D,
+    keras.layers.Cropping3D,
+    keras.layers.ZeroPadding1D,
+    keras.layers.ZeroPadding2D,
+    keras.layers.ZeroPadding3D,
+)
+# What a container's call raises when a sublayer's output and its own tensors
+# meet in an op of one dtype: TensorFlow's InvalidArgumentError, an OpError.
+_DTYPE_ERRORS = (tf.errors.OpError, TypeError, ValueError)
+
+
+@dataclasses.dataclass(eq=False)
+class Site:
+    """A layer calibration decides, and its calls as the model ran.
+
+    Attributes:
+        path: Its path from the model calibrated (`layer_paths`); "" for a
+            subclassed model calibrated, a site only for its sublayers' ties.
+        layer: The layer.
+        calls: `(args, kwargs, outputs)` of each call of its `call`, over all
+            batches, as `CalibrationSites.recording` recorded them.
+    """
+
+    path: str
+    layer: keras.layers.Layer
+    calls: list[tuple[tuple, dict, Any]] = dataclasses.field(default_factory=list)
+
+    def outputs(self) -> list[np.ndarray]:
+        """Each call's floating outputs, flat, in float32."""
+        return [flat_float32(keras.tree.flatten(outputs)) for _, _, outputs in self.calls]
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """Sites that compute in one dtype or the model does not run; see "Ties".
+
+    Attributes:
+        called: The site measured for the group: the outermost, called with
+            every member's policy low (the subclassed model calibrated, when
+            its own `call` ties its sublayers).
+        members: The sites the group decides, in site order: `called` first
+            when it is one. A site tied to none is a group of its own.
+    """
+
+    called: Site
+    members: tuple[Site, ...]
+
+    @property
+    def lead(self) -> Site:
+        """The member whose decision the others follow."""
+        return self.members[0]
+
+
+class CalibrationSites:
+    """The sites of a model, their calls and their ties; see the module docstring.
+
+    Args:
+        model: A built model.
+    """
+
+    def __init__(self, model: keras.Model):
+        self.sites: list[Site] = []
+        self._by_id: dict[int, Site] = {}
+        for entry in iter_layer_paths(model):
+            if id(entry.layer) not in self._by_id and not _has_graph(entry.layer):
+                self._by_id[id(entry.layer)] = Site(entry.path, entry.layer)
+                self.sites.append(self._by_id[id(entry.layer)])
+        self._root = None if _has_graph(model) else Site("", model)
+        self._containers = [
+            site for site in (self._root, *self.sites) if site is not None and self._children(site)
+        ]
+
+    def recording(self) -> contextlib.AbstractContextManager:
+        """Records each call of every site, and of the containers, while the block runs."""
+        watched = {id(site.layer): site for site in (*self.sites, *self._containers)}
+        return calls_wrapped(
+            (site.layer for site in watched.values()),
+            lambda layer, call: _recording(watched[id(layer)], call),
+        )
+
+    def groups(self) -> list[Group]:
+        """Every site in its group (see "Ties"), the groups in site order.
+
+        Tried after `recording`, with every layer float32: each container is
+        called on its first call once per sublayer that is a site and was called.
+        """
+        order = {id(site): index for index, site in enumerate((self._root, *self.sites)) if site}
+        leader = {key: key for key in order}  # Union-find, by id.
+
+        def find(key: int) -> int:
+            while leader[key] != key:
+                key = leader[key]
+            return key
+
+        for container in self._containers:
+            for child in self._children(container):
+                # A sublayer not called (an attention's softmax beside its fused
+                # kernel) makes no tensor to meet another.
+                if container.calls and child.calls and _tied(container, child):
+                    first, second = sorted((find(id(container)), find(id(child))), key=order.get)
+                    leader[second] = first
+        members: dict[int, list[Site]] = {}
+        for site in self.sites:
+            members.setdefault(find(id(site)), []).append(site)
+        everyone = {id(site): site for site in (self._root, *self.sites) if site}
+        return [Group(everyone[key], tuple(group)) for key, group in members.items()]
+
+    def holds_sites(self, site: Site) -> bool:
+        """Whether `site`'s layer holds sublayers that are sites: a container."""
+        return bool(self._children(site))
+
+    def _children(self, site: Site) -> list[Site]:
+        """The sites `site`'s layer tracks directly (not a graph model's layers)."""
+        return [
+            self._by_id[id(layer)]
+            for layer in compat.direct_sublayers(site.layer)
+            if id(layer) in self._by_id
+        ]
+
+
+def pass_through_reason(layer: keras.layers.Layer) -> str | None:
+    """Why `layer` has no compute worth measuring (see the module docstring), or None."""
+    name = type(layer).__name__
+    if isinstance(layer, _IDENTITY_AT_INFERENCE):
+        return f"{name}: the identity at inference"
+    activation = getattr(getattr(layer, "activation", None), "__name__", None)
+    if isinstance(layer, _ELEMENTWISE) and activation not in _SUMMING_ACTIVATIONS:
+        return f"{name}: elementwise"
+    if isinstance(layer, _MOVES_DATA):
+        return f"{name}: moves data"
+    return None
+
+
+def flat_float32(tensors: list[Any]) -> np.ndarray:
+    """The floating tensors of `tensors`, flat and concatenated, in float32."""
+    pieces = [
+        np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(tensor, "float32"))).ravel()
+        for tensor in tensors
+        if keras.backend.is_float_dtype(tensor.dtype)
+    ]
+    return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+
+
+def _has_graph(layer: keras.layers.Layer) -> bool:
+    """Whether `layer` is a built functional or Sequential model, which runs a graph of layers."""
+    return isinstance(layer, keras.Model) and layer.built and bool(getattr(layer, "outputs", None))
+
+
+def _tied(container: Site, child: Site) -> bool:
+    """Whether `container`'s first recorded call raises with `child` alone in float16."""
+    args, kwargs, _ = container.calls[0]
+    policy = child.layer.dtype_policy
+    compat.replace_dtype_policy(child.layer, keras.DTypePolicy("mixed_float16"))
+    try:
+        container.layer(*args, **kwargs)
+    except _DTYPE_ERRORS:
+        return True
+    finally:
+        compat.replace_dtype_policy(child.layer, policy)
+    return False
+
+
+def _recording(site: Site, call: Callable[..., Any]) -> Callable[..., Any]:
+    """`call`, `site.layer`'s, recording each call in `site.calls`."""
+
+    def recording_call(*args, **kwargs):
+        outputs = call(*args, **kwargs)
+        site.calls.append((args, kwargs, outputs))
+        return outputs
+
+    return recording_call

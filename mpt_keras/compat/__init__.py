@@ -1,0 +1,62 @@
+"""Every touch of a private Keras, TensorFlow or TFDS name, each tested for the versions we pin.
+
+The rest of the package calls these functions (`from mpt_keras import compat`),
+never a private name itself; `tests/test_compat.py` fails with the Keras version
+when one of them moves.
+"""
+
+from mpt_keras.compat.touches import (
+    call_has_training_arg,
+    call_records_restored,
+    called_cond,
+    check,
+    compile_config,
+    compute_loss,
+    dataset_inputs,
+    direct_sublayers,
+    gradients_already_reduced,
+    graph_calls,
+    in_multi_worker_mode,
+    install,
+    keras_trainer_class,
+    learning_rate_schedule,
+    loss_tracker,
+    maybe_merge_call,
+    producing_layer,
+    producing_node,
+    reduce_per_replica,
+    replace_dtype_policy,
+    replace_maybe_symbolic_build,
+    restore_maybe_symbolic_build,
+    skip_stock_build,
+    symbolic_build,
+    unscale_loss_for_distribution,
+)
+
+__all__ = [
+    "call_has_training_arg",
+    "call_records_restored",
+    "called_cond",
+    "check",
+    "compile_config",
+    "compute_loss",
+    "dataset_inputs",
+    "direct_sublayers",
+    "gradients_already_reduced",
+    "graph_calls",
+    "in_multi_worker_mode",
+    "install",
+    "keras_trainer_class",
+    "learning_rate_schedule",
+    "loss_tracker",
+    "maybe_merge_call",
+    "producing_layer",
+    "producing_node",
+    "reduce_per_replica",
+    "replace_dtype_policy",
+    "replace_maybe_symbolic_build",
+    "restore_maybe_symbolic_build",
+    "skip_stock_build",
+    "symbolic_build",
+    "unscale_loss_for_distribution",
+]

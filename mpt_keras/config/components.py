@@ -1,0 +1,228 @@
+"""Where a component comes from: the user's code, resolved and bound before anything runs.
+
+A config names its model, data, loss and each metric by exactly one source (see
+`mpt_keras.config`): a built-in `name`, a `file` (a model only), or a
+`"factory": "package.module:attribute"` in the user's code with `options`, its
+keyword arguments. This module resolves factory references the way jsonargparse
+resolves a `class_path`: the module is imported (from the working directory or
+`PYTHONPATH`), the attribute looked up, and the options bound to the callable's
+signature, all before the run builds or writes anything. An unknown or missing
+option is a one-line error listing what the callable accepts; a user module
+that fails to import is reported with its own error type, message, file and
+line, not hidden behind "cannot locate".
+
+The dimensions the data decides (`DATA_DIMENSIONS`) are passed to a factory
+only where its signature takes them and `options` does not already give them.
+
+This module imports neither TensorFlow nor Keras (the user's modules may).
+
+Example:
+
+    factory = bind_factory("examples.models:mobilenet_v2", {"alpha": 0.35}, "model.factory",
+                           provided=DATA_DIMENSIONS)
+    model = factory(input_shape=(32, 32, 3), num_classes=10, vocab_size=None)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import os
+import re
+import sys
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Any
+
+from mpt_keras.errors import UserInputError, describe_error
+
+FACTORY_SYNTAX = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+"""`package.module:attribute`, the attribute possibly dotted (`module:Class.create`)."""
+
+DATA_DIMENSIONS = ("input_shape", "num_classes", "vocab_size", "sequence_length")
+"""What the data decides about a model, passed to a model factory that takes it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundFactory:
+    """A callable of the user's with its options bound; see the module doc.
+
+    Attributes:
+        reference: The `package.module:attribute` it came from.
+        function: The callable.
+        options: The keyword arguments from the config.
+        key: The config key it was named by, for messages (`model.factory`).
+        parameters: The names the callable accepts (`None`: any, it takes
+            `**kwargs`).
+        required: The parameters without a default that `options` leaves open.
+    """
+
+    reference: str
+    function: Callable[..., Any]
+    options: Mapping[str, Any]
+    key: str
+    parameters: frozenset[str] | None
+    required: frozenset[str]
+
+    def accepts(self, name: str) -> bool:
+        """Whether the callable takes keyword argument `name`."""
+        return self.parameters is None or name in self.parameters
+
+    def __call__(self, **provided: Any) -> Any:
+        """Calls the factory with its options, plus the `provided` values it takes.
+
+        Provided values that are `None`, that the callable does not take or that
+        `options` gives already are left out.
+
+        Raises:
+            UserInputError: When a required parameter is still missing.
+        """
+        extra = {
+            name: value
+            for name, value in provided.items()
+            if value is not None and name not in self.options and name in (self.parameters or ())
+        }
+        missing = sorted(self.required - set(extra))
+        if missing:
+            raise UserInputError(
+                f"{self.key} {self.reference}: parameter '{missing[0]}' has no value: the "
+                f"data does not decide it. Allowed: give it in {_options_key(self.key)}"
+            )
+        return self.function(**self.options, **extra)
+
+
+def import_modules(modules: Iterable[str], key: str = "imports") -> None:
+    """Imports each module, as the config's `imports` asks (custom layers register).
+
+    Raises:
+        UserInputError: Naming the module and the user's own error.
+    """
+    for index, module in enumerate(modules):
+        _import(module, f"{key}[{index}]")
+
+
+def resolve_factory(reference: str, key: str) -> Callable[..., Any]:
+    """Imports `package.module:attribute` and returns the attribute.
+
+    Args:
+        reference: The reference, checked against `FACTORY_SYNTAX`.
+        key: The config key that named it, for messages.
+
+    Raises:
+        UserInputError: On bad syntax, a module that cannot be imported (with
+            the user's error type, message, file and line), a missing
+            attribute, or one that is not callable.
+    """
+    if not FACTORY_SYNTAX.fullmatch(reference):
+        raise UserInputError(
+            f"key '{key}' must be 'package.module:attribute', received {reference!r}"
+        )
+    module_name, _, attribute = reference.partition(":")
+    value: Any = _import(module_name, key)
+    for part in attribute.split("."):
+        if not hasattr(value, part):
+            public = sorted(name for name in dir(value) if not name.startswith("_"))
+            raise UserInputError(
+                f"key '{key}': {reference} has no attribute {part!r}. "
+                f"Allowed: {', '.join(public[:20]) or 'nothing public'}"
+            )
+        value = getattr(value, part)
+    if not callable(value):
+        raise UserInputError(
+            f"key '{key}': {reference} is a {type(value).__name__}, not callable. "
+            "Allowed: a function or class"
+        )
+    return value
+
+
+def bind_factory(
+    reference: str,
+    options: Mapping[str, Any],
+    key: str,
+    provided: Collection[str] = (),
+) -> BoundFactory:
+    """Resolves `reference` and binds `options` to its signature.
+
+    Args:
+        reference: `package.module:attribute`.
+        options: Its keyword arguments from the config.
+        key: The config key that named it (`model.factory`), for messages.
+        provided: Names the run passes when the callable takes them (the data's
+            dimensions); a required parameter among them is not missing.
+
+    Returns:
+        The bound factory; call it with the provided values.
+
+    Raises:
+        UserInputError: As `resolve_factory`, or for an option the callable
+            does not take or a required parameter neither `options` nor
+            `provided` gives, listing what it accepts.
+    """
+    function = resolve_factory(reference, key)
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        # A builtin without a signature: no check possible, the call decides.
+        return BoundFactory(reference, function, dict(options), key, None, frozenset())
+    parameters = {
+        name: parameter
+        for name, parameter in signature.parameters.items()
+        if parameter.kind
+        in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    }
+    takes_any = any(
+        parameter.kind is inspect.Parameter.VAR_KEYWORD
+        for parameter in signature.parameters.values()
+    )
+    accepted = ", ".join(parameters) or "no keyword arguments"
+    unknown = sorted(set(options) - set(parameters))
+    if unknown and not takes_any:
+        raise UserInputError(
+            f"unknown option '{_options_key(key)}.{unknown[0]}' for {reference}. "
+            f"Allowed: {accepted}"
+        )
+    required = {
+        name
+        for name, parameter in parameters.items()
+        if parameter.default is inspect.Parameter.empty and name not in options
+    }
+    missing = sorted(required - set(provided))
+    if missing:
+        raise UserInputError(
+            f"missing option '{_options_key(key)}.{missing[0]}' for {reference}: it has no "
+            f"default. Accepted: {accepted}"
+        )
+    return BoundFactory(
+        reference,
+        function,
+        dict(options),
+        key,
+        None if takes_any else frozenset(parameters),
+        frozenset(required),
+    )
+
+
+def _options_key(key: str) -> str:
+    return key.rpartition(".")[0] + ".options" if "." in key else "options"
+
+
+def _import(module_name: str, key: str) -> Any:
+    """Imports a user's module, from the working directory too (as `python -m` does)."""
+    working_directory = os.getcwd()
+    if working_directory not in sys.path and "" not in sys.path:
+        sys.path.insert(0, working_directory)
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name and module_name.startswith(error.name):
+            raise UserInputError(
+                f"key '{key}': no module named {error.name!r}. Allowed: a module in the "
+                f"working directory ({working_directory}) or on PYTHONPATH"
+            ) from None
+        raise UserInputError(
+            f"key '{key}': importing {module_name} failed: {describe_error(error)}"
+        ) from None
+    except Exception as error:  # The user's code: any error is theirs to see.
+        raise UserInputError(
+            f"key '{key}': importing {module_name} failed: {describe_error(error)}"
+        ) from None

@@ -1,0 +1,200 @@
+"""Guards that stop, or roll back, a run whose data or loss goes wrong.
+
+`BadBatchLimit` reports the batches `mpt_keras.LossScaleOptimizer` skipped
+because they held a NaN or Inf (their steps, from `bad_batch_steps()`) and
+stops the run once there are more than it allows.
+
+`DivergenceGuard` watches each step's loss (`LossScaleOptimizer.last_loss`,
+the global loss of the last finite batch) and raises `Diverged` when it has
+been non-finite, or above `max_loss`, for `patience` steps in a row. It raises
+from inside `model.fit`, so the epoch does not end: no checkpoint is saved of
+the diverged state. `mpt_keras.runs.training` catches it and rolls back to the last
+checkpoint with a lower learning rate (`ScaledLearningRate`), or with the
+low-precision layers promoted (`mpt_keras.precision.promote`), or stops (see
+`DivergenceConfig`).
+
+Both read one scalar from the device per check: `BadBatchLimit` every
+`check_every` steps and at the end of each epoch, `DivergenceGuard` every step.
+
+Example:
+
+    model.fit(
+        dataset,
+        callbacks=[BadBatchLimit(max_bad_batches=10), DivergenceGuard(patience=20)],
+    )
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import keras
+
+from mpt_keras.errors import RunStoppedError, UserInputError
+from mpt_keras.keras_bridge.callbacks import GlobalStepCallback
+from mpt_keras.scaling.optimizer import LossScaleOptimizer
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class Diverged(Exception):
+    """Raised inside `model.fit` by `DivergenceGuard`; carries what it saw."""
+
+    def __init__(self, step: int, reason: str):
+        super().__init__(f"step {step}: {reason}")
+        self.step = step
+        self.reason = reason
+
+
+class BadBatchLimit(GlobalStepCallback):
+    """Reports skipped bad batches by step; stops the run past `max_bad_batches`.
+
+    Args:
+        max_bad_batches: Bad batches (NaN or Inf in inputs, labels or weights)
+            a run may skip; one more stops it with `RunStoppedError`.
+        check_every: Steps between checks (and at the end of every epoch).
+    """
+
+    def __init__(self, max_bad_batches: int, check_every: int = 10):
+        super().__init__()
+        self.max_bad_batches = max_bad_batches
+        self.check_every = check_every
+        self.reported: list[int] = []
+        self._known = 0
+        self._last_check = 0
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        optimizer = self.model.optimizer
+        if not isinstance(optimizer, LossScaleOptimizer):
+            raise UserInputError(
+                f"BadBatchLimit: the model's optimizer is {type(optimizer).__name__}. "
+                "Allowed: mpt_keras.LossScaleOptimizer"
+            )
+        # Bad batches before a restart were reported by the run that met them.
+        self._known = optimizer.bad_batches
+        self._last_check = self.global_step
+
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, logs)
+        if self.global_step >= self._last_check + self.check_every:
+            self._check()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._check()
+
+    def _check(self) -> None:
+        self._last_check = self.global_step
+        health = self.model.optimizer.health()
+        count = health.bad_batches
+        if count == self._known:
+            return
+        steps = list(health.bad_batch_steps[-(count - self._known) :])
+        self._known = count
+        self.reported.extend(steps)
+        _LOGGER.warning(
+            "Skipped %d batch(es) with NaN or Inf inputs, labels or weights at step(s) %s "
+            "(%d in the run).",
+            len(steps),
+            ", ".join(map(str, steps)),
+            count,
+        )
+        if count > self.max_bad_batches:
+            raise RunStoppedError(
+                f"{count} train batches held NaN or Inf values (the latest at step "
+                f"{steps[-1]}), more than data.max_bad_batches={self.max_bad_batches}: fix "
+                "the data or raise the limit; the weights never saw them and the last "
+                "checkpoint is kept"
+            )
+
+
+class DivergenceGuard(GlobalStepCallback):
+    """Raises `Diverged` after `patience` steps in a row with a bad loss.
+
+    A loss is bad if it is NaN or infinite, or above `max_loss` when given.
+    Steps whose batch was skipped as bad data do not count either way.
+
+    Args:
+        patience: Consecutive bad steps that make the run diverged (>= 1).
+        max_loss: A finite loss above this is bad too; `None`: only
+            non-finite losses are.
+    """
+
+    def __init__(self, patience: int, max_loss: float | None = None):
+        super().__init__()
+        self.patience = patience
+        self.max_loss = max_loss
+        self._streak = 0
+        self._bad_batches = 0
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        self._streak = 0
+        self._bad_batches = self.model.optimizer.bad_batches
+
+    def healthy(self) -> bool:
+        """Whether the last step's loss was good (a checkpoint now is safe to keep)."""
+        return self._streak == 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, logs)
+        optimizer = self.model.optimizer
+        bad_batches = optimizer.bad_batches
+        if bad_batches != self._bad_batches:
+            self._bad_batches = bad_batches
+            return
+        loss = optimizer.last_loss
+        exploded = self.max_loss is not None and loss > self.max_loss
+        self._streak = self._streak + 1 if not math.isfinite(loss) or exploded else 0
+        if self._streak >= self.patience:
+            limit = "" if self.max_loss is None else f" or above {self.max_loss:g}"
+            raise Diverged(
+                self.global_step,
+                f"the loss was non-finite{limit} for {self._streak} steps in a row "
+                f"(last: {loss:g})",
+            )
+
+
+@keras.saving.register_keras_serializable(package="mpt_keras")
+class ScaledLearningRate(keras.optimizers.schedules.LearningRateSchedule):
+    """A learning rate (a float or a schedule) times a scale that can be lowered mid-run.
+
+    The scale is a variable, so lowering it changes the next step without
+    retracing; save it with the run's checkpoints.
+
+    Args:
+        learning_rate: A float or a `LearningRateSchedule`.
+        scale: The initial scale.
+    """
+
+    def __init__(
+        self,
+        learning_rate: float | keras.optimizers.schedules.LearningRateSchedule,
+        scale: float = 1.0,
+    ):
+        self.learning_rate = learning_rate
+        self.scale = keras.Variable(scale, dtype="float32", trainable=False, name="lr_scale")
+
+    def __call__(self, step: Any) -> Any:
+        base = self.learning_rate
+        value = base(step) if callable(base) else base
+        return keras.ops.cast(value, "float32") * self.scale
+
+    def get_config(self) -> dict[str, Any]:
+        base = self.learning_rate
+        return {
+            "learning_rate": keras.saving.serialize_keras_object(base)
+            if isinstance(base, keras.optimizers.schedules.LearningRateSchedule)
+            else base,
+            # Not ops.convert_to_numpy: see loss_scale_optimizer._read.
+            "scale": float(self.scale.numpy()),
+        }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ScaledLearningRate:
+        base = config["learning_rate"]
+        if isinstance(base, dict):
+            base = keras.saving.deserialize_keras_object(base)
+        return cls(base, config["scale"])

@@ -1,0 +1,202 @@
+"""Prometheus metrics of a training run: `PrometheusExporter`, and `mpt-train --metrics_port`.
+
+It serves `http://HOST:PORT/metrics` (with `prometheus_client`) from the
+chief only, one label `run` (the run's name) on every series:
+
+    mpt_loss_scale                  gauge    the loss scale after the last step
+    mpt_train_loss                  gauge    the loss Keras logs (the epoch's running mean)
+    mpt_examples_per_second         gauge    over the last `update_every` steps
+    mpt_train_steps_total           counter  train steps done (the global step)
+    mpt_skipped_steps_total         counter  steps skipped: non-finite gradients or bad batches
+    mpt_bad_batches_total           counter  of those, batches holding a NaN or Inf
+    mpt_nonfinite_events_total      counter  (step, variable) pairs whose gradient was
+                                             non-finite, read every `update_every` steps
+    mpt_float8_statistic            gauge    for a model with float8 layers only, one
+                                             series per float8 layer (label `layer`, its
+                                             path), tensor (`tensor`: inputs, kernel,
+                                             outputs_grad) and statistic (`stat`: scale,
+                                             amax, range_used; the kernel's saturated and
+                                             underflowed), read every `update_every`
+                                             steps (`precision.float8.float8_statistics`)
+
+The loss scale, skipped steps and bad batches come from each step's logs
+(`LossScaleOptimizer.step_logs`), so the exporter adds no sync per step; the
+float8 statistics are read on the chief only, which serves them.
+`grafana/mpt_keras.json` is a Grafana dashboard over these names. Counters
+start, in a resumed run, at the run's totals so far.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import threading
+import time
+from typing import Any
+
+import prometheus_client
+
+from mpt_keras.backend.tensorflow import distribute
+from mpt_keras.errors import UserInputError
+from mpt_keras.keras_bridge.callbacks import GlobalStepCallback
+from mpt_keras.precision.float8 import float8_statistics, float8_variables
+from mpt_keras.scaling.optimizer import LossScaleOptimizer
+from mpt_keras.telemetry import layout as tags
+
+GAUGES = {
+    "mpt_loss_scale": "The loss scale after the last train step.",
+    "mpt_train_loss": "The train loss Keras logs (running mean over the epoch).",
+    "mpt_examples_per_second": "Train examples per second over the last interval.",
+}
+# Labelled by layer path, tensor and statistic besides `run`; see the module docstring.
+FLOAT8_GAUGE = "mpt_float8_statistic"
+FLOAT8_LABELS = ("layer", "tensor", "stat")
+COUNTERS = {
+    "mpt_train_steps": "Train steps done.",
+    "mpt_skipped_steps": "Train steps skipped for non-finite gradients or bad batches.",
+    "mpt_bad_batches": "Skipped train steps whose batch or loss held a NaN or Inf.",
+    "mpt_nonfinite_events": "(step, variable) pairs whose gradient was non-finite.",
+}
+
+
+def check_port(port: int, address: str = "0.0.0.0") -> None:
+    """Raises a one-line `UserInputError` if `port` cannot be served on `address`."""
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise UserInputError(f"metrics_port must be a TCP port, 1-65535. Received: {port!r}")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((address, port))
+        except OSError as error:
+            why = "already in use" if error.errno == errno.EADDRINUSE else error.strerror
+            raise UserInputError(
+                f"metrics_port {port}: {why} on {address}; allowed: a free TCP port "
+                "(or no --metrics_port: no Prometheus endpoint)"
+            ) from None
+
+
+class PrometheusExporter(GlobalStepCallback):
+    """A Keras callback serving the run's metrics to Prometheus (see the module docstring).
+
+    The port is checked when it is made (a one-line `UserInputError` if it is
+    taken), and served from `on_train_begin` on the chief until `close()`.
+
+    Args:
+        port: The TCP port of the `/metrics` endpoint.
+        run_name: The value of the `run` label.
+        examples_per_step: The global batch size, for examples per second.
+        update_every: Steps between reads of the optimizer's per-variable
+            counts and of the throughput.
+        address: The address to serve on.
+
+    Example:
+
+        exporter = mpt_keras.PrometheusExporter(9464, run_name="digits")
+        model.fit(x, y, callbacks=[exporter])
+        exporter.close()
+    """
+
+    async_safe = True  # No sync per step: figures come from the step's logs.
+
+    def __init__(
+        self,
+        port: int,
+        run_name: str,
+        examples_per_step: int | None = None,
+        update_every: int = 10,
+        address: str = "0.0.0.0",
+    ):
+        super().__init__()
+        check_port(port, address)
+        self.port = port
+        self.address = address
+        self.run_name = run_name
+        self.examples_per_step = examples_per_step
+        self.update_every = update_every
+        self.registry = prometheus_client.CollectorRegistry()
+        self._gauges = {
+            name: prometheus_client.Gauge(name, text, ["run"], registry=self.registry).labels(
+                run=run_name
+            )
+            for name, text in GAUGES.items()
+        }
+        self._counters = {
+            name: prometheus_client.Counter(name, text, ["run"], registry=self.registry).labels(
+                run=run_name
+            )
+            for name, text in COUNTERS.items()
+        }
+        self._float8_gauge = prometheus_client.Gauge(
+            FLOAT8_GAUGE,
+            "A float8 layer's statistic: a tensor's scale, amax or range used, or the "
+            "share of its kernel saturated or underflowed at its scale.",
+            ["run", *FLOAT8_LABELS],
+            registry=self.registry,
+        )
+        self._float8 = False  # Whether to read float8 statistics: the chief, of a float8 model.
+        self._counted = dict.fromkeys(COUNTERS, 0.0)
+        self._lock = threading.Lock()
+        self._server: Any = None
+        self._interval_start: tuple[int, float] | None = None
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        chief = distribute.is_chief(self.model.distribute_strategy)
+        self._float8 = chief and bool(float8_variables(self.model))
+        if self._server is None and chief:
+            self._server, _ = prometheus_client.start_http_server(
+                self.port, self.address, registry=self.registry
+            )
+        self._count("mpt_train_steps", self.global_step)
+        self._interval_start = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        with self._lock:
+            if self.is_older_batch(batch):
+                return
+            super().on_train_batch_end(batch, logs)
+            logs = logs or {}
+            self._count("mpt_train_steps", self.global_step)
+            for name, tag in (
+                ("mpt_skipped_steps", tags.SKIPPED_STEPS),
+                ("mpt_bad_batches", tags.BAD_BATCHES),
+            ):
+                if tag in logs:
+                    self._count(name, float(logs[tag]))
+            if tags.LOSS_SCALE in logs:
+                self._gauges["mpt_loss_scale"].set(float(logs[tags.LOSS_SCALE]))
+            if "loss" in logs:
+                self._gauges["mpt_train_loss"].set(float(logs["loss"]))
+            now = time.perf_counter()
+            if self._interval_start is None:
+                self._interval_start = (self.global_step, now)  # The first batch compiles.
+            elif self.global_step - self._interval_start[0] >= self.update_every:
+                self._update_interval(now)
+
+    def close(self) -> None:
+        """Stops serving (the endpoint outlives `fit`, for a last scrape)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def _update_interval(self, now: float) -> None:
+        start_step, start_time = self._interval_start
+        if self.examples_per_step and now > start_time:
+            rate = self.examples_per_step * (self.global_step - start_step) / (now - start_time)
+            self._gauges["mpt_examples_per_second"].set(rate)
+        optimizer = self.model.optimizer
+        if isinstance(optimizer, LossScaleOptimizer):
+            self._count("mpt_nonfinite_events", sum(optimizer.nonfinite_counts().values()))
+        if self._float8:
+            for path, statistics in float8_statistics(self.model).items():
+                for name, value in statistics.scalars().items():
+                    tensor, stat = name.split("/")
+                    self._float8_gauge.labels(self.run_name, path, tensor, stat).set(value)
+        self._interval_start = (self.global_step, now)
+
+    def _count(self, name: str, total: float) -> None:
+        """Advances counter `name` to `total` (counters only go up)."""
+        if total > self._counted[name]:
+            self._counters[name].inc(total - self._counted[name])
+            self._counted[name] = total

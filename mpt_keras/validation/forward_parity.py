@@ -1,0 +1,239 @@
+"""Forward parity: each layer's output in a candidate precision against float32's, same weights.
+
+What `validate` compares after training parity, on any model the run trains.
+Both models run the same batches with `training=False`, the `call` of each
+compared layer wrapped (`layer_calls.calls_wrapped`) to keep what it returned.
+Nothing is rebuilt around the model: a backbone inside the user's own model,
+Sequential models, dict inputs, shared layers and masks run as in training.
+
+Rows, in the order the model calls them (`parity_rows`): every layer a
+functional or Sequential model's graph calls, descending into a functional or
+Sequential model called in it (`llama_backbone/transformer_layer_0`); every
+layer a layer whose call is Python code holds (a transformer block, its
+attention, a subclassed model), at its first call inside its holder's call
+(`llama_backbone/transformer_layer_0/self_attention/query`), after its
+holder's own row; a model output an operation makes (`keras.ops.softmax(x)`),
+read from what the model returned. Two builds of one factory may name layers
+differently (`dense`, `dense_1`): rows pair by position, by path where classes
+differ.
+
+Unreached (with the reason): a layer a model holds that its graph never calls;
+a sublayer its holder did not call (an attention's softmax beside a fused
+attention kernel); a call not seen when the model ran; outputs not arrays of
+one shape in both models; no twin.
+
+Figures, per row and per model output:
+
+    max_abs_error      max |candidate - baseline|
+    mean_abs_error     mean |candidate - baseline|
+    relative_error     ||candidate - baseline||_2 / ||baseline||_2 over all batches
+    error_jump         relative_error minus the largest relative_error of the
+                       rows the call's inputs come from (`parity_rows`' parents:
+                       through operations and nested models in a graph; inside
+                       a block, by identity, else every row the input may come
+                       from; 0 for the model inputs): the drift this layer
+                       adds; the largest jump is where the drift enters. A
+                       block's own row: the drift its whole call adds
+
+and for the outputs, taken as logits over the last axis:
+
+    top1_agreement     fraction of predictions whose argmax agrees
+    kl_divergence      mean KL(softmax(baseline) || softmax(candidate)), in nats
+
+Example:
+
+    parity = forward_parity(float32_model, mixed_model, [x_batch])
+    [row.path for row in parity.layers], parity.unreached
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import keras
+import numpy as np
+
+from mpt_keras.keras_bridge.layer_calls import calls_wrapped
+from mpt_keras.precision.float8 import learned_weights
+from mpt_keras.validation.parity_rows import ParityRows, Recorder, Row, UnreachedLayer
+
+_NO_TWIN = "the candidate model has no layer at this path"
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerParity:
+    """Forward parity of one layer's (or model output's) output; see the module doc."""
+
+    path: str
+    compute_dtype: str
+    max_abs_error: float
+    mean_abs_error: float
+    relative_error: float
+    error_jump: float
+    top1_agreement: float | None = None
+    kl_divergence: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardParity:
+    """What `forward_parity` compared, and what it could not.
+
+    Attributes:
+        layers: Each row, in the order the model calls them (`parity_rows`).
+        outputs: The row of each model output, in the model's order.
+        unreached: The layers not compared, with the reason.
+    """
+
+    layers: tuple[LayerParity, ...]
+    outputs: tuple[LayerParity, ...]
+    unreached: tuple[UnreachedLayer, ...]
+
+
+def forward_parity(
+    baseline: keras.Model, candidate: keras.Model, batches: Iterable[Any]
+) -> ForwardParity:
+    """Compares `candidate` on `baseline`'s weights with `baseline`, layer by layer.
+
+    Args:
+        baseline: The float32 model; its weights are copied into `candidate`,
+            which keeps any float8 state of its own (what it computes with).
+        candidate: The same model in the candidate precision.
+        batches: The model's inputs, batch by batch (no labels).
+
+    Returns:
+        The rows, the outputs' rows and the unreached layers.
+    """
+    for variable, value in zip(learned_weights(candidate), baseline.get_weights(), strict=True):
+        variable.assign(value)
+    walk, twin = ParityRows(baseline), ParityRows(candidate)
+    pairs, reasons = _paired(walk.rows, twin.rows)
+    sums = {row: _ErrorSums() for row in pairs}
+    expected, received = Recorder(baseline, walk), Recorder(candidate, twin)
+    with (
+        calls_wrapped(walk.watched.values(), expected.watching),
+        calls_wrapped(twin.watched.values(), received.watching),
+    ):
+        for features in batches:
+            mine, theirs = expected.run(features), received.run(features)
+            for row, other in pairs.items():
+                if row not in reasons and row in mine and other in theirs:
+                    reason = sums[row].add(mine[row], theirs[other], walk.rows[row].output)
+                    if reason:
+                        reasons[row] = reason
+    for row, errors in sums.items():
+        if not errors.batches:
+            reasons.setdefault(row, walk.unseen_reason(row))
+    relative = {
+        row: sums[row].relative_error()
+        for row in expected.in_call_order(pairs)
+        if row not in reasons
+    }
+    parities = {}
+    for row in relative:
+        upstream = [relative[parent] for parent in walk.rows[row].parents if parent in relative]
+        # An operation has no policy: the dtype it returned.
+        policy = getattr(twin.rows[pairs[row]].layer, "dtype_policy", None)
+        parities[row] = sums[row].parity(
+            walk.rows[row].path,
+            policy.compute_dtype if policy is not None else sums[row].received_dtype,
+            error_jump=relative[row] - max(upstream, default=0.0),
+            logits=walk.rows[row].output,
+        )
+    return ForwardParity(
+        layers=tuple(parities.values()),
+        outputs=tuple(parities[row] for row in walk.outputs if row in parities),
+        unreached=(
+            *walk.unreached,
+            *(UnreachedLayer(walk.rows[row].path, reasons[row]) for row in sorted(reasons)),
+        ),
+    )
+
+
+def nan_as_inf(value: float) -> float:
+    """Orders NaN above everything, so the worst value wins a max()."""
+    return math.inf if math.isnan(value) else value
+
+
+class _ErrorSums:
+    """Running sums of one row's errors over the batches."""
+
+    def __init__(self):
+        self.max_abs = self.abs_sum = self.squared_error = self.squared_baseline = 0.0
+        self.kl_sum = 0.0
+        self.count = self.batches = self.agreements = self.predictions = 0
+        self.received_dtype = "float32"
+
+    def add(self, expected: Any, received: Any, logits: bool) -> str | None:
+        """Adds one batch; returns why the row cannot be compared, if it cannot."""
+        try:
+            expected, received = _arrays(expected), _arrays(received)
+        except Exception as error:  # A layer may return anything; the others are compared.
+            return f"its output is not an array ({type(error).__name__}: {error})"
+        shapes = ([array.shape for array in expected], [array.shape for array in received])
+        if not expected:
+            return "its call returned no tensor"
+        if shapes[0] != shapes[1]:
+            return f"its outputs differ in shape: float32 {shapes[0]}, candidate {shapes[1]}"
+        self.received_dtype = str(received[0].dtype)
+        self.batches += 1
+        for base, other in zip(expected, received):
+            self._add(base.astype(np.float64), other.astype(np.float64), logits)
+        return None
+
+    def _add(self, expected: np.ndarray, received: np.ndarray, logits: bool) -> None:
+        difference = np.abs(received - expected)
+        # max() of an array holding NaN is NaN, which fails every check.
+        self.max_abs = max(self.max_abs, float(np.max(difference, initial=0.0)), key=nan_as_inf)
+        self.abs_sum += float(np.sum(difference))
+        self.squared_error += float(np.sum(difference**2))
+        self.squared_baseline += float(np.sum(expected**2))
+        self.count += difference.size
+        if logits:
+            self.agreements += int(np.sum(expected.argmax(-1) == received.argmax(-1)))
+            self.predictions += expected[..., 0].size
+            expected_log, received_log = _log_softmax(expected), _log_softmax(received)
+            self.kl_sum += float(np.sum(np.exp(expected_log) * (expected_log - received_log)))
+
+    def relative_error(self) -> float:
+        if self.squared_baseline == 0:
+            return 0.0 if self.squared_error == 0 else math.inf
+        return math.sqrt(self.squared_error / self.squared_baseline)
+
+    def parity(self, path: str, compute_dtype: str, error_jump: float, logits: bool) -> LayerParity:
+        predictions = self.predictions or math.nan  # NaN fails a check, as a NaN error does.
+        return LayerParity(
+            path=path,
+            compute_dtype=compute_dtype,
+            max_abs_error=self.max_abs,
+            mean_abs_error=self.abs_sum / max(self.count, 1),
+            relative_error=self.relative_error(),
+            error_jump=error_jump,
+            top1_agreement=self.agreements / predictions if logits else None,
+            kl_divergence=self.kl_sum / predictions if logits else None,
+        )
+
+
+def _paired(rows: list[Row], twins: list[Row]) -> tuple[dict[int, int], dict[int, str]]:
+    """`{row: the candidate's row}` by position (by path where the layer classes differ),
+    and `{row: why}` for the rows without a twin."""
+    if [type(row.layer) for row in rows] == [type(row.layer) for row in twins]:
+        return {index: index for index in range(len(rows))}, {}
+    by_path = {row.path: index for index, row in enumerate(twins)}
+    pairs = {index: by_path[row.path] for index, row in enumerate(rows) if row.path in by_path}
+    return pairs, {index: _NO_TWIN for index in range(len(rows)) if index not in pairs}
+
+
+def _arrays(value: Any) -> list[np.ndarray]:
+    return [
+        np.asarray(keras.ops.convert_to_numpy(tensor))
+        for tensor in keras.tree.flatten(value)
+        if keras.ops.is_tensor(tensor)
+    ]
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))

@@ -1,0 +1,47 @@
+"""Tests of mpt_keras.keras_bridge.layer_calls: wrapped inside the block, as before after it."""
+
+import keras
+import numpy as np
+import pytest
+
+from mpt_keras.keras_bridge.layer_calls import calls_wrapped
+
+
+def _counting(seen):
+    def wrap(layer, call):
+        def counted(*args, **kwargs):
+            seen.append(layer.name)
+            return call(*args, **kwargs)
+
+        return counted
+
+    return wrap
+
+
+def _model():
+    inputs = keras.Input((2,))
+    hidden = keras.layers.Dense(3, name="hidden")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(1, name="out")(hidden))
+
+
+def test_each_call_inside_the_block_goes_through_the_wrapper_and_none_after():
+    model, seen = _model(), []
+    with calls_wrapped(model.layers[1:], _counting(seen)):
+        model(np.ones((1, 2), "float32"))
+    assert seen == ["hidden", "out"]
+    model(np.ones((1, 2), "float32"))
+    assert seen == ["hidden", "out"]
+    assert all("call" not in vars(layer) for layer in model.layers)
+
+
+def test_an_instance_call_and_a_layer_given_twice_are_restored_even_on_error():
+    model, seen = _model(), []
+    hidden = model.get_layer("hidden")
+    own = hidden.call
+    hidden.call = own  # Set on the instance, as a user's patch would be.
+    with pytest.raises(ValueError):
+        with calls_wrapped([hidden, hidden], _counting(seen)):
+            model(np.ones((1, 2), "float32"))
+            raise ValueError("the model failed")
+    assert seen == ["hidden", "hidden"]
+    assert vars(hidden)["call"] is own

@@ -1,0 +1,329 @@
+"""Tests of mpt_keras.runs.validation: parity of a candidate with float32."""
+
+import json
+import math
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mpt_keras
+from mpt_keras.runs import validation
+from mpt_keras.runs.validation import Check, Thresholds
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_STEPS = 10
+
+
+def _config(tfds_dir, name, **overrides):
+    config = mpt_keras.TrainConfig.from_json(os.path.join(REPO, "configs", name))
+    return config.merged({"data": {"data_dir": tfds_dir}, **overrides})
+
+
+def _tiny_lm(tfds_dir):
+    return _config(
+        tfds_dir,
+        "python_source_transformer.json",
+        data={"data_dir": tfds_dir, "batch_size": 8, "sequence_length": 32, "eval_examples": 32},
+        model={"options": {"num_layers": 1, "d_model": 32, "num_heads": 2}},
+        optimizer={"warmup_steps": 0},
+    )
+
+
+@pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])
+@pytest.mark.parametrize("config_name", ["digits_mlp.json", "digits_cnn.json"])
+def test_mixed_precisions_pass_the_default_thresholds(tfds_dir, config_name, precision):
+    report = validation.validate(_config(tfds_dir, config_name), precision, steps=_STEPS)
+    assert report.passed, report.table()
+    assert [check.name for check in report.checks] == [
+        "output_relative_error",
+        "top1_agreement",
+        "kl_divergence",
+        "metric_delta",
+        "final_loss_gap",
+        "skipped_fraction",
+    ]
+    assert (len(report.baseline_losses), len(report.candidate_losses)) == (_STEPS, _STEPS)
+    assert report.outputs[0].path == "logits"
+    assert report.outputs[0].compute_dtype == "float32"  # A safe default.
+    compute = precision.removeprefix("mixed_")
+    assert {layer.compute_dtype for layer in report.layers[:-1]} == {compute}
+    # Low precision does change the outputs; a zero would mean nothing was compared.
+    assert 0 < report.outputs[0].relative_error < 0.02
+
+
+def test_a_tiny_transformer_passes_the_default_thresholds_in_float16(tfds_dir):
+    # bfloat16: the bundled float8 manifest's default, below.
+    report = validation.validate(_tiny_lm(tfds_dir), "mixed_float16", steps=5)
+    assert report.passed, report.table()
+    assert [layer.path for layer in report.layers] == [
+        "token_embedding",
+        "position_embedding",
+        "block_0",
+        # Its sublayers, after it, in call order.
+        "block_0/attention_norm",
+        "block_0/attention",
+        "block_0/attention/query",
+        "block_0/attention/key",
+        "block_0/attention/value",
+        "block_0/attention/attention_output",
+        "block_0/mlp_norm",
+        "block_0/mlp_up",
+        "block_0/mlp_down",
+        "block_0/mlp_dropout",
+        "final_norm",
+        "logits",
+    ]
+    # Without dropout, Keras' attention runs a fused kernel beside its softmax and dropout.
+    reason = "not called inside 'block_0/attention', which holds it, when the model ran"
+    assert report.unreached == (
+        validation.UnreachedLayer("block_0/attention/_softmax", reason),
+        validation.UnreachedLayer("block_0/attention/_dropout_layer", reason),
+    )
+
+
+@pytest.mark.slow
+def test_the_bundled_float8_manifest_passes_the_default_thresholds(tfds_dir):
+    """The bundled Transformer config, its 12 block matmuls in float8, default steps.
+
+    Forward parity runs on the weights float32 reached: on the initial ones
+    top-1 agreement was 0.881, near-uniform logits whose ties e4m3's rounding
+    breaks (docs/calibration_and_validation.md).
+    """
+    manifest = os.path.join(REPO, "configs", "manifests", "python_source_transformer_float8.json")
+    report = validation.validate(_config(tfds_dir, "python_source_transformer.json"), manifest)
+    assert report.passed, report.table()
+    assert report.steps == 50 and report.skipped_steps == 0
+    blocks = [layer for layer in report.layers if layer.path in ("block_0", "block_1")]
+    assert [layer.compute_dtype for layer in blocks] == ["float32", "float32"]  # The manifest's.
+    # Float8 changes the blocks' outputs, 10 times as much as bfloat16 alone (0.003).
+    assert all(0.01 < layer.relative_error < 0.1 for layer in blocks), report.table()
+
+
+def test_a_normalization_in_float16_shows_its_drift_at_that_layer(tfds_dir, tmp_path):
+    manifest = tmp_path / "norm_in_float16.json"
+    manifest.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "default": "float32",
+                "rules": [{"match": {"path": "final_norm"}, "policy": "mixed_float16"}],
+            }
+        )
+    )
+    report = validation.validate(_tiny_lm(tfds_dir), manifest, steps=2)
+    layers = {layer.path: layer for layer in report.layers}
+    assert report.drift_entry() == "final_norm"
+    assert layers["final_norm"].compute_dtype == "float16"
+    for upstream in ("token_embedding", "position_embedding", "block_0"):
+        assert layers[upstream].relative_error == 0.0
+    assert layers["final_norm"].error_jump == layers["final_norm"].relative_error > 0
+    assert "drift enters at final_norm" in report.table()
+
+
+def _validate_in_bfloat16(build) -> validation.ValidationReport:
+    """`validate` of a model of 4 features and 3 classes, 2 steps of 16 random examples."""
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    y = (x[:, 0] > 0).astype("int32")
+    return validation.validate(
+        build,
+        "mixed_bfloat16",
+        steps=2,
+        data=((x, y), (x[:16], y[:16])),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        config=mpt_keras.TrainConfig.from_dict({"data": {"batch_size": 16}}),
+    )
+
+
+def test_a_backbone_inside_ones_own_model_is_compared_layer_by_layer():
+    """The probe was a keras.Model on the outer inputs: "features" used 2 times."""
+
+    def build():
+        inner = keras.Input((4,), name="features")
+        encoder = keras.Sequential([keras.layers.Dense(8, name="project")], name="encoder")
+        hidden = keras.layers.Dense(8, activation="relu", name="hidden")(encoder(inner))
+        backbone = keras.Model(inner, hidden, name="backbone")
+        inputs = keras.Input((4,), name="features")  # Named as the backbone's, as users do.
+        return keras.Model(inputs, keras.layers.Dense(3, name="logits")(backbone(inputs)))
+
+    report = _validate_in_bfloat16(build)
+    assert [(layer.path, layer.compute_dtype) for layer in report.layers] == [
+        ("backbone/encoder/project", "bfloat16"),
+        ("backbone/hidden", "bfloat16"),
+        ("logits", "float32"),  # The run's safe default for the logits.
+    ]
+    assert [output.path for output in report.outputs] == ["logits"]
+    assert report.unreached == ()
+    assert "not compared" not in report.table()
+    assert 0 < report.outputs[0].relative_error < 0.05
+
+
+def test_float32_against_itself_is_exact(tfds_dir):
+    report = validation.validate(_config(tfds_dir, "digits_mlp.json"), "float32", steps=3)
+    assert all(layer.max_abs_error == 0.0 for layer in report.layers)
+    assert report.outputs[0].top1_agreement == 1.0
+    assert report.outputs[0].kl_divergence == 0.0
+    assert report.baseline_losses == report.candidate_losses
+    assert report.baseline_metrics == report.candidate_metrics
+
+
+def test_an_impossible_threshold_fails_only_its_check(tfds_dir):
+    report = validation.validate(
+        _config(tfds_dir, "digits_mlp.json"), "mixed_bfloat16", Thresholds(output_rtol=0), steps=3
+    )
+    assert not report.passed
+    assert [check.name for check in report.failed_checks()] == ["output_relative_error"]
+    assert "candidate mixed_bfloat16 vs float32: FAIL" in report.table()
+
+
+def test_run_validation_writes_json_table_png_and_tensorboard(tfds_dir, tmp_path):
+    output = tmp_path / "out" / "report.json"
+    report = validation.run_validation(
+        _config(tfds_dir, "digits_mlp.json"), "mixed_bfloat16", output, steps=3
+    )
+    values = json.loads(output.read_text())
+    assert values["passed"] is True
+    assert values["candidate"] == "mixed_bfloat16"
+    assert values["candidate_losses"] == list(report.candidate_losses)
+    assert values["checks"][0] == {
+        "name": "output_relative_error",
+        "value": report.checks[0].value,
+        "threshold": 0.05,
+        "comparison": "<=",
+        "passed": True,
+    }
+    assert (tmp_path / "out" / "report.txt").read_text() == report.table()
+    image = tf.io.decode_png((tmp_path / "out" / "report.png").read_bytes())
+    assert image.shape == (400, 640, 3)
+    curves = sorted(os.listdir(tmp_path / "out" / "report_logs"))
+    assert curves == ["candidate", "float32"]
+
+
+def test_plot_draws_both_curves_in_their_colors():
+    image = tf.io.decode_png(validation.plot_loss_curves([2.0, 1.0], [2.0, float("nan")])).numpy()
+    colors = {tuple(pixel) for pixel in image.reshape(-1, 3)}
+    assert (31, 119, 180) in colors
+    # The candidate's only finite point makes no segment.
+    assert (255, 127, 14) not in colors
+
+
+@pytest.mark.parametrize(
+    "check, passed",
+    [
+        (Check("a", 0.5, 0.5, "<="), True),
+        (Check("a", 0.6, 0.5, "<="), False),
+        (Check("a", 0.5, 0.5, ">="), True),
+        (Check("a", 0.4, 0.5, ">="), False),
+        (Check("a", math.nan, 0.5, "<="), False),
+        (Check("a", math.nan, 0.5, ">="), False),
+    ],
+)
+def test_check_verdicts(check, passed):
+    assert check.passed is passed
+
+
+def test_check_describes_itself_in_one_line():
+    check = Check("output_relative_error", 0.0123, 0.01, "<=")
+    assert check.describe() == "output_relative_error: 0.0123 (allowed <= 0.01) FAIL"
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"output_rtol": -1.0}, "threshold output_rtol: must be a number >= 0, received -1.0"),
+        ({"max_kl": "big"}, "threshold max_kl: must be a number >= 0, received 'big'"),
+        (
+            {"min_top1_agreement": 2.0},
+            "threshold min_top1_agreement: must be in [0, 1], received 2.0",
+        ),
+    ],
+)
+def test_bad_thresholds_are_user_errors(kwargs, message):
+    with pytest.raises(mpt_keras.UserInputError) as error:
+        Thresholds(**kwargs)
+    assert str(error.value) == message
+
+
+def test_a_bad_candidate_is_a_user_error(tfds_dir):
+    with pytest.raises(mpt_keras.UserInputError) as error:
+        validation.validate(_config(tfds_dir, "digits_mlp.json"), "float8", steps=1)
+    assert str(error.value) == (
+        "candidate 'float8': neither a precision nor a manifest file. Allowed: float32, "
+        "mixed_float16, mixed_bfloat16, auto, or the path of a manifest (JSON)"
+    )
+
+
+def test_a_subclassed_model_is_compared_as_a_block():
+    """Its layers, called in its Python call, were unreached: they are rows, after its own."""
+
+    class Mlp(keras.Model):
+        def __init__(self):
+            super().__init__(name="mlp")
+            self.hidden = keras.layers.Dense(8, activation="relu")
+            self.logits = keras.layers.Dense(3)
+            self.spare = keras.layers.Dropout(0.5)  # Its call never calls it.
+
+        def call(self, inputs):
+            return self.logits(self.hidden(inputs))
+
+    report = _validate_in_bfloat16(Mlp)
+    assert [(layer.path, layer.compute_dtype) for layer in report.layers] == [
+        ("mlp", "bfloat16"),
+        ("dense", "bfloat16"),
+        ("dense_1", "float32"),  # The run's safe default for the logits.
+    ]
+    assert report.outputs == report.layers[:1]
+    assert 0 < report.outputs[0].relative_error < 0.05
+    # The model returned what its last layer did: no drift of its own.
+    assert report.layers[0].relative_error == report.layers[2].relative_error
+    assert report.layers[0].error_jump == 0.0
+    # What it could not reach: said, in the report, the table and the JSON.
+    reason = "not called inside 'mlp', which holds it, when the model ran"
+    assert report.unreached == (validation.UnreachedLayer("dropout", reason),)
+    assert f"not compared (1):\n  dropout: {reason}\n" in report.table()
+    assert report.to_dict()["unreached"] == [{"path": "dropout", "reason": reason}]
+    # No accuracy metric: no accuracy check.
+    assert [check.name for check in report.checks] == [
+        "output_relative_error",
+        "top1_agreement",
+        "kl_divergence",
+        "final_loss_gap",
+        "skipped_fraction",
+    ]
+
+
+def test_a_config_takes_no_objects_besides():
+    with pytest.raises(mpt_keras.UserInputError) as raised:
+        validation.validate(mpt_keras.TrainConfig(), "mixed_float16", loss="mse")
+    assert str(raised.value) == (
+        "a TrainConfig names its own components: received it with data, loss, metrics or "
+        "config too. Allowed: a TrainConfig alone, or a model with data and loss"
+    )
+
+
+def test_drift_enters_at_a_sublayer_not_at_the_block_whose_jump_sums_it():
+    def row(path: str, jump: float) -> validation.LayerParity:
+        return validation.LayerParity(path, "float16", 0.0, 0.0, jump, jump)
+
+    report = validation.ValidationReport(
+        candidate="mixed_bfloat16",
+        steps=1,
+        layers=(
+            row("embedding", 0.001),
+            row("block", 0.009),
+            row("block/attention", 0.002),
+            row("block/attention/query", 0.001),
+            row("block/mlp_gate", 0.006),
+            row("logits", 0.003),
+        ),
+        outputs=(),
+        baseline_losses=(),
+        candidate_losses=(),
+        baseline_metrics={},
+        candidate_metrics={},
+        skipped_steps=0,
+        checks=(),
+    )
+    assert report.drift_entry() == "block/mlp_gate"
