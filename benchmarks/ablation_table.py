@@ -1,14 +1,8 @@
 """The stack ablation's table: the results file of its cells, and its rows in docs/benchmarks.md.
 
-`python -m benchmarks.stack_ablation` measures one cell (model, precision,
-XLA setting) a run; `--add_to` adds it to a results file (`add_cell`):
-
-    {"benchmark": "stack_ablation", "cells": [<one run's result>, ...]}
-
-each cell as `stack_ablation.measure` returns it, with its `run` record
-(`benchmarks.result_files`). `python -m benchmarks.docs_tables` makes the
-table of docs/benchmarks.md from it (`markdown_table`): its columns are the
-variants the cells measured, which must be the same in every cell.
+A results file is `{"benchmark": "stack_ablation", "cells": [...]}`, a cell
+per (model, precision, XLA setting), each one run's result with its `run`
+record; every cell must have measured the same variants (the table's columns).
 """
 
 from __future__ import annotations
@@ -22,16 +16,15 @@ from benchmarks import result_files
 from mpt_keras.errors import UserInputError
 
 BENCHMARK = "stack_ablation"
-# The issue's goal: our stack's step time at most 1.03x stock Keras'.
+# The goal: our stack's step time at most 1.03x stock Keras'.
 GOAL_OVER_STOCK = 1.03
 
 
 def cells(results: Any, source: str) -> list[dict[str, Any]]:
-    """The measured cells of a results file's JSON, in the order first measured.
+    """The cells of a results file's JSON, in the order first measured.
 
     Raises:
-        UserInputError: If `results` is not a results file of this benchmark,
-            or measures a cell twice.
+        UserInputError: If `results` is not such a file, or has a cell twice.
     """
     if not isinstance(results, Mapping):
         received = f"a JSON {type(results).__name__}"
@@ -57,18 +50,15 @@ def load_cells(path: str) -> list[dict[str, Any]]:
     """The cells of the results file at `path`; none if there is no such file.
 
     Raises:
-        UserInputError: As `cells`, or if the file is not JSON.
+        UserInputError: As `cells`, or if it is not JSON.
     """
     results = result_files.read(path)
     return [] if results is None else cells(results, path)
 
 
 def add_cell(path: str, cell: Mapping[str, Any]) -> None:
-    """Writes the results file `path` with `cell` in place of its cell's earlier measurement.
-
-    A cell measured for the first time goes last: the table's rows are in the
-    order the cells were first measured. The file and its directory are
-    created if absent.
+    """Writes the results file `path` (created if absent) with `cell` in place of its
+    earlier measurement; a new cell goes last.
 
     Raises:
         UserInputError: As `load_cells`.
@@ -81,20 +71,12 @@ def add_cell(path: str, cell: Mapping[str, Any]) -> None:
 
 
 def markdown_table(measured: Sequence[Mapping[str, Any]], source: str) -> list[str]:
-    """The cells as the table of docs/benchmarks.md, what its columns are, and a summary line.
-
-    A row per cell, in the order given: the median step time of stock and of
-    ours (every piece), ours over stock, and each piece's variant over the one
-    before it, as medians of the per-round ratios. The summary gives ours over
-    stock per model and how many cells meet `GOAL_OVER_STOCK`.
-
-    Args:
-        measured: One or more cells.
-        source: Where they were read, for errors.
+    """The cells as the table of docs/benchmarks.md, its legend, and ours over stock per
+    model against `GOAL_OVER_STOCK`.
 
     Raises:
-        UserInputError: If there are no cells, or the cells measured
-            different variants (a piece added since some were measured).
+        UserInputError: If there are no cells, or they measured different
+            variants (a piece added since some were measured).
     """
     if not measured:
         raise UserInputError(f"{source}: received no cells. Allowed: one or more")

@@ -1,8 +1,7 @@
 """The suite's plot: achieved FLOP/s per variant against the measured matmul peaks.
 
-Drawn with numpy and `tf.io.encode_png`, as `mpt_keras.runs.validation` draws its
-loss curves, so the benchmarks need no plotting library; text is set in a
-built-in 3x5 pixel font (upper case, digits and a little punctuation).
+Drawn with numpy and `tf.io.encode_png` in a built-in 3x5 pixel font (as
+`mpt_keras.validation.loss_curves` draws), so the benchmarks need no plotting library.
 """
 
 from __future__ import annotations
@@ -82,10 +81,8 @@ def plot_throughput(
 
     Args:
         bars: `(label, precision, GFLOP/s)` per variant, top to bottom; the
-            precision picks the bar's color.
-        peaks: Matmul GFLOP/s per dtype (`float32`, `bfloat16`, `float16`),
-            drawn as labeled vertical lines in the dtype's color.
-        width: Image width in pixels.
+            precision picks the color.
+        peaks: Matmul GFLOP/s per dtype, each a line in the dtype's color.
     """
     margin = 10
     top = margin + 2 * _ROW_HEIGHT  # Room for the title and the peaks' labels.

@@ -1,8 +1,6 @@
 """The flags of the benchmarks run as modules (`python -m benchmarks.<name>`).
 
-Defined here, apart from their module, so that the benchmark modules can be
-imported together (as the tests do); `mpt-bench` defines its own in
-`trainers/bench.py`.
+Apart from their modules, so that those can be imported together (as the tests do).
 """
 
 from __future__ import annotations

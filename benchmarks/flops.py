@@ -1,20 +1,8 @@
-"""FLOPs of a train step, counted from the model's traced forward graph.
+"""FLOPs of a train step, counted from the static shapes of the traced forward graph.
 
-The forward pass is traced once (`training=True`, on the batch's input spec,
-a tensor's or a dict's of them, static shapes) and its matrix products
-counted from their static shapes, 2 FLOPs per multiply-add:
-
-    MatMul, BatchMatMulV2/V3   2 * (output elements) * (contracted size)
-    Einsum (two operands)      2 * product of the sizes of every distinct index
-    Conv2D, Conv3D             2 * (output elements) * kernel size * input channels (per group)
-    DepthwiseConv2dNative      2 * (output elements) * kernel height * width
-
-A train step is counted as 3x the forward pass (the backward pass computes a
-gradient for the inputs and one for the weights of each product: 2x), the
-usual estimate (as the 6 * parameters * tokens of LM scaling papers). The
-elementwise work (activations, softmax, normalization, the optimizer update)
-is not counted: it is not what the matmul peak measures, and on these models
-it is a small share of the FLOPs but not of the time.
+A train step is 3x the forward pass's matrix products (the backward pass has
+two products per one: inputs' and weights' gradients), the usual estimate.
+Elementwise work is not counted: the matmul peak does not measure it.
 """
 
 from __future__ import annotations
@@ -36,13 +24,11 @@ METHOD = (
 
 
 def train_step_flops(model: keras.Model, input_spec: Any) -> int:
-    """FLOPs of one train step of `model` on a batch of inputs of `input_spec`.
+    """FLOPs of one train step of the built `model` on a batch of `input_spec`.
 
     Args:
-        model: A built model.
-        input_spec: Its input batch: a `tf.TensorSpec` (batch dimension
-            included), or a dict, list or tuple of them for a model of several
-            inputs, as a batched dataset's `element_spec` holds them.
+        input_spec: A `tf.TensorSpec` (batch dimension included), or a dict,
+            list or tuple of them, as a batched dataset's `element_spec`.
 
     Raises:
         ValueError: If a product's shape is not static, or an einsum is not
@@ -54,7 +40,7 @@ def train_step_flops(model: keras.Model, input_spec: Any) -> int:
 
 
 def product_flops(operations: Iterable[tf.Operation]) -> int:
-    """FLOPs of the matrix products among `operations` (see the module docstring)."""
+    """FLOPs of the matrix products among `operations`, 2 per multiply-add."""
     return sum(_flops(operation) for operation in operations)
 
 
@@ -69,10 +55,10 @@ def _flops(operation: tf.Operation) -> int:
         contracted = left[-2] if operation.get_attr("adj_x") else left[-1]
         return 2 * _elements(operation.outputs[0]) * contracted
     if kind in ("Conv2D", "Conv3D"):
-        # The kernel: spatial sizes, input channels (of a group), output channels.
+        # Kernel: spatial sizes, input channels (of a group), output channels.
         return 2 * _elements(operation.outputs[0]) * math.prod(_shape(operation.inputs[1])[:-1])
     if kind == "DepthwiseConv2dNative":
-        # Each output element reads one input channel: height * width products.
+        # An output element reads one input channel.
         height, width, _, _ = _shape(operation.inputs[1])
         return 2 * _elements(operation.outputs[0]) * height * width
     if kind == "Einsum":

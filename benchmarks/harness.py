@@ -1,11 +1,9 @@
 """What the benchmarks share: the reference models and their data, interleaved timing, output.
 
-Every benchmark measures its variants in ONE process, interleaved round by
-round (alternating which goes first) so that machine drift cancels, and
-reports per variant the median step time over the rounds, and for a pair of
-variants the ratio of the medians and the median of the per-round ratios: a
-round's two measurements are adjacent in time, so that figure is the one least
-disturbed by other load on the machine.
+Variants are timed in ONE process, round by round (alternating which goes
+first), so machine drift cancels. A pair's ratio is given as the ratio of the
+medians and the median of the per-round ratios: a round's measurements are
+adjacent in time, so the latter is the least disturbed by other load.
 """
 
 from __future__ import annotations
@@ -34,7 +32,7 @@ NUM_CLASSES = 10
 
 
 def token_batches(batch_size: int, sequence_length: int) -> tf.data.Dataset:
-    """An endless stream of (tokens, next tokens) batches of random bytes."""
+    """Endless (tokens, next tokens) batches of random bytes."""
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 256, size=(batch_size * 8, sequence_length + 1), dtype=np.int32)
     return (
@@ -46,7 +44,7 @@ def token_batches(batch_size: int, sequence_length: int) -> tf.data.Dataset:
 
 
 def image_batches(batch_size: int) -> tf.data.Dataset:
-    """An endless stream of (8x8 image, label) batches of random values."""
+    """Endless (8x8 image, label) batches of random values."""
     rng = np.random.default_rng(0)
     images = rng.normal(size=(batch_size * 8, *IMAGE_SHAPE)).astype(np.float32)
     labels = rng.integers(0, NUM_CLASSES, size=batch_size * 8, dtype=np.int32)
@@ -59,7 +57,6 @@ def image_batches(batch_size: int) -> tf.data.Dataset:
 
 
 def build_transformer_lm(sequence_length: int, num_layers: int, d_model: int) -> keras.Model:
-    """The reference Transformer LM over bytes, from seed 0, in the global policy."""
     keras.utils.set_random_seed(0)
     return models.build_transformer_lm(
         VOCAB_SIZE, sequence_length, num_layers=num_layers, d_model=d_model, num_heads=4
@@ -67,29 +64,24 @@ def build_transformer_lm(sequence_length: int, num_layers: int, d_model: int) ->
 
 
 def build_cnn() -> keras.Model:
-    """The reference CNN over 8x8 images, from seed 0, in the global policy."""
     keras.utils.set_random_seed(0)
     return models.build_cnn(IMAGE_SHAPE, NUM_CLASSES)
 
 
 def build_mlp() -> keras.Model:
-    """The reference MLP over 8x8 images (as in configs/digits_mlp.json), from seed 0."""
     keras.utils.set_random_seed(0)
     return models.build_mlp(IMAGE_SHAPE, NUM_CLASSES)
 
 
 def reference_model(name: str, sequence_length: int, num_layers: int, d_model: int) -> keras.Model:
-    """The reference model `name` (`transformer_lm`, `cnn`, `mlp`), from seed 0.
-
-    The sizes are the Transformer LM's; the CNN and MLP take 8x8 images.
-    """
+    """The reference model `name`, from seed 0, in the global policy; the sizes are the LM's."""
     if name == "transformer_lm":
         return build_transformer_lm(sequence_length, num_layers, d_model)
     return build_cnn() if name == "cnn" else build_mlp()
 
 
 def reference_batches(name: str, batch_size: int, sequence_length: int) -> tf.data.Dataset:
-    """Endless batches for the reference model `name`: token sequences or 8x8 images."""
+    """Endless batches for the reference model `name`."""
     if name == "transformer_lm":
         return token_batches(batch_size, sequence_length)
     return image_batches(batch_size)
@@ -98,7 +90,7 @@ def reference_batches(name: str, batch_size: int, sequence_length: int) -> tf.da
 def transformer_lm_description(
     num_layers: int, d_model: int, sequence_length: int, batch_size: int
 ) -> dict[str, Any]:
-    """How `compiled_transformer_lm` was sized, for a result's JSON."""
+    """The Transformer LM's sizes, for a result's JSON."""
     return {
         "name": "transformer_lm",
         "num_layers": num_layers,
@@ -111,17 +103,10 @@ def transformer_lm_description(
 class FitLoop:
     """Runs train steps as `model.fit` does, with its callbacks, resumable round by round.
 
-    Each call runs `steps` more steps of one endless epoch: the callbacks' batch
-    hooks around each call of the compiled train function, as in Keras' fit
-    loop, through a `keras.callbacks.CallbackList` made as `fit` makes it (so
-    callbacks without batch hooks are dispatched asynchronously, as in `fit`).
-    Unlike a `fit` per round, it pays the start and end of training once (on
-    construction and in `end`), as a real run does.
-
-    Args:
-        model: A compiled model.
-        iterator: An iterator of its batches.
-        callbacks: Keras callbacks, e.g. a `MixedPrecisionMonitor`.
+    Each call runs more steps of one endless epoch, the callbacks' batch hooks
+    around each, through a `CallbackList` made as `fit` makes it (so hooks are
+    dispatched as in `fit`). Unlike a `fit` per round, the start and end of
+    training are paid once (here and in `end`), as in a real run.
     """
 
     def __init__(self, model: keras.Model, iterator: Any, callbacks: Sequence[Any] = ()):
@@ -136,7 +121,7 @@ class FitLoop:
         self._step = 0
 
     def __call__(self, steps: int) -> float:
-        """Runs `steps` steps; returns the seconds they took, the last one finished."""
+        """Runs `steps` steps; returns their seconds, the last one finished."""
         start = time.perf_counter()
         for _ in range(steps):
             self._callbacks.on_train_batch_begin(self._step)
@@ -158,10 +143,8 @@ def interleave(
     """Times the variants round by round; returns per-round seconds per step.
 
     Args:
-        runners: Per variant, a function that runs that many steps and returns
-            the seconds they took (synchronised at its end).
-        rounds: Measurement rounds.
-        steps_per_round: Steps per variant and round.
+        runners: Per variant, runs that many steps and returns the seconds
+            they took (synchronised at its end).
     """
     names = list(runners)
     step_seconds: dict[str, list[float]] = {name: [] for name in names}
@@ -172,7 +155,7 @@ def interleave(
 
 
 def ratio(numerator: Sequence[float], denominator: Sequence[float]) -> dict[str, float]:
-    """The ratio of two variants' median step times, and the median of the per-round ratios."""
+    """The ratio of the medians, and the median of the per-round ratios."""
     return {
         "ratio": statistics.median(numerator) / statistics.median(denominator),
         "paired_ratio_median": statistics.median(
@@ -191,12 +174,11 @@ def report(result: Mapping[str, Any], lines: list[str], output: str | None) -> N
 
 
 def devices() -> list[str]:
-    """The logical devices the measurement ran on."""
     return [device.name for device in tf.config.list_logical_devices()]
 
 
 def machine() -> dict[str, Any]:
-    """The machine and software the measurement ran on, for a result's JSON."""
+    """The machine and software measured on, for a result's JSON."""
     cpu_flags = probe_hardware().cpu_flags
     return {
         "cpu": _cpu_model(),

@@ -1,9 +1,7 @@
 """The machine's limit: measured matmul FLOP/s per dtype, the ceiling of every variant.
 
-A square `size x size` matmul (2 * size**3 FLOPs) run by TensorFlow's own
-kernel (oneDNN on x86 CPUs, without XLA), timed for each dtype interleaved
-round by round like the benchmarks' variants (`harness.interleave`), so the
-dtypes' figures, and the bfloat16 / float32 ratio, see the same machine load.
+A square matmul by TensorFlow's own kernel (without XLA), the dtypes timed
+interleaved (`harness.interleave`) so their ratio sees one machine load.
 """
 
 from __future__ import annotations
@@ -23,19 +21,12 @@ DTYPES = ("float32", "bfloat16", "float16")
 def measure_matmul_peak(
     size: int, rounds: int, dtypes: Sequence[str] = DTYPES, matmuls_per_round: int = 2
 ) -> dict[str, Any]:
-    """Measures matmul FLOP/s per dtype; returns the JSON-ready result.
-
-    Args:
-        size: Rows (= columns) of the square matrices.
-        rounds: Interleaved measurement rounds.
-        dtypes: TensorFlow dtype names to measure.
-        matmuls_per_round: Matmuls timed per dtype and round.
+    """Measures matmul FLOP/s per dtype of `size x size` matrices; returns the JSON-ready result.
 
     Returns:
-        `size`, `rounds`, `flops_per_matmul`, `step_seconds` (per dtype, per
-        round, seconds per matmul), `flops_per_second` (per dtype, from the
-        median) and `bfloat16_over_float32` / `float16_over_float32` when
-        those dtypes were measured.
+        `size`, `rounds`, `flops_per_matmul`, `step_seconds` (per dtype and
+        round, seconds per matmul), `flops_per_second` (per dtype, of the
+        median) and `<dtype>_over_float32` for bfloat16 and float16.
     """
     runners = {dtype: _matmul_runner(dtype, size) for dtype in dtypes}
     for runner in runners.values():

@@ -1,22 +1,9 @@
 """Where a train step's time goes: the TensorFlow profiler's op times, by category.
 
-`capture` records a profiler trace of some train steps (TensorBoard's Profile
-tab reads it: `tensorboard --logdir <dir>` with `tensorboard-plugin-profile`
-installed); `op_seconds` reads the trace back (the `.xplane.pb` protocol
-buffer TensorFlow writes) and sums, per op type, the time of the ops the
-TensorFlow executor ran, divided by the number of steps. `breakdown` groups
-those into `CATEGORIES`.
-
-Op time is summed over the executor's threads, so on a multi-core machine it
-can exceed the wall time of a step; its fractions say where the work is.
-Only ops the TensorFlow executor runs are seen: an XLA-compiled step is one
-opaque cluster, so profile steps with XLA off.
-
-What the profile says about a lower precision: with float32's op time `T`
-and matmul time `M`, the precision's casts `C` and other ops `O`, and its
-matmul peak `r` times float32's, matmuls running at that peak would make the
-step `T / (M / r + C + O)` faster than float32 (its other ops as measured).
-When that is below a goal, faster matmuls alone cannot reach it.
+Op time is summed over the executor's threads (it can exceed a step's wall
+time; its fractions say where the work is). An XLA-compiled step is one
+opaque cluster: profile with XLA off. `speedup_with_peak_matmuls` says what
+faster matmuls alone could gain: below a goal, they cannot reach it.
 """
 
 from __future__ import annotations
@@ -31,8 +18,7 @@ import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 CATEGORIES = ("matmul", "cast", "other")
-# Op types (oneDNN's `_Mkl*` rewrites included) whose work is matrix products:
-# matmuls, einsums, convolutions and their gradients.
+# Matrix products (oneDNN's `_Mkl*` rewrites and gradients included).
 _MATMUL = re.compile(r"^_?(Mkl)?(Native)?(Fused)?(Batch)?(MatMul|Einsum|Conv|DepthwiseConv)")
 _EXECUTOR_THREADS = "tf_Compute"
 METHOD = (
@@ -48,11 +34,8 @@ METHOD = (
 def capture(run_steps: Callable[[int], object], steps: int, log_dir: str) -> str:
     """Runs `run_steps(steps)` under the TensorFlow profiler; returns the trace file's path.
 
-    Args:
-        run_steps: Runs that many train steps, the last one finished when it
-            returns.
-        steps: Steps to profile.
-        log_dir: Directory of the trace (TensorBoard's `plugins/profile` layout).
+    The trace (under `log_dir`, TensorBoard's `plugins/profile` layout) opens
+    in TensorBoard's Profile tab (`tensorboard-plugin-profile`).
     """
     tf.profiler.experimental.start(log_dir)
     try:
@@ -66,7 +49,8 @@ def capture(run_steps: Callable[[int], object], steps: int, log_dir: str) -> str
 
 
 def op_seconds(trace_path: str, steps: int) -> dict[str, float]:
-    """Seconds per step of each op type the TensorFlow executor ran, most first."""
+    """Seconds per step of each op type the executor ran (read from the `.xplane.pb`
+    trace), most first."""
     space = xplane_pb2.XSpace()
     with open(trace_path, "rb") as file:
         space.ParseFromString(file.read())
@@ -78,8 +62,7 @@ def op_seconds(trace_path: str, steps: int) -> dict[str, float]:
                 continue
             for event in line.events:
                 name = names.get(event.metadata_id, "")
-                # Op events are named "<node name>:<op type>"; the executor's
-                # own ("ExecutorState::Process", ...) are not ops.
+                # "<node name>:<op type>"; the executor's own events are not ops.
                 node, _, op_type = name.rpartition(":")
                 if node and not node.endswith(":"):
                     totals[op_type] += event.duration_ps * 1e-12 / steps
@@ -105,11 +88,10 @@ def breakdown(seconds: Mapping[str, float]) -> dict[str, float]:
 def speedup_with_peak_matmuls(
     float32: Mapping[str, float], low: Mapping[str, float], peak_ratio: float
 ) -> float:
-    """Float32's op time over `low`'s, were `low`'s matmuls float32's / `peak_ratio`.
+    """`T / (M / r + C + O)`: float32's op time over `low`'s, were `low`'s matmuls
+    float32's `M` at the matmul peak ratio `r` (its casts `C`, other ops `O` as measured).
 
     Args:
-        float32: `breakdown` of the float32 variant.
-        low: `breakdown` of the lower-precision variant.
-        peak_ratio: The lower precision's matmul peak over float32's.
+        float32, low: `breakdown` of the float32 and the lower-precision variant.
     """
     return float32["total"] / (float32["matmul"] / peak_ratio + low["cast"] + low["other"])

@@ -1,17 +1,9 @@
 """The benchmarks' result files: what run wrote each (when, which command, what machine).
 
-A result file that a table of docs/benchmarks.md is made from
-(`benchmarks.docs_tables`) carries, besides the `machine` of
-`harness.machine` (CPU model, cores, TensorFlow and Keras versions, devices),
-a `run` record:
-
-    date       when the result was written: ISO 8601, UTC, to the second
-    command    the command line that wrote it, quoted for a POSIX shell
-    cpu_flags  the CPU's flags among `CPU_FLAGS`, in that order: the vector
-               extensions and the bfloat16 and float16 arithmetic that decide
-               which kernels TensorFlow runs on this CPU
-
-`describe` turns both into the line a table's section starts with.
+A result a table of docs/benchmarks.md is made from carries, besides its
+`machine` (`harness.machine`), a `run` record: `date` (ISO 8601, UTC),
+`command` (quoted for a POSIX shell) and `cpu_flags` (those of `CPU_FLAGS`:
+they decide which kernels TensorFlow runs on this CPU).
 """
 
 from __future__ import annotations
@@ -40,12 +32,7 @@ _LOW_PRECISION_FLAGS = frozenset({"avx512_bf16", "avx512_fp16", "amx_bf16", "amx
 
 
 def record(command: Sequence[str]) -> dict[str, Any]:
-    """The `run` record of a result this process writes now.
-
-    Args:
-        command: The program and its arguments as the user typed them, e.g.
-            `["mpt-bench", *sys.argv[1:]]`.
-    """
+    """The `run` record of a result written now by `command`, as typed (`["mpt-bench", ...]`)."""
     # Here, not at the top: reading results (the docs' tables) needs no TensorFlow.
     from mpt_keras.precision.hardware import probe_hardware
 
@@ -69,7 +56,7 @@ def read(path: str) -> Any | None:
     """The JSON at `path`, or None if there is no such file.
 
     Raises:
-        UserInputError: If the file is not JSON.
+        UserInputError: If it is not JSON.
     """
     try:
         with open(path, encoding="utf-8") as file:
@@ -81,17 +68,13 @@ def read(path: str) -> Any | None:
 
 
 def describe(result: Mapping[str, Any], source: str) -> str:
-    """The machine and software of `result` in one line, from its `machine` and `run` records.
+    """The machine and software of `result` in one line, the start of its table's section.
 
-    E.g. `AMD EPYC, 2 cores, CPU flags avx avx2 fma f16c (no bfloat16 or
-    float16 arithmetic), TensorFlow 2.21.0, Keras 3.15.1`.
-
-    Args:
-        result: A result with `machine` and `run` records.
-        source: Where `result` was read, for the error.
+    E.g. `AMD EPYC, 2 cores, CPU flags avx avx2 (no bfloat16 or float16
+    arithmetic), TensorFlow 2.21.0, Keras 3.15.1`.
 
     Raises:
-        UserInputError: If `result` has no `run` record.
+        UserInputError: If `result` (read from `source`) has no `run` record.
     """
     run = run_of(result, source)
     machine = result["machine"]
@@ -109,11 +92,10 @@ def describe(result: Mapping[str, Any], source: str) -> str:
 
 
 def one_machine(results: Sequence[Mapping[str, Any]], source: str) -> str:
-    """The machine all of `results` were measured on, described (`describe`).
+    """The machine all of `results` were measured on, described.
 
     Raises:
-        UserInputError: If they were measured on more than one: the figures of
-            one table are compared with each other.
+        UserInputError: If more than one: a table's figures are compared.
     """
     machines = list(dict.fromkeys(describe(result, source) for result in results))
     if len(machines) > 1:
@@ -128,7 +110,7 @@ def run_of(result: Mapping[str, Any], source: str) -> dict[str, Any]:
     """The `run` record of `result`.
 
     Raises:
-        UserInputError: If it has none (written before results carried one).
+        UserInputError: If it has none.
     """
     if "run" not in result:
         raise UserInputError(

@@ -4,22 +4,12 @@
                                          --rounds=20 --steps_per_round=10
                                          --add_to=benchmarks/results/stack_ablation.json]
 
-For one reference model, precision and XLA setting, five variants train from
-the same initial weights on the same batches (`benchmarks.stacks`): `stock`,
-then `+train_step`, `+loss_scale_optimizer`, `+manifest` and `+monitor`, each
-adding one piece to the one before; the last is `mpt-bench`'s `ours`. They run
-the train-step loop of `model.fit` with its callbacks (`harness.FitLoop`), in
-one process, interleaved round by round. The result is each variant's median
-step time, its step time over stock, and each piece's cost: the variant's step
-time over the one before it (ratio of the medians, and median of the
-per-round ratios: the figure least disturbed by other load).
-
-One run measures one cell (model, precision, XLA setting) of the table in
-docs/benchmarks.md. `--add_to` adds the cell, with its `run` record
-(`benchmarks.result_files`), to a results file of cells, replacing an earlier
-measurement of the same cell; `python -m benchmarks.docs_tables` makes the
-table from it (`benchmarks.ablation_table`). `--output` writes this run's
-result alone.
+For one reference model, precision and XLA setting (a cell of the table in
+docs/benchmarks.md), `stock` and then each piece of ours added in turn
+(`benchmarks.stacks`) train from the same weights on the same batches,
+interleaved in one process (`harness.FitLoop`). Each piece's cost is its
+variant's step time over the one before. `--add_to` puts the cell in a
+results file (`benchmarks.ablation_table`); `--output` writes this run alone.
 """
 
 from __future__ import annotations
@@ -37,7 +27,7 @@ from benchmarks import (
     harness,
     result_files,
     stacks,
-    suite,
+    suite_settings,
     workloads,
 )
 from mpt_keras.errors import UserInputError
@@ -49,9 +39,9 @@ VARIANTS = ("stock", *(f"+{piece}" for piece in stacks.PIECES))
 
 def _define_flags() -> None:
     """Defines this program's own flags; only when it runs, as their names are common."""
-    flags.DEFINE_enum("model", "transformer_lm", suite.MODELS, "The reference model.")
+    flags.DEFINE_enum("model", "transformer_lm", suite_settings.MODELS, "The reference model.")
     flags.DEFINE_enum("precision", "mixed_float16", POLICY_NAMES, "Global dtype policy.")
-    flags.DEFINE_enum("xla", "off", suite.XLA_SETTINGS, "Compile the train step with XLA.")
+    flags.DEFINE_enum("xla", "off", suite_settings.XLA_SETTINGS, "Compile the train step with XLA.")
     flags.DEFINE_integer("image_batch_size", 64, "CNN and MLP images per batch.", lower_bound=1)
     flags.DEFINE_string(
         "add_to",

@@ -1,7 +1,4 @@
-"""The benchmark suite's outputs: the table on stdout and the plot.
-
-Both read only the JSON-ready result of `benchmarks.suite.measure`.
-"""
+"""The benchmark suite's outputs, the table on stdout and the plot, from its JSON-ready result."""
 
 from __future__ import annotations
 
@@ -9,10 +6,7 @@ from typing import Any
 
 
 def table(result: dict[str, Any]) -> str:
-    """The result as a text table: one row per variant, then the float8, peak and `auto` lines.
-
-    A float8 variant has `(emulated)` or `(native)` after its name.
-    """
+    """The result as a text table: one row per variant, then the float8, peak and `auto` lines."""
     peak = result["matmul_peak"]
     peaks = peak["flops_per_second"]
     ceilings = {dtype: peaks[dtype] / peaks["float32"] for dtype in peaks}
@@ -70,16 +64,14 @@ def table(result: dict[str, Any]) -> str:
 
 
 def _label(name: str, row: dict[str, Any]) -> str:
-    """A variant's name in the table; a float8 variant's with how its float8 ran after it.
-
-    A result measured before float8 variants existed has no `float8` field.
-    """
+    """A variant's name, a float8 one's with `(emulated)` or `(native)` (older results:
+    no `float8` field)."""
     float8 = row.get("float8")
     return f"{name} ({float8['execution']})" if float8 else name
 
 
 def _float8_lines(result: dict[str, Any], labels: dict[str, str]) -> list[str]:
-    """Each float8 variant's speed over its twin without float8, and how float8 ran, plainly."""
+    """Each float8 variant's speed over its twin, and how float8 ran, plainly."""
     rows = {name: row for name, row in result["variants"].items() if row.get("float8")}
     if not rows:
         return []
@@ -146,10 +138,7 @@ def _profile_lines(result: dict[str, Any]) -> list[str]:
 
 
 def plot(result: dict[str, Any]) -> bytes:
-    """The result's achieved GFLOP/s per variant against the matmul peaks, as PNG bytes.
-
-    A variant whose model's FLOPs were not counted has no bar.
-    """
+    """The achieved GFLOP/s per variant (no bar without FLOPs) against the matmul peaks, as PNG."""
     # Here, not at the top: the table (and the docs' tables) need no TensorFlow.
     from benchmarks import chart
 
@@ -170,7 +159,7 @@ def plot(result: dict[str, Any]) -> bytes:
             row["flops_per_second"] / 1e9,
         )
         for name, row in result["variants"].items()
-        if row["flops_per_second"] is not None  # FLOPs not counted for this model.
+        if row["flops_per_second"] is not None
     ]
     peaks = {
         dtype: value / 1e9 for dtype, value in result["matmul_peak"]["flops_per_second"].items()

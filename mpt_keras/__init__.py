@@ -17,16 +17,45 @@ Keras.
 
 import importlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # The modules whose classes Keras must find by registered name to load our files.
 _SERIALIZABLES = ("mpt_keras.scaling.optimizer", "mpt_keras.reliability.guards", "mpt_keras.models")
 
+if TYPE_CHECKING:  # what editors and type checkers see; loaded lazily below
+    from mpt_keras.calibration.calibrate import calibrate
+    from mpt_keras.calibration.decisions import CalibrationThresholds
+    from mpt_keras.calibration.result import CalibrationResult
+    from mpt_keras.config import TrainConfig, resolve_config
+    from mpt_keras.errors import PeerFailedError, RunStoppedError, UserInputError
+    from mpt_keras.precision.hardware import HardwareProbe, probe_hardware, resolve_auto_policy
+    from mpt_keras.precision.manifest import PrecisionManifest
+    from mpt_keras.precision.policies import global_policy
+    from mpt_keras.precision.report import PrecisionReport, precision_report
+    from mpt_keras.precision.rules import Rule
+    from mpt_keras.reliability.auto_promote import AutoPromote
+    from mpt_keras.reliability.guards import BadBatchLimit, DivergenceGuard, ScaledLearningRate
+    from mpt_keras.runs.calibration_run import run_calibration
+    from mpt_keras.runs.canary import CanaryResult, CanaryThresholds, run_canary, train_with_canary
+    from mpt_keras.runs.precision_plan import plan_precision
+    from mpt_keras.runs.serving import export_saved_model, save_for_serving
+    from mpt_keras.runs.training import Runtime, run_training
+    from mpt_keras.runs.validation import run_validation, validate
+    from mpt_keras.scaling.health import StepHealth
+    from mpt_keras.scaling.optimizer import LossScaleOptimizer
+    from mpt_keras.scaling.settings import LossScaleSettings
+    from mpt_keras.telemetry.diagnosis import NonfiniteReport, diagnose_nonfinite
+    from mpt_keras.telemetry.metrics_csv import MetricsCsv
+    from mpt_keras.telemetry.monitor import MixedPrecisionMonitor
+    from mpt_keras.telemetry.prometheus import PrometheusExporter
+    from mpt_keras.validation.report import ValidationReport
+    from mpt_keras.validation.thresholds import Thresholds
+
 _HOMES = {
     "AutoPromote": "reliability.auto_promote",
     "BadBatchLimit": "reliability.guards",
-    "CalibrationResult": "calibration.calibrate",
-    "CalibrationThresholds": "calibration.calibrate",
+    "CalibrationResult": "calibration.result",
+    "CalibrationThresholds": "calibration.decisions",
     "CanaryResult": "runs.canary",
     "CanaryThresholds": "runs.canary",
     "DivergenceGuard": "reliability.guards",
@@ -40,7 +69,7 @@ _HOMES = {
     "PrecisionManifest": "precision.manifest",
     "PrecisionReport": "precision.report",
     "PrometheusExporter": "telemetry.prometheus",
-    "Rule": "precision.manifest",
+    "Rule": "precision.rules",
     "RunStoppedError": "errors",
     "Runtime": "runs.training",
     "ScaledLearningRate": "reliability.guards",
@@ -48,17 +77,17 @@ _HOMES = {
     "Thresholds": "validation.thresholds",
     "TrainConfig": "config",
     "UserInputError": "errors",
-    "ValidationReport": "runs.validation",
+    "ValidationReport": "validation.report",
     "calibrate": "calibration.calibrate",
     "diagnose_nonfinite": "telemetry.diagnosis",
     "export_saved_model": "runs.serving",
     "global_policy": "precision.policies",
-    "plan_precision": "runs.assembly",
+    "plan_precision": "runs.precision_plan",
     "precision_report": "precision.report",
     "probe_hardware": "precision.hardware",
     "resolve_auto_policy": "precision.hardware",
     "resolve_config": "config",
-    "run_calibration": "runs.assembly",
+    "run_calibration": "runs.calibration_run",
     "run_canary": "runs.canary",
     "run_training": "runs.training",
     "run_validation": "runs.validation",

@@ -3,8 +3,8 @@
 A writer that is killed half-way leaves a temporary file beside the target,
 never a torn target; `os.replace` is atomic on POSIX file systems. JSON
 files hold non-finite numbers as strings (`json_safe`).
-`check_writable_dir` refuses, before a run starts, a directory it could not
-write to.
+`check_writable_dir` refuses, before anything is written, an output directory
+that could not be.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
+from mpt_keras.checks import refusal
 from mpt_keras.errors import UserInputError
 
 
@@ -77,51 +78,40 @@ def check_writable_dir(
 ) -> None:
     """Creates directory `path` and checks that files can be written in it.
 
-    Writes, fsyncs and removes a small probe file, so a read-only file system
-    or a full disk is caught even when `os.access` says yes (it does for root),
-    then checks that at least `min_free_bytes` are free.
-
-    Args:
-        path: The directory.
-        what: What the directory is, for messages (e.g. `model_dir`).
-        min_free_bytes: Free space required on its file system.
+    The one check of every output directory (`model_dir`, a report's). A probe
+    file is written, fsynced and removed, since `os.access` says yes to root
+    on a read-only or full file system; then `min_free_bytes` must be free.
 
     Raises:
-        UserInputError: `<what> <path>: cannot be created (...)`, `...: not
-            writable (...)` or `...: only 12 MiB free, need at least 64 MiB`.
+        UserInputError: `<what>: received <path> (<why>). Allowed: ...`.
     """
     path = os.fspath(path)
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as error:
-        raise UserInputError(f"{what} {path}: cannot be created ({error.strerror})") from None
+        raise _refusal(what, path, f"cannot be created: {error.strerror}", min_free_bytes) from None
     _probe(path, path, what, "not writable", min_free_bytes)
 
 
 def check_creatable_dir(
     path: str | os.PathLike, what: str = "directory", min_free_bytes: int = MIN_FREE_BYTES
 ) -> None:
-    """Checks, creating nothing, that directory `path` is writable or could be created.
+    """As `check_writable_dir`, creating nothing: probes `path` or the nearest existing parent.
 
-    As `check_writable_dir`, probing `path` if it exists, else the nearest
-    directory above it that does: a run checks its `model_dir` this way before
-    its config is known good, so a bad config leaves no directory behind.
-
-    Raises:
-        UserInputError: As `check_writable_dir`.
+    So a run can check its `model_dir` before its config is known good, and a
+    bad config leaves no directory behind.
     """
     path = os.fspath(path)
     existing = os.path.abspath(path)
     while not os.path.lexists(existing):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
-        raise UserInputError(f"{what} {path}: cannot be created (Not a directory)")
+        raise _refusal(what, path, "cannot be created: Not a directory", min_free_bytes)
     failure = "not writable" if existing == os.path.abspath(path) else "cannot be created"
     _probe(existing, path, what, failure, min_free_bytes)
 
 
 def _probe(directory: str, path: str, what: str, failure: str, min_free_bytes: int) -> None:
-    """Writes, fsyncs and removes a probe file in `directory`; checks its free space."""
     try:
         # A name of its own: the workers of a multi-worker run probe together.
         descriptor, probe = tempfile.mkstemp(dir=directory, prefix=_PROBE_PREFIX)
@@ -132,14 +122,18 @@ def _probe(directory: str, path: str, what: str, failure: str, min_free_bytes: i
             os.close(descriptor)
             os.remove(probe)
     except OSError as error:
-        raise UserInputError(f"{what} {path}: {failure} ({error.strerror})") from None
+        raise _refusal(what, path, f"{failure}: {error.strerror}", min_free_bytes) from None
     status = os.statvfs(directory)
     free = status.f_bavail * status.f_frsize
     if free < min_free_bytes:
-        raise UserInputError(
-            f"{what} {path}: only {free // 2**20} MiB free, need at least "
-            f"{min_free_bytes // 2**20} MiB"
-        )
+        raise _refusal(what, path, f"only {free // 2**20} MiB free", min_free_bytes)
+
+
+def _refusal(what: str, path: str, why: str, min_free_bytes: int) -> UserInputError:
+    allowed = "a directory that can be created and written"
+    if min_free_bytes:
+        allowed += f", with at least {min_free_bytes // 2**20} MiB free"
+    return refusal(what, f"{path} ({why})", allowed)
 
 
 def read_json_object(path: str | os.PathLike) -> dict[str, Any]:

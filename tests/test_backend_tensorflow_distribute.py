@@ -1,4 +1,4 @@
-"""Tests for mpt_keras.backend.tensorflow.distribute: strategies by name, chief-only writes.
+"""Tests for mpt_keras.backend.tensorflow.distribute: strategies by name, and a two-worker run.
 
 Argument checks run in the pytest process. Splitting the CPU must happen before
 TensorFlow initializes its runtime, so `make_strategy("mirrored",
@@ -25,15 +25,16 @@ import tensorflow as tf
 from replicas import communicate_all, run_child, start_workers
 
 from mpt_keras import data, models
-from mpt_keras.backend.tensorflow import distribute
+from mpt_keras.backend.tensorflow import distribute, tpu_connection
+from mpt_keras.backend.tensorflow.workers import is_chief, worker_write_dir
 from mpt_keras.errors import UserInputError
 from mpt_keras.execution import xla
 from mpt_keras.scaling.optimizer import LossScaleOptimizer
 
 _TESTS_DIR = Path(__file__).resolve().parent
 _WORKER = """
-import json, sys, test_distribute
-print(json.dumps(test_distribute._worker_results(sys.argv[1])))
+import json, sys, test_backend_tensorflow_distribute as test_module
+print(json.dumps(test_module._worker_results(sys.argv[1])))
 """
 _TF_CONFIG_SHAPE = (
     'Allowed: JSON like {"cluster": {"worker": ["host0:port", "host1:port"]}, '
@@ -58,7 +59,7 @@ def _free_port() -> int:
     [
         (
             dict(name="ring"),
-            "unknown strategy 'ring'. Allowed: auto, one_device, mirrored, multi_worker, tpu",
+            "strategy: received 'ring'. Allowed: auto, one_device, mirrored, multi_worker, tpu",
         ),
         (
             dict(name="auto", virtual_cpus=2),
@@ -72,7 +73,7 @@ def _free_port() -> int:
         ),
         (
             dict(name="mirrored", virtual_cpus=-1),
-            "virtual_cpus must be an integer >= 0. Received: virtual_cpus=-1",
+            "virtual_cpus: received -1. Allowed: an integer >= 0",
         ),
         (
             dict(name="mirrored", tpu="local"),
@@ -164,7 +165,7 @@ def test_tpu_resolution_is_bounded(monkeypatch):
             time.sleep(30)
 
     monkeypatch.setattr(tf.distribute.cluster_resolver, "TPUClusterResolver", HangingResolver)
-    monkeypatch.setattr(distribute, "TPU_RESOLVE_TIMEOUT_SECONDS", 0.5)
+    monkeypatch.setattr(tpu_connection, "TPU_RESOLVE_TIMEOUT_SECONDS", 0.5)
     # Unbounded, the lookup would return after 30 s and no error be raised.
     with pytest.raises(UserInputError) as info:
         distribute.make_strategy("auto", tpu="my-tpu")
@@ -173,60 +174,15 @@ def test_tpu_resolution_is_bounded(monkeypatch):
     )
 
 
-# --- Chief and write directories -----------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("task_type", "task_id", "jobs", "expected"),
-    [
-        (None, None, [], True),
-        ("worker", 0, ["worker"], True),
-        ("worker", 1, ["worker"], False),
-        ("chief", 0, ["chief", "worker"], True),
-        ("worker", 0, ["chief", "worker"], False),
-        ("evaluator", 0, ["worker", "evaluator"], False),
-    ],
-    ids=["local", "worker_0", "worker_1", "chief", "worker_0_with_chief", "evaluator"],
-)
-def test_chief_rule_of_the_multi_worker_tutorial(task_type, task_id, jobs, expected):
-    assert distribute._is_chief_task(task_type, task_id, jobs) is expected
-
-
-@pytest.mark.parametrize(
-    "make",
-    [
-        tf.distribute.get_strategy,
-        lambda: tf.distribute.OneDeviceStrategy("/cpu:0"),
-        lambda: tf.distribute.MirroredStrategy(["/cpu:0"]),
-    ],
-    ids=["default", "one_device", "mirrored"],
-)
-def test_single_process_strategies_are_chief(make, tmp_path):
-    strategy = make()
-    assert distribute.is_chief(strategy)
-    with distribute.worker_write_dir(str(tmp_path), strategy) as write_dir:
-        assert write_dir == str(tmp_path)
-    assert tmp_path.is_dir()
-
-
-def test_non_chief_writes_into_a_temporary_dir_removed_afterwards(monkeypatch, tmp_path):
-    monkeypatch.setattr(distribute, "is_chief", lambda strategy: False)
-    with pytest.raises(RuntimeError, match="crash"):
-        with distribute.worker_write_dir(str(tmp_path), tf.distribute.get_strategy()) as write_dir:
-            assert write_dir != str(tmp_path) and os.path.isdir(write_dir)
-            Path(write_dir, "model.keras").write_text("saved")
-            raise RuntimeError("crash")
-    assert not os.path.exists(write_dir)
-    assert list(tmp_path.iterdir()) == []
-
-
 # --- One machine, fresh runtime (child process) ----------------------------
 
 
 @pytest.fixture(scope="module")
 def local() -> dict[str, Any]:
     # _local_results splits the CPU itself, first thing.
-    return run_child("test_distribute", "_local_results", virtual_cpus=0, timeout=300)
+    return run_child(
+        "test_backend_tensorflow_distribute", "_local_results", virtual_cpus=0, timeout=300
+    )
 
 
 def test_mirrored_splits_the_cpu_when_asked_first(local):
@@ -435,13 +391,13 @@ def _worker_results(model_dir: str) -> dict[str, Any]:
             ]
         )
     run = _train(strategy)
-    with distribute.worker_write_dir(model_dir, strategy) as write_dir:
+    with worker_write_dir(model_dir, strategy) as write_dir:
         path = os.path.join(write_dir, "model.keras")
         run["model"].save(path)
         saved = os.path.exists(path)
     return {
         "replicas": strategy.num_replicas_in_sync,
-        "is_chief": distribute.is_chief(strategy),
+        "is_chief": is_chief(strategy),
         "seen": seen,
         "history": run["history"],
         "weights": run["weights"],

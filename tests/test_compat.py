@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 from replicas import run_child
 
-from mpt_keras.compat import touches as compat
+from mpt_keras import compat
 
 VERSIONS = f"Keras {keras.__version__}, TensorFlow {tf.__version__}"
 
@@ -36,30 +36,6 @@ def test_maybe_merge_call_calls_with_the_strategy_outside_a_strategy():
     assert compat.maybe_merge_call(lambda s, x: (s, x + 1), strategy, 1) == (strategy, 2), (
         f"{VERSIONS}: maybe_merge_call changed"
     )
-
-
-def test_gradients_already_reduced_makes_keras_all_reduce_the_identity():
-    """Inside a 2-replica strategy, Keras' own all-reduce would double the sum."""
-    optimizer = keras.optimizers.SGD(1.0)
-    gradient = tf.constant([1.0, 2.0])
-    variable = keras.Variable([0.0, 0.0])
-    strategy = tf.distribute.get_strategy()
-
-    def replica_sum(already_reduced: bool) -> list:
-        def step():
-            if already_reduced:
-                with compat.gradients_already_reduced():
-                    return optimizer._all_reduce_sum_gradients([(gradient, variable)])
-            return optimizer._all_reduce_sum_gradients([(gradient, variable)])
-
-        return strategy.extended.call_for_each_replica(step)
-
-    with strategy.scope():
-        kept = replica_sum(already_reduced=True)
-    assert kept[0][0] is gradient, f"{VERSIONS}: the all-reduce wrapper no longer passes through"
-    assert compat._REDUCED_DEPTH == 0
-    # Outside the context the original runs (the default strategy: identity too).
-    np.testing.assert_array_equal(replica_sum(already_reduced=False)[0][0], [1.0, 2.0])
 
 
 def _if_ops_and_result(pred: bool) -> tuple[list, float]:
@@ -102,7 +78,7 @@ def lowering_under_two_replicas() -> list:
 
 def test_called_cond_stays_lowered_across_several_devices():
     # An unlowered If cannot place a branch writing on two devices.
-    assert run_child("test_keras_compat", "lowering_under_two_replicas") == [[True], 1.0]
+    assert run_child("test_compat", "lowering_under_two_replicas") == [[True], 1.0]
 
 
 def test_reduce_per_replica_means_over_replicas_as_keras_train_function():
@@ -110,17 +86,6 @@ def test_reduce_per_replica_means_over_replicas_as_keras_train_function():
     outputs = {"loss": tf.constant(2.0)}
     assert compat.reduce_per_replica(outputs, strategy) == outputs, (
         f"{VERSIONS}: keras.src.backend.tensorflow.trainer.reduce_per_replica changed"
-    )
-
-
-def test_install_wraps_once():
-    compat.install()
-    cls = compat._tf_optimizer_class()
-    wrapped = cls._all_reduce_sum_gradients
-    compat.install()
-    assert cls._all_reduce_sum_gradients is wrapped
-    assert wrapped.__wrapped__.__name__ == "_all_reduce_sum_gradients", (
-        f"{VERSIONS}: TFOptimizer._all_reduce_sum_gradients changed"
     )
 
 
@@ -380,35 +345,9 @@ def test_graph_calls_are_the_nodes_a_model_runs_in_its_order():
         assert compat.graph_calls(graphless) is None
 
 
-_TOUCHES = [
-    "maybe_merge_call",
-    "gradients_already_reduced",
-    "skip_stock_build",
-    "keras_trainer_class",
-    "compile_config",
-    "call_has_training_arg",
-    "compute_loss",
-    "called_cond",
-    "reduce_per_replica",
-    "loss_tracker",
-    "unscale_loss_for_distribution",
-    "learning_rate_schedule",
-    "replace_dtype_policy",
-    "direct_sublayers",
-    "producing_layer",
-    "producing_node",
-    "symbolic_build",
-    "replace_maybe_symbolic_build",
-    "restore_maybe_symbolic_build",
-    "in_multi_worker_mode",
-    "call_records_restored",
-    "dataset_inputs",
-    "graph_calls",
-]
-
-
-@pytest.mark.parametrize("name", _TOUCHES)
+@pytest.mark.parametrize("name", compat.__all__)
 def test_each_touch_is_documented(name):
+    """The package docstring lists each touch under the module holding it."""
     assert f"`{name}`" in compat.__doc__
 
 
@@ -420,3 +359,17 @@ def test_dataset_inputs_walks_a_pipeline_down_to_its_source():
     assert compat.dataset_inputs(source) == [], VERSIONS
     assert compat.dataset_inputs(batched) == [source], VERSIONS
     assert compat.dataset_inputs(zipped) == [batched, source], VERSIONS
+
+
+def test_op_determinism_is_on_in_the_block_and_as_it_was_after():
+    """Written for TensorFlow 2.21: `tensorflow.python.framework.config` has the inverse."""
+    from tensorflow.python.framework import config as tf_config
+
+    from mpt_keras.compat import determinism
+
+    assert not tf_config.is_op_determinism_enabled(), VERSIONS
+    with determinism.op_determinism(True):
+        assert tf_config.is_op_determinism_enabled(), VERSIONS
+    assert not tf_config.is_op_determinism_enabled(), VERSIONS
+    with determinism.op_determinism(False):
+        assert not tf_config.is_op_determinism_enabled(), VERSIONS

@@ -7,6 +7,7 @@ import pytest
 from mpt_keras.config import TrainConfig, resolve_config
 from mpt_keras.errors import UserInputError
 from mpt_keras.files import parse_json_object
+from mpt_keras.scaling.settings import LossScaleSettings
 
 
 def _write(tmp_path, value, name="run.json"):
@@ -68,52 +69,75 @@ def test_integers_are_accepted_for_floats():
             "shuffle_buffer, data_dir, train_split, eval_split, batch_size, eval_batch_size, "
             "sequence_length, eval_examples, max_bad_batches",
         ),
-        ({"steps": "10"}, "key 'steps' must be an integer, received \"10\""),
-        ({"steps": True}, "key 'steps' must be an integer, received true"),
-        ({"steps": 0}, "key 'steps' must be an integer >= 1, received 0"),
+        ({"steps": "10"}, "key 'steps': received \"10\". Allowed: an integer"),
+        ({"steps": True}, "key 'steps': received true. Allowed: an integer"),
+        ({"steps": 0}, "key 'steps': received 0. Allowed: an integer >= 1"),
         (
             {"precision": "fp16"},
-            "key 'precision' must be one of float32, mixed_float16, mixed_bfloat16, "
-            'auto; received "fp16"',
+            "key 'precision': received \"fp16\". Allowed: float32, mixed_float16, "
+            "mixed_bfloat16, auto",
         ),
         (
             {"eval_every": 150},
-            "key 'eval_every' must be a positive multiple of checkpoint_every (100), received 150",
+            "key 'eval_every': received 150. Allowed: a positive multiple of checkpoint_every "
+            "(100)",
         ),
-        ({"data": [1]}, "data must be a JSON object, received [1]"),
+        ({"data": [1]}, "key 'data': received [1]. Allowed: a JSON object"),
         (
             {"optimizer": {"name": "adam", "weight_decay": 0.1}},
-            "key 'optimizer.weight_decay' must be 0 unless optimizer.name is 'adamw', received 0.1",
+            "key 'optimizer.weight_decay': received 0.1. Allowed: 0 unless optimizer.name is "
+            "'adamw'",
         ),
         (
             {"optimizer": {"global_clipnorm": -1}},
-            "key 'optimizer.global_clipnorm' must be null or a number > 0, received -1.0",
+            "key 'optimizer.global_clipnorm': received -1.0. Allowed: null or a number > 0",
+        ),
+        (
+            {"divergence": {"lr_factor": 1}},
+            "key 'divergence.lr_factor': received 1.0. Allowed: a number > 0 and < 1",
         ),
         # Found by tests/test_fuzz.py:
-        ({"seed": -1}, "key 'seed' must be an integer in [0, 4294967295], received -1"),
-        ({"seed": 2**32}, "key 'seed' must be an integer in [0, 4294967295], received 4294967296"),
+        ({"seed": -1}, "key 'seed': received -1. Allowed: an integer in [0, 4294967295]"),
+        (
+            {"seed": 2**32},
+            "key 'seed': received 4294967296. Allowed: an integer in [0, 4294967295]",
+        ),
         (
             {"optimizer": {"learning_rate": float("inf")}},
-            "key 'optimizer.learning_rate' must be a finite number, received Infinity",
+            "key 'optimizer.learning_rate': received Infinity. Allowed: a finite number",
         ),
         (
             {"loss_scale": {"initial_scale": float("nan")}},
-            "key 'loss_scale.initial_scale' must be a finite number, received NaN",
+            "key 'loss_scale.initial_scale': received NaN. Allowed: a finite number",
         ),
-        # Checked as LossScaleSettings when read, before a model is built.
+        # Checked as LossScaleSettings when read, before a model is built, naming the key.
         (
             {"loss_scale": {"growth_factor": 0.5}},
-            "config section loss_scale: Argument growth_factor must be a finite number > 1. "
-            "Received: growth_factor=0.5",
+            "key 'loss_scale.growth_factor': received 0.5. Allowed: a number > 1 and "
+            "<= 3.40282e+38",
         ),
         (
             {"loss_scale": {"min_scale": 4.0, "initial_scale": 2.0}},
-            "config section loss_scale: Argument initial_scale must be in [min_scale, max_scale] "
-            "= [4.0, 16777216.0]. Received: initial_scale=2.0",
+            "key 'loss_scale.initial_scale': received 2.0. Allowed: a number in "
+            "[min_scale, max_scale] = [4.0, 16777216.0]",
+        ),
+        (
+            {"loss_scale": {"min_scale": 4.0, "max_scale": 2.0}},
+            "key 'loss_scale.max_scale': received 2.0. Allowed: a number >= min_scale (4.0)",
+        ),
+        (
+            {"loss_scale": {"growth_interval": 0}},
+            "key 'loss_scale.growth_interval': received 0. Allowed: an integer >= 1",
+        ),
+        # The run decides these settings (the scale is dynamic only with float16 layers).
+        (
+            {"loss_scale": {"dynamic": False}},
+            "unknown key 'loss_scale.dynamic'. Allowed keys in loss_scale: initial_scale, "
+            "growth_factor, backoff_factor, growth_interval, hysteresis, min_scale, max_scale",
         ),
         (
             {"optimizer": {"learning_rate": 10**309}},
-            "key 'optimizer.learning_rate' must be a finite number, received 1" + "0" * 309,
+            "key 'optimizer.learning_rate': received 1" + "0" * 309 + ". Allowed: a finite number",
         ),
         (
             {"a\nb": 1},
@@ -178,7 +202,7 @@ def test_flag_errors_name_the_flag(tmp_path):
         resolve_config(_write(tmp_path, {}), None, virtual_cpus=-1)
     assert (
         str(raised.value)
-        == "--virtual_cpus: key 'virtual_cpus' must be an integer >= 0, received -1"
+        == "--virtual_cpus: key 'virtual_cpus': received -1. Allowed: an integer >= 0"
     )
 
 
@@ -186,7 +210,7 @@ def test_override_errors_name_the_override(tmp_path):
     with pytest.raises(UserInputError) as raised:
         resolve_config(_write(tmp_path, {}), '{"data": {"batch_size": 0}}')
     assert str(raised.value) == (
-        "--config_override: key 'data.batch_size' must be an integer >= 1, received 0"
+        "--config_override: key 'data.batch_size': received 0. Allowed: an integer >= 1"
     )
 
 
@@ -200,68 +224,71 @@ def test_config_is_frozen():
     [
         (
             {"model": {"factory": "my_models.build"}},
-            "key 'model.factory' must be 'package.module:attribute', received \"my_models.build\"",
+            "key 'model.factory': received \"my_models.build\". "
+            "Allowed: 'package.module:attribute'",
         ),
         (
             {"model": {"name": "cnn", "file": "model.keras"}},
-            "model: exactly one source is allowed: 'name', 'factory', 'file'; received 'name' "
-            "and 'file'",
+            "model: the source: received 'name' and 'file'. Allowed: exactly one of 'name', "
+            "'factory', 'file'",
         ),
         (
             {"model": {"name": "resnet"}},
-            "key 'model.name' must be one of mlp, cnn, transformer_lm; received \"resnet\"",
+            "key 'model.name': received \"resnet\". Allowed: mlp, cnn, transformer_lm",
         ),
         (
             {"model": {"file": "model.h5"}},
-            "key 'model.file' must be the path of a .keras file, received \"model.h5\"",
+            "key 'model.file': received \"model.h5\". Allowed: the path of a .keras file",
         ),
         (
             {"model": {"file": "model.keras", "options": {"a": 1}}},
-            "key 'model.options' must be empty for model.file, received {\"a\": 1}",
+            "key 'model.options': received {\"a\": 1}. Allowed: empty for model.file",
         ),
         (
             {"model": {"factory": "my_models:build"}},
-            "key 'loss' must be a loss (a Keras name or a factory) when the model comes from "
-            "model.factory, received null",
+            "key 'loss': received null. Allowed: a loss (a Keras name or a factory) when the "
+            "model comes from model.factory",
         ),
         (
             {"data": {"name": "mnist", "factory": "my_data:load"}},
-            "data: exactly one source is allowed: 'name', 'factory'; received 'name' and 'factory'",
+            "data: the source: received 'name' and 'factory'. Allowed: exactly one of 'name', "
+            "'factory'",
         ),
         (
             {"data": {"name": "mnist", "options": {"a": 1}}},
-            "key 'data.options' must be empty unless data.factory is given (TFDS datasets take "
-            'no options), received {"a": 1}',
+            "key 'data.options': received {\"a\": 1}. Allowed: empty unless data.factory is "
+            "given (TFDS datasets take no options)",
         ),
         (
             {"data": {"factory": "my_data:load", "features": {"x": "image", "y": "label"}}},
-            "key 'data.features' must be null, or with data.name an object {\"x\": FEATURE or "
-            '{INPUT: FEATURE, ...}, "y": FEATURE}, received {"x": "image", "y": "label"}',
+            'key \'data.features\': received {"x": "image", "y": "label"}. Allowed: null, or '
+            'with data.name an object {"x": FEATURE or {INPUT: FEATURE, ...}, "y": FEATURE}',
         ),
         (
             {"data": {"shuffle_buffer": 0}},
-            "key 'data.shuffle_buffer' must be an integer >= 1, received 0",
+            "key 'data.shuffle_buffer': received 0. Allowed: an integer >= 1",
         ),
         (
             {"loss": {"name": "mse", "factory": "my_losses:huber"}},
-            "loss: exactly one source is allowed: 'name', 'factory'; received 'name' and 'factory'",
+            "loss: the source: received 'name' and 'factory'. Allowed: exactly one of 'name', "
+            "'factory'",
         ),
         (
             {"metrics": "accuracy"},
-            "key 'metrics' must be a JSON array or null, received \"accuracy\"",
+            "key 'metrics': received \"accuracy\". Allowed: a JSON array or null",
         ),
         (
             {"metrics": [{}]},
-            "metrics[0]: exactly one source is allowed: 'name', 'factory'; received none",
+            "metrics[0]: the source: received none. Allowed: exactly one of 'name', 'factory'",
         ),
         (
             {"metrics": [{"factory": "auc"}]},
-            "metrics[0]: key 'factory' must be 'package.module:attribute', received \"auc\"",
+            "metrics[0]: key 'factory': received \"auc\". Allowed: 'package.module:attribute'",
         ),
         (
             {"imports": ["my project"]},
-            "key 'imports[0]' must be a dotted module name such as 'my_project.layers', "
-            'received "my project"',
+            "key 'imports[0]': received \"my project\". Allowed: a dotted module name such as "
+            "'my_project.layers'",
         ),
     ],
 )
@@ -301,3 +328,36 @@ def test_a_missing_model_file_is_named_before_anything_runs(tmp_path):
     assert (
         str(raised.value) == f"{path}: key 'model.file': no such file '{tmp_path / 'gone.keras'}'"
     )
+
+
+@pytest.mark.parametrize(
+    "override, flags, source",
+    [
+        (None, {"manifest": "missing.json"}, "--manifest"),
+        ('{"manifest": "missing.json"}', {}, "--config_override"),
+        # The last layer that set it is named.
+        ('{"manifest": "other.json"}', {"manifest": "missing.json"}, "--manifest"),
+    ],
+)
+def test_a_missing_file_is_named_by_the_layer_that_set_it(
+    tmp_path, monkeypatch, override, flags, source
+):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserInputError) as raised:
+        resolve_config(_write(tmp_path, {}), override, **flags)
+    assert str(raised.value) == f"{source}: key 'manifest': no such file 'missing.json'"
+
+
+def test_the_loss_scale_section_is_the_loss_scale_settings():
+    config = TrainConfig.from_dict({"loss_scale": {"growth_interval": 7}})
+    assert config.loss_scale == LossScaleSettings(growth_interval=7)
+    # The run decides `dynamic` and `all_reduce_dtype`: they are no config keys.
+    assert sorted(config.to_dict()["loss_scale"]) == [
+        "backoff_factor",
+        "growth_factor",
+        "growth_interval",
+        "hysteresis",
+        "initial_scale",
+        "max_scale",
+        "min_scale",
+    ]

@@ -102,7 +102,7 @@ def test_a_factory_taking_any_keyword_gets_its_options(user_module):
             "my_models",
             {},
             (),
-            "key 'model.factory' must be 'package.module:attribute', received 'my_models'",
+            "key 'model.factory': received \"my_models\". Allowed: 'package.module:attribute'",
         ),
     ],
 )

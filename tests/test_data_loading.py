@@ -211,5 +211,7 @@ def test_wrong_features_are_refused(data_dir):
 def test_too_long_sequence_is_refused(fixture_dir):
     with pytest.raises(UserInputError, match="fewer than one window"):
         loading.language_model_windows("mpt_loading_fixture", "train", fixture_dir, 8)
-    with pytest.raises(UserInputError, match="sequence_length 0"):
+    with pytest.raises(
+        UserInputError, match="sequence_length: received 0. Allowed: an integer >= 1"
+    ):
         loading.language_model_windows("mpt_loading_fixture", "train", fixture_dir, 0)

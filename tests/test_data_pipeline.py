@@ -100,10 +100,10 @@ def test_stream_is_infinite():
 @pytest.mark.parametrize(
     ("arrays", "batch_size", "start_step", "message"),
     [
-        (_arrays(), 0, 0, "batch_size 0 is too small"),
+        (_arrays(), 0, 0, "batch_size: received 0. Allowed: an integer >= 1"),
         (_arrays(0), 4, 0, "0 examples"),
         ((_arrays()[0], _arrays(9)[1]), 4, 0, "10 examples but 9 labels"),
-        (_arrays(), 4, -1, "start_step -1 is negative"),
+        (_arrays(), 4, -1, "start_step: received -1. Allowed: an integer >= 0"),
     ],
 )
 def test_train_batches_refuses_bad_input(arrays, batch_size, start_step, message):
@@ -122,7 +122,7 @@ def test_eval_batches_keep_order_and_last_partial_batch():
 
 
 def test_eval_batches_refuses_bad_input():
-    with pytest.raises(UserInputError, match="batch_size 0 is too small"):
+    with pytest.raises(UserInputError, match="batch_size: received 0. Allowed: an integer >= 1"):
         eval_batches(*_arrays(), 0)
     with pytest.raises(UserInputError, match="0 examples"):
         eval_batches(*_arrays(0), 4)

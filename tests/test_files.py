@@ -11,6 +11,13 @@ from mpt_keras import files
 from mpt_keras.errors import UserInputError
 
 
+def _refused(path, why):
+    return (
+        f"model_dir: received {path} ({why}). "
+        "Allowed: a directory that can be created and written, with at least 64 MiB free"
+    )
+
+
 def test_creates_the_directory_and_leaves_nothing_in_it(tmp_path):
     directory = tmp_path / "a" / "run"
     files.check_writable_dir(directory, what="model_dir")
@@ -23,7 +30,7 @@ def test_a_directory_under_a_regular_file_cannot_be_created(tmp_path):
     directory = tmp_path / "file" / "run"
     with pytest.raises(UserInputError) as raised:
         files.check_writable_dir(directory, what="model_dir")
-    assert str(raised.value) == f"model_dir {directory}: cannot be created (Not a directory)"
+    assert str(raised.value) == _refused(directory, "cannot be created: Not a directory")
 
 
 @pytest.mark.parametrize(
@@ -43,7 +50,7 @@ def test_a_failing_probe_write_is_not_writable(tmp_path, monkeypatch, failing, c
     with pytest.raises(UserInputError) as raised:
         files.check_writable_dir(tmp_path, what="model_dir")
     monkeypatch.undo()
-    assert str(raised.value) == f"model_dir {tmp_path}: not writable ({reason})"
+    assert str(raised.value) == _refused(tmp_path, f"not writable: {reason}")
     assert os.listdir(tmp_path) == []  # The probe is removed.
 
 
@@ -55,7 +62,7 @@ def test_too_little_free_space(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "statvfs", lambda path: Full)
     with pytest.raises(UserInputError) as raised:
         files.check_writable_dir(tmp_path, what="model_dir")
-    assert str(raised.value) == f"model_dir {tmp_path}: only 12 MiB free, need at least 64 MiB"
+    assert str(raised.value) == _refused(tmp_path, "only 12 MiB free")
     Full.f_bavail = files.MIN_FREE_BYTES // 4096
     files.check_writable_dir(tmp_path, what="model_dir")  # Exactly the minimum is enough.
 
@@ -71,7 +78,7 @@ def test_a_directory_to_be_under_a_regular_file_is_refused(tmp_path):
     directory = tmp_path / "file" / "a" / "run"
     with pytest.raises(UserInputError) as raised:
         files.check_creatable_dir(directory, what="model_dir")
-    assert str(raised.value) == f"model_dir {directory}: cannot be created (Not a directory)"
+    assert str(raised.value) == _refused(directory, "cannot be created: Not a directory")
 
 
 def test_a_directory_to_be_in_a_read_only_place_is_refused(tmp_path, monkeypatch):
@@ -81,8 +88,8 @@ def test_a_directory_to_be_in_a_read_only_place_is_refused(tmp_path, monkeypatch
     monkeypatch.setattr(files.tempfile, "mkstemp", read_only)
     with pytest.raises(UserInputError) as raised:
         files.check_creatable_dir(tmp_path / "run", what="model_dir")
-    assert str(raised.value) == (
-        f"model_dir {tmp_path / 'run'}: cannot be created (Read-only file system)"
+    assert str(raised.value) == _refused(
+        tmp_path / "run", "cannot be created: Read-only file system"
     )
 
 

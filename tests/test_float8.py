@@ -320,7 +320,7 @@ def test_float8_shares_of_a_hand_made_tensor():
     assert (format_max("e4m3"), format_max("e5m2")) == (448.0, 57344.0)
     with pytest.raises(UserInputError) as error:
         float8_shares(values, "e4m3fn")
-    assert str(error.value) == "float8 format 'e4m3fn': unknown. Allowed: e4m3, e5m2"
+    assert str(error.value) == "float8 format: received 'e4m3fn'. Allowed: e4m3, e5m2"
 
 
 def test_float8_statistics_read_scales_amax_and_the_kernels_losses():

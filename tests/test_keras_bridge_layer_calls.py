@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 
-from mpt_keras.keras_bridge.layer_calls import calls_wrapped
+from mpt_keras.keras_bridge.layer_calls import calls_before_cast, calls_wrapped
 
 
 def _counting(seen):
@@ -45,3 +45,21 @@ def test_an_instance_call_and_a_layer_given_twice_are_restored_even_on_error():
             raise ValueError("the model failed")
     assert seen == ["hidden", "hidden"]
     assert vars(hidden)["call"] is own
+
+
+def test_calls_before_cast_sees_the_inputs_as_given_and_puts_call_back():
+    original = vars(keras.layers.Layer)["__call__"]
+    dense = keras.layers.Dense(1, dtype="mixed_float16")
+    dense.build((None, 1))
+    seen = []
+
+    def record(layer, args, kwargs, outputs):
+        seen.append((layer, float(np.max(args[0])), keras.backend.standardize_dtype(outputs.dtype)))
+
+    with pytest.raises(RuntimeError):
+        with calls_before_cast(record):
+            dense(np.array([[1e5]], dtype="float32"))
+            raise RuntimeError
+    # Before the cast, 1e5 is finite in float32; after it, inf in float16.
+    assert seen == [(dense, 1e5, "float16")]
+    assert vars(keras.layers.Layer)["__call__"] is original

@@ -93,7 +93,7 @@ def test_unknown_model():
     with pytest.raises(UserInputError) as raised:
         models.build_model("resnet", {}, input_shape=(8, 8, 1), num_classes=10)
     assert str(raised.value) == (
-        "unknown model 'resnet' (key 'model.name'). Allowed: mlp, cnn, transformer_lm"
+        "key 'model.name': received 'resnet'. Allowed: mlp, cnn, transformer_lm"
     )
 
 

@@ -147,8 +147,8 @@ def test_a_config_error_comes_before_tensorflow_is_imported(tmp_path):
     )
     assert (result.returncode, result.stderr) == (
         2,
-        f"mpt-train: error: {config}: key 'model.factory' must be "
-        "'package.module:attribute', received \"examples.user_models\"\n",
+        f"mpt-train: error: {config}: key 'model.factory': received \"examples.user_models\". "
+        "Allowed: 'package.module:attribute'\n",
     )
     assert not (tmp_path / "run").exists()
 

@@ -12,9 +12,10 @@ import pytest
 from mpt_keras import models
 from mpt_keras.errors import UserInputError
 from mpt_keras.keras_bridge.layer_paths import iter_layers
-from mpt_keras.precision.manifest import PrecisionManifest, Rule
+from mpt_keras.precision.manifest import PrecisionManifest
 from mpt_keras.precision.names import COMPUTE_DTYPES
 from mpt_keras.precision.report import precision_report
+from mpt_keras.precision.rules import Rule
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALLOWED = "Allowed: float32, mixed_float16, mixed_bfloat16"
@@ -755,11 +756,11 @@ def _rules(*rules):
                 *[{"match": {"path": "x"}, "policy": "float32"}] * 2,
                 {"match": {"path": "x"}, "policy": "float16"},
             ),
-            f"rules[2].policy: unknown policy 'float16'. {RULE_ALLOWED}",
+            f'rules[2].policy: received "float16". {RULE_ALLOWED}',
         ),
-        ('{"version": 1, "default": "bfloat16"}', f"default: unknown policy 'bfloat16'. {ALLOWED}"),
+        ('{"version": 1, "default": "bfloat16"}', f'default: received "bfloat16". {ALLOWED}'),
         # float8 is for the rules that match Dense and EinsumDense layers.
-        ('{"version": 1, "default": "float8"}', f"default: unknown policy 'float8'. {ALLOWED}"),
+        ('{"version": 1, "default": "float8"}', f'default: received "float8". {ALLOWED}'),
         (
             _rules({"match": {"path": "block_(0"}, "policy": "float32"}),
             "rules[0].match.path: bad regex 'block_(0': missing ), unterminated subpattern at "
@@ -771,35 +772,35 @@ def _rules(*rules):
         ),
         (
             _rules({"match": {"path": ""}, "policy": "float32"}),
-            'rules[0].match.path: must be a non-empty string, received ""',
+            'rules[0].match.path: received "". Allowed: a non-empty string',
         ),
         (
             _rules({"match": {"class": 3}, "policy": "float32"}),
-            "rules[0].match.class: must be a non-empty string, received 3",
+            "rules[0].match.class: received 3. Allowed: a non-empty string",
         ),
         (
             _rules({"match": {"path": "x"}, "policy": "float32", "reason": 3}),
-            "rules[0].reason: must be a string, received 3",
+            "rules[0].reason: received 3. Allowed: a string",
         ),
         (
             _rules({"match": "x", "policy": "float32"}),
-            'rules[0].match: must be a JSON object, received "x"',
+            'rules[0].match: received "x". Allowed: a JSON object',
         ),
-        (_rules("x"), 'rules[0]: must be a JSON object, received "x"'),
+        (_rules("x"), 'rules[0]: received "x". Allowed: a JSON object'),
         (
             _rules({"match": {"path": "x"}}),
             "missing key 'rules[0].policy'. Required keys in rules[0]: match, policy",
         ),
         (
             '{"version": 1, "default": "float32", "rules": {}}',
-            "rules: must be a JSON array, received {}",
+            "rules: received {}. Allowed: a JSON array",
         ),
-        ('{"version": 2, "default": "float32"}', "version: must be 1, received 2"),
-        ('{"version": true, "default": "float32"}', "version: must be 1, received true"),
+        ('{"version": 2, "default": "float32"}', "version: received 2. Allowed: 1"),
+        ('{"version": true, "default": "float32"}', "version: received true. Allowed: 1"),
         ('{"default": "float32"}', "missing key 'version'. Required keys: version, default"),
         (
             '{"version": 1, "default": "float32", "safe_defaults": 1}',
-            "safe_defaults: must be true or false, received 1",
+            "safe_defaults: received 1. Allowed: true, false",
         ),
         (
             '{"version": 1,\n "default": "float32",\n}',
@@ -838,7 +839,7 @@ def test_missing_file():
 def test_from_dict_names_its_source():
     with pytest.raises(UserInputError) as raised:
         PrecisionManifest.from_dict([], source="--manifest")
-    assert str(raised.value) == "--manifest: must be a JSON object, received []"
+    assert str(raised.value) == "--manifest: received []. Allowed: a JSON object"
 
 
 # Float8 --------------------------------------------------------------------------

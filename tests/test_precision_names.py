@@ -32,7 +32,7 @@ def test_check_policy_name():
     with pytest.raises(UserInputError) as raised:
         check_policy_name("auto", "rules[0].policy")
     assert str(raised.value) == (
-        "rules[0].policy: unknown policy 'auto'. Allowed: float32, mixed_float16, mixed_bfloat16"
+        "rules[0].policy: received 'auto'. Allowed: float32, mixed_float16, mixed_bfloat16"
     )
 
 

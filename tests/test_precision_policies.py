@@ -27,5 +27,5 @@ def test_unknown_policy():
         with global_policy("float16"):
             pass
     assert str(raised.value) == (
-        "precision: unknown policy 'float16'. Allowed: float32, mixed_float16, mixed_bfloat16"
+        "precision: received 'float16'. Allowed: float32, mixed_float16, mixed_bfloat16"
     )

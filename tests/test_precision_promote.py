@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 
 from mpt_keras.errors import UserInputError
-from mpt_keras.precision.manifest import PrecisionManifest, Rule
+from mpt_keras.precision.manifest import PrecisionManifest
 from mpt_keras.precision.promote import Promotion, promote
 from mpt_keras.precision.report import precision_report
+from mpt_keras.precision.rules import Rule
 
 
 @pytest.fixture(autouse=True)

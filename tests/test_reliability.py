@@ -145,7 +145,7 @@ def test_rollback_lowers_the_learning_rate_until_training_is_healthy(tfds_dir, t
         **_EXPLODING,
         divergence={"patience": 2, "max_loss": 5.0, "lr_factor": 0.001, "max_rollbacks": 2},
     )
-    with caplog.at_level(logging.WARNING, logger="mpt_keras.runs.training"):
+    with caplog.at_level(logging.WARNING, logger="mpt_keras.runs.fit_loop"):
         metrics = run_training(config, Runtime(str(tmp_path), verbose=0))
     assert metrics["step"] == 6
     assert metrics["val_loss"] < 5.0  # Healthy (it was 15.7 when it diverged).

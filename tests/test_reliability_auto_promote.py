@@ -106,8 +106,8 @@ def test_a_healthy_run_promotes_nothing():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"k": 0}, "AutoPromote k: must be an integer >= 1, received 0"),
-        ({"check_every": 1.5}, "AutoPromote check_every: must be an integer >= 1, received 1.5"),
+        ({"k": 0}, "AutoPromote k: received 0. Allowed: an integer >= 1"),
+        ({"check_every": 1.5}, "AutoPromote check_every: received 1.5. Allowed: an integer >= 1"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(kwargs, message):
@@ -125,5 +125,5 @@ def test_another_optimizer_is_refused():
         model.fit(np.zeros((4, 8)), np.zeros((4, 3)), verbose=0,
                   callbacks=[AutoPromote(PrecisionManifest("float32"))])  # fmt: skip
     assert str(raised.value) == (
-        "AutoPromote: the model's optimizer is SGD. Allowed: mpt_keras.LossScaleOptimizer"
+        "AutoPromote model.optimizer: received SGD. Allowed: mpt_keras.LossScaleOptimizer"
     )

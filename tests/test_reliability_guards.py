@@ -76,7 +76,7 @@ def test_bad_batch_limit_needs_the_toolkits_optimizer():
     with pytest.raises(UserInputError) as error:
         limit.on_train_begin()
     assert str(error.value) == (
-        "BadBatchLimit: the model's optimizer is SGD. Allowed: mpt_keras.LossScaleOptimizer"
+        "BadBatchLimit model.optimizer: received SGD. Allowed: mpt_keras.LossScaleOptimizer"
     )
 
 

@@ -1,4 +1,4 @@
-"""Tests of runs.assembly: components from a config or the user's objects, and their data."""
+"""Tests of the run assembly: components from a config or the user's objects, data, precision."""
 
 import logging
 import os
@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError
-from mpt_keras.runs import assembly as runs
+from mpt_keras.runs import assembly, precision_plan, resolution
 
 
 @pytest.fixture
@@ -121,10 +121,10 @@ def _blobs_config(**values) -> TrainConfig:
 
 def test_a_config_of_factories_assembles_and_trains(user_code):
     config = _blobs_config(steps=3)
-    components = runs.resolve_components(config)
+    components = resolution.resolve_components(config)
     data = components.data()
     assert data.dimensions == {"input_shape": (3,), "num_classes": 2}
-    run = runs.assemble(config, components, data)
+    run = assembly.assemble(config, components, data)
     assert [layer.name for layer in run.model.layers] == ["input_layer", "dense", "logits"]
     assert run.model.layers[1].units == 3
     history = run.model.fit(data.train_batches(8, seed=0), epochs=1, steps_per_epoch=3, verbose=0)
@@ -140,7 +140,7 @@ def test_a_config_of_factories_assembles_and_trains(user_code):
 
 
 def test_dataset_batches_are_seeded_and_resume_at_the_exact_step(user_code):
-    data = runs.resolve_components(_blobs_config()).data()
+    data = resolution.resolve_components(_blobs_config()).data()
 
     def batches(start_step, count):
         stream = data.train_batches(8, seed=5, start_step=start_step, shuffle_buffer=100)
@@ -160,7 +160,7 @@ def test_sample_weights_of_a_data_factory_reach_the_batches(user_code):
         data={"factory": "user_code:weighted_blobs", "batch_size": 2},
         loss="mse",
     )
-    data = runs.resolve_components(config).data()
+    data = resolution.resolve_components(config).data()
     x, y, weights = next(iter(data.train_batches(2, seed=0)))
     assert (x.shape, y.shape, weights.numpy().tolist()) == ((2, 3), (2,), [1.0, 1.0])
 
@@ -205,7 +205,7 @@ def test_sample_weights_of_a_data_factory_reach_the_batches(user_code):
 def test_bad_components_are_one_line_errors_before_anything_is_built(user_code, values, message):
     config = _blobs_config().merged(values)
     with pytest.raises(UserInputError) as raised:
-        runs.resolve_components(config).data()
+        resolution.resolve_components(config).data()
     assert str(raised.value) == message
 
 
@@ -223,7 +223,7 @@ def test_a_data_factory_that_batches_is_one_line_naming_the_runs_batch_size(user
         {"data": {"factory": "user_code:batched_blobs", "options": {"how": how}, "batch_size": 8}}
     )
     with pytest.raises(UserInputError) as raised:
-        runs.resolve_components(config).data()
+        resolution.resolve_components(config).data()
     assert str(raised.value) == (
         "data.factory user_code:batched_blobs: train: received a batched tf.data.Dataset (a "
         f".batch() in its pipeline; elements of shapes {shapes}), but the run batches the data "
@@ -238,14 +238,14 @@ def test_unbatched_data_is_taken_even_when_its_shapes_look_batched(user_code, ho
     config = _blobs_config().merged(
         {"data": {"factory": "user_code:batched_blobs", "options": {"how": how}}}
     )
-    data = runs.resolve_components(config).data()
+    data = resolution.resolve_components(config).data()
     assert isinstance(data.train, tf.data.Dataset)
 
 
 def test_batched_data_given_to_validate_names_the_configs_batch_size():
     dataset = tf.data.Dataset.from_tensor_slices((np.zeros((8, 3), "float32"), np.zeros(8)))
     with pytest.raises(UserInputError) as raised:
-        runs.resolve(lambda: None, data=(dataset.batch(4), dataset), loss="mse")
+        resolution.resolve(lambda: None, data=(dataset.batch(4), dataset), loss="mse")
     assert str(raised.value) == (
         "data[0]: received a batched tf.data.Dataset (a .batch() in its pipeline; elements of "
         "shapes (None, 3), (None,)), but the run batches the data itself "
@@ -257,7 +257,7 @@ def test_batched_data_given_to_validate_names_the_configs_batch_size():
 def test_a_data_factory_that_fails_is_reported_with_its_file_and_line(user_code):
     config = _blobs_config().merged({"data": {"factory": "user_code:broken_data"}})
     with pytest.raises(UserInputError) as raised:
-        runs.resolve_components(config).data()
+        resolution.resolve_components(config).data()
     source = (user_code / "user_code.py").read_text().splitlines()
     line = 1 + next(i for i, text in enumerate(source) if "the disk is gone" in text)
     assert str(raised.value) == (
@@ -275,9 +275,9 @@ def test_a_data_factory_that_fails_is_reported_with_its_file_and_line(user_code)
 )
 def test_a_model_factory_that_fails_or_returns_no_model_is_one_line(user_code, factory, message):
     config = _blobs_config().merged({"model": {"factory": factory, "options": {}}})
-    components = runs.resolve_components(config)
+    components = resolution.resolve_components(config)
     with pytest.raises(UserInputError) as raised:
-        runs.build_model(config, components, components.data())
+        precision_plan.build_model(config, components, components.data())
     assert str(raised.value).startswith(message)
 
 
@@ -285,7 +285,7 @@ def test_a_model_file_that_is_no_keras_archive_is_one_line(user_code, tmp_path):
     (tmp_path / "notes.keras").write_text("not a zip")
     config = _config(model={"file": str(tmp_path / "notes.keras")})
     with pytest.raises(UserInputError) as raised:
-        runs.resolve_components(config)
+        resolution.resolve_components(config)
     assert str(raised.value) == (
         f"model.file {tmp_path / 'notes.keras'}: not a Keras archive (File is not a zip file). "
         "Allowed: a .keras file saved by model.save"
@@ -293,7 +293,7 @@ def test_a_model_file_that_is_no_keras_archive_is_one_line(user_code, tmp_path):
 
 
 def test_a_loss_from_the_users_code_is_used_as_given(user_code):
-    components = runs.resolve_components(
+    components = resolution.resolve_components(
         _blobs_config().merged({"loss": {"factory": "user_code:squared_error"}})
     )
     assert components.loss.__name__ == "squared_error"
@@ -308,11 +308,11 @@ def test_a_model_file_brings_its_weights_and_compiled_loss(user_code, tmp_path):
     path = str(tmp_path / "mine.keras")
     saved.save(path)
     config = _config(model={"file": path}, data={"factory": "user_code:blobs", "batch_size": 8})
-    components = runs.resolve_components(config)
+    components = resolution.resolve_components(config)
     assert isinstance(components.loss, keras.losses.SparseCategoricalCrossentropy)
     assert components.loss.get_config()["from_logits"] is True
     assert [make() for make in components.metrics] == ["accuracy"]
-    model, _, report = runs.build_model(config, components, components.data())
+    model, _, report = precision_plan.build_model(config, components, components.data())
     np.testing.assert_array_equal(model.get_weights()[0], saved.get_weights()[0])
     assert report.precision == "float32"
 
@@ -322,7 +322,7 @@ def test_a_model_file_without_a_loss_needs_one_in_the_config(user_code, tmp_path
     keras.Model(inputs, keras.layers.Dense(2)(inputs)).save(str(tmp_path / "bare.keras"))
     config = _config(model={"file": str(tmp_path / "bare.keras")})
     with pytest.raises(UserInputError) as raised:
-        runs.resolve_components(config)
+        resolution.resolve_components(config)
     assert str(raised.value) == (
         f"model.file {tmp_path / 'bare.keras'} was saved without a compiled loss. "
         "Allowed: name one with the config key 'loss'"
@@ -331,7 +331,7 @@ def test_a_model_file_without_a_loss_needs_one_in_the_config(user_code, tmp_path
 
 def test_the_users_own_objects_need_data_and_loss():
     with pytest.raises(UserInputError) as raised:
-        runs.resolve(lambda: None, data=None, loss="mse")
+        resolution.resolve(lambda: None, data=None, loss="mse")
     assert str(raised.value) == (
         "data: required with a model of your own. Allowed: data=(train, eval) and loss=a Keras loss"
     )
@@ -341,7 +341,7 @@ def test_a_functional_model_of_ones_own_is_cloned_with_its_weights():
     inputs = keras.Input((3,))
     model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
     arrays = (np.zeros((4, 3), "float32"), np.zeros(4, "int32"))
-    config, components = runs.resolve(model, data=(arrays, arrays), loss="mse")
+    config, components = resolution.resolve(model, data=(arrays, arrays), loss="mse")
     clone = components.model()
     assert clone is not model
     np.testing.assert_array_equal(clone.get_weights()[0], model.get_weights()[0])
@@ -357,7 +357,7 @@ def test_a_tfds_dataset_of_any_shape_is_read_through_a_feature_mapping(tfds_dir)
             "features": {"x": {"pixels": "image"}, "y": "label"},
         },
     )
-    data = runs.resolve_components(config).data()
+    data = resolution.resolve_components(config).data()
     assert data.dimensions == {"num_classes": 10}  # A dict x: no single input shape.
     x, y = next(iter(data.train_batches(4, seed=0)))
     assert (sorted(x), x["pixels"].dtype, x["pixels"].shape, y.shape) == (
@@ -373,7 +373,7 @@ def test_a_feature_mapping_naming_a_missing_feature_is_one_line(tfds_dir):
         data={"name": "mpt_digits", "data_dir": tfds_dir, "features": {"x": "img", "y": "label"}}
     )
     with pytest.raises(UserInputError) as raised:
-        runs.resolve_components(config).data()
+        resolution.resolve_components(config).data()
     assert str(raised.value) == (
         "data.features: dataset 'mpt_digits' has no feature 'img'. "
         "Allowed: image (Image), label (ClassLabel)"
@@ -384,7 +384,7 @@ def test_each_model_gets_its_own_metrics(user_code):
     config = _blobs_config().merged(
         {"metrics": ["accuracy", "auc", {"name": "AUC", "options": {"num_thresholds": 10}}]}
     )
-    components = runs.resolve_components(config)
+    components = resolution.resolve_components(config)
     first, second = ([make() for make in components.metrics] for _ in range(2))
     assert first[:2] == second[:2] == ["accuracy", "auc"]
     assert first[2].num_thresholds == 10 and first[2] is not second[2]
@@ -396,7 +396,7 @@ def test_resolving_a_config_starts_no_tensorflow_runtime(user_code):
     script = textwrap.dedent(
         """
         from tensorflow.python.eager import context
-        from mpt_keras.runs import assembly as runs
+        from mpt_keras.runs import resolution
         from mpt_keras.config import TrainConfig
 
         config = TrainConfig.from_dict({
@@ -405,7 +405,7 @@ def test_resolving_a_config_starts_no_tensorflow_runtime(user_code):
             "loss": {"name": "sparse_categorical_crossentropy", "options": {"from_logits": True}},
             "metrics": ["accuracy", {"name": "AUC", "options": {"num_thresholds": 10}}],
         })
-        runs.resolve_components(config)
+        resolution.resolve_components(config)
         print(context.context()._context_handle is None)
         """
     )
@@ -425,7 +425,7 @@ def test_the_example_manifest_keeps_the_gpt2_softmax_float32(tfds_dir, monkeypat
             "data": {"data_dir": tfds_dir, "options": {"sequence_length": 8}},
         }
     )
-    layers = {layer.path: layer for layer in runs.plan_precision(config).layers}
+    layers = {layer.path: layer for layer in precision_plan.plan_precision(config).layers}
     softmaxes = [path for path in layers if path.endswith("/_softmax")]
     assert softmaxes == [
         "gpt2_backbone/transformer_layer_0/self_attention/_softmax",
@@ -446,8 +446,8 @@ def test_a_layer_outputting_another_dtype_is_marked_in_the_table_and_warned(
 ):
     # A subclassed model has no inputs of its own: it is traced on an example.
     config = _blobs_config(precision="mixed_bfloat16").merged({"model": {"factory": factory}})
-    with caplog.at_level(logging.WARNING, logger="mpt_keras.runs.assembly"):
-        report = runs.plan_precision(config)
+    with caplog.at_level(logging.WARNING, logger="mpt_keras.runs.precision_plan"):
+        report = precision_plan.plan_precision(config)
     assert [(layer.path, layer.output_dtype) for layer in report.layers] == [
         ("hidden", "bfloat16"),
         ("scale", "float32"),
@@ -469,8 +469,8 @@ def test_a_layer_outputting_another_dtype_is_marked_in_the_table_and_warned(
 
 
 def test_a_run_without_such_layers_marks_and_warns_nothing(user_code, caplog):
-    with caplog.at_level(logging.WARNING, logger="mpt_keras.runs.assembly"):
-        report = runs.plan_precision(_blobs_config(precision="mixed_float16"))
+    with caplog.at_level(logging.WARNING, logger="mpt_keras.runs.precision_plan"):
+        report = precision_plan.plan_precision(_blobs_config(precision="mixed_float16"))
     assert [(layer.path, layer.compute_dtype, layer.output_dtype) for layer in report.layers] == [
         ("dense", "float16", "float16"),
         ("logits", "float32", "float32"),

@@ -68,9 +68,9 @@ def test_float32_matches_itself_even_with_no_gap_allowed(tfds_dir):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"max_loss_rise": -0.1}, "canary max_loss_rise: must be a number >= 0, received -0.1"),
-        ({"max_loss_gap": None}, "canary max_loss_gap: must be a number >= 0, received None"),
-        ({"examples": 0}, "canary examples: must be an integer >= 1, received 0"),
+        ({"max_loss_rise": -0.1}, "canary max_loss_rise: received -0.1. Allowed: a number >= 0"),
+        ({"max_loss_gap": None}, "canary max_loss_gap: received None. Allowed: a number >= 0"),
+        ({"examples": 0}, "canary examples: received 0. Allowed: an integer >= 1"),
     ],
 )
 def test_bad_thresholds_are_user_errors(kwargs, message):
@@ -82,7 +82,7 @@ def test_bad_thresholds_are_user_errors(kwargs, message):
 def test_bad_steps_are_a_user_error(tfds_dir):
     with pytest.raises(mpt_keras.UserInputError) as error:
         canary.run_canary(_config(tfds_dir), 0)
-    assert str(error.value) == "canary steps: must be an integer >= 1, received 0"
+    assert str(error.value) == "canary steps: received 0. Allowed: an integer >= 1"
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,8 @@ from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError
 from mpt_keras.keras_bridge.layer_paths import iter_layers
 from mpt_keras.precision.manifest import PrecisionManifest
-from mpt_keras.runs import assembly as runs_module
-from mpt_keras.runs.assembly import plan_precision
+from mpt_keras.runs import precision_plan
+from mpt_keras.runs.precision_plan import plan_precision
 from mpt_keras.runs.training import Runtime, run_training
 
 
@@ -211,7 +211,7 @@ def test_manifest_decides_each_layer_and_float16_layers_get_dynamic_scaling(tfds
 
 def test_auto_precision_is_resolved_and_explained(tfds_dir, monkeypatch):
     monkeypatch.setattr(
-        runs_module,
+        precision_plan,
         "resolve_auto_policy",
         lambda: ("mixed_float16", "GPU compute capability 7.0: float16 tensor cores"),
     )
@@ -289,8 +289,7 @@ def test_loss_scale_errors_name_the_config_section_when_the_config_is_read(tfds_
     with pytest.raises(UserInputError) as raised:
         tiny_config(tfds_dir, precision="mixed_float16", loss_scale={"growth_factor": 0.5})
     assert str(raised.value).endswith(
-        "config section loss_scale: Argument growth_factor must be a finite number > 1. "
-        "Received: growth_factor=0.5"
+        "key 'loss_scale.growth_factor': received 0.5. Allowed: a number > 1 and <= 3.40282e+38"
     )
 
 

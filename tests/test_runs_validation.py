@@ -1,7 +1,6 @@
 """Tests of mpt_keras.runs.validation: parity of a candidate with float32."""
 
 import json
-import math
 import os
 
 import keras
@@ -11,7 +10,9 @@ import tensorflow as tf
 
 import mpt_keras
 from mpt_keras.runs import validation
-from mpt_keras.runs.validation import Check, Thresholds
+from mpt_keras.validation.parity_rows import UnreachedLayer
+from mpt_keras.validation.report import ValidationReport
+from mpt_keras.validation.thresholds import Thresholds
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _STEPS = 10
@@ -79,8 +80,8 @@ def test_a_tiny_transformer_passes_the_default_thresholds_in_float16(tfds_dir):
     # Without dropout, Keras' attention runs a fused kernel beside its softmax and dropout.
     reason = "not called inside 'block_0/attention', which holds it, when the model ran"
     assert report.unreached == (
-        validation.UnreachedLayer("block_0/attention/_softmax", reason),
-        validation.UnreachedLayer("block_0/attention/_dropout_layer", reason),
+        UnreachedLayer("block_0/attention/_softmax", reason),
+        UnreachedLayer("block_0/attention/_dropout_layer", reason),
     )
 
 
@@ -123,7 +124,7 @@ def test_a_normalization_in_float16_shows_its_drift_at_that_layer(tfds_dir, tmp_
     assert "drift enters at final_norm" in report.table()
 
 
-def _validate_in_bfloat16(build) -> validation.ValidationReport:
+def _validate_in_bfloat16(build) -> ValidationReport:
     """`validate` of a model of 4 features and 3 classes, 2 steps of 16 random examples."""
     x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
     y = (x[:, 0] > 0).astype("int32")
@@ -201,51 +202,6 @@ def test_run_validation_writes_json_table_png_and_tensorboard(tfds_dir, tmp_path
     assert curves == ["candidate", "float32"]
 
 
-def test_plot_draws_both_curves_in_their_colors():
-    image = tf.io.decode_png(validation.plot_loss_curves([2.0, 1.0], [2.0, float("nan")])).numpy()
-    colors = {tuple(pixel) for pixel in image.reshape(-1, 3)}
-    assert (31, 119, 180) in colors
-    # The candidate's only finite point makes no segment.
-    assert (255, 127, 14) not in colors
-
-
-@pytest.mark.parametrize(
-    "check, passed",
-    [
-        (Check("a", 0.5, 0.5, "<="), True),
-        (Check("a", 0.6, 0.5, "<="), False),
-        (Check("a", 0.5, 0.5, ">="), True),
-        (Check("a", 0.4, 0.5, ">="), False),
-        (Check("a", math.nan, 0.5, "<="), False),
-        (Check("a", math.nan, 0.5, ">="), False),
-    ],
-)
-def test_check_verdicts(check, passed):
-    assert check.passed is passed
-
-
-def test_check_describes_itself_in_one_line():
-    check = Check("output_relative_error", 0.0123, 0.01, "<=")
-    assert check.describe() == "output_relative_error: 0.0123 (allowed <= 0.01) FAIL"
-
-
-@pytest.mark.parametrize(
-    "kwargs, message",
-    [
-        ({"output_rtol": -1.0}, "threshold output_rtol: must be a number >= 0, received -1.0"),
-        ({"max_kl": "big"}, "threshold max_kl: must be a number >= 0, received 'big'"),
-        (
-            {"min_top1_agreement": 2.0},
-            "threshold min_top1_agreement: must be in [0, 1], received 2.0",
-        ),
-    ],
-)
-def test_bad_thresholds_are_user_errors(kwargs, message):
-    with pytest.raises(mpt_keras.UserInputError) as error:
-        Thresholds(**kwargs)
-    assert str(error.value) == message
-
-
 def test_a_bad_candidate_is_a_user_error(tfds_dir):
     with pytest.raises(mpt_keras.UserInputError) as error:
         validation.validate(_config(tfds_dir, "digits_mlp.json"), "float8", steps=1)
@@ -281,7 +237,7 @@ def test_a_subclassed_model_is_compared_as_a_block():
     assert report.layers[0].error_jump == 0.0
     # What it could not reach: said, in the report, the table and the JSON.
     reason = "not called inside 'mlp', which holds it, when the model ran"
-    assert report.unreached == (validation.UnreachedLayer("dropout", reason),)
+    assert report.unreached == (UnreachedLayer("dropout", reason),)
     assert f"not compared (1):\n  dropout: {reason}\n" in report.table()
     assert report.to_dict()["unreached"] == [{"path": "dropout", "reason": reason}]
     # No accuracy metric: no accuracy check.
@@ -303,27 +259,19 @@ def test_a_config_takes_no_objects_besides():
     )
 
 
-def test_drift_enters_at_a_sublayer_not_at_the_block_whose_jump_sums_it():
-    def row(path: str, jump: float) -> validation.LayerParity:
-        return validation.LayerParity(path, "float16", 0.0, 0.0, jump, jump)
+def test_bad_steps_are_a_user_error():
+    with pytest.raises(mpt_keras.UserInputError) as raised:
+        validation.validate(mpt_keras.TrainConfig(), "mixed_float16", steps=0)
+    assert str(raised.value) == "steps: received 0. Allowed: an integer >= 1"
 
-    report = validation.ValidationReport(
-        candidate="mixed_bfloat16",
-        steps=1,
-        layers=(
-            row("embedding", 0.001),
-            row("block", 0.009),
-            row("block/attention", 0.002),
-            row("block/attention/query", 0.001),
-            row("block/mlp_gate", 0.006),
-            row("logits", 0.003),
-        ),
-        outputs=(),
-        baseline_losses=(),
-        candidate_losses=(),
-        baseline_metrics={},
-        candidate_metrics={},
-        skipped_steps=0,
-        checks=(),
+
+def test_an_output_that_cannot_be_written_is_refused_before_training(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(mpt_keras.UserInputError) as raised:
+        validation.run_validation(
+            mpt_keras.TrainConfig(), "mixed_float16", tmp_path / "file" / "out" / "report.json"
+        )
+    assert str(raised.value) == (
+        f"--output directory: received {tmp_path / 'file' / 'out'} (cannot be created: Not a "
+        "directory). Allowed: a directory that can be created and written"
     )
-    assert report.drift_entry() == "block/mlp_gate"

@@ -56,7 +56,7 @@ def test_an_unknown_piece_is_named(tmp_path):
     with pytest.raises(UserInputError) as error:
         _compiled("float32", ("monitor", "ema"), tmp_path)
     assert str(error.value) == (
-        "unknown stack piece 'ema'. Allowed: train_step, loss_scale_optimizer, manifest, monitor"
+        "pieces: received 'ema'. Allowed: train_step, loss_scale_optimizer, manifest, monitor"
     )
 
 

@@ -6,7 +6,8 @@ import pytest
 from toy_layers import Times
 
 import mpt_keras
-from mpt_keras.calibration.calibrate import calibrate, format_calibration_table
+from mpt_keras.calibration.calibrate import calibrate
+from mpt_keras.calibration.result import format_calibration_table
 from mpt_keras.errors import UserInputError
 from mpt_keras.keras_bridge.layer_paths import iter_layers
 from mpt_keras.precision.float8 import to_float8
@@ -232,8 +233,8 @@ def test_targets_without_a_loss_are_an_error():
     with pytest.raises(UserInputError) as raised:
         diagnose_nonfinite(_root_model(), FINITE, np.array([[0.0]]))
     assert str(raised.value) == (
-        "diagnose_nonfinite: received y, but model 'net' is not compiled, so it has no loss "
-        "to take gradients of. Compile the model, or pass loss="
+        "diagnose_nonfinite y: received targets for model 'net', which is not compiled (no "
+        "loss to take gradients of). Allowed: a compiled model, or loss="
     )
 
 

@@ -7,7 +7,9 @@ import keras
 import pytest
 from tiny_runs import Crash, CrashAtStep, tiny_config
 
-from mpt_keras.runs.training import METRICS_CSV_FILE, Runtime, run_training
+from mpt_keras.errors import UserInputError
+from mpt_keras.runs.model_dir import METRICS_CSV_FILE
+from mpt_keras.runs.training import Runtime, run_training
 from mpt_keras.telemetry.metrics_csv import MetricsCsv
 
 COLUMNS = [
@@ -66,5 +68,6 @@ def test_a_resumed_run_appends_without_duplicate_rows(tfds_dir, tmp_path):
 
 
 def test_every_must_be_a_positive_integer():
-    with pytest.raises(ValueError, match=r"^every must be an integer >= 1. Received: every=0$"):
+    with pytest.raises(UserInputError) as raised:
         MetricsCsv("metrics.csv", 0)
+    assert str(raised.value) == "every: received 0. Allowed: an integer >= 1"

@@ -155,7 +155,9 @@ def test_a_port_in_use_is_one_line_before_anything_runs(tfds_dir, tmp_path):
 def test_a_port_out_of_range_is_one_line(port):
     with pytest.raises(UserInputError) as raised:
         PrometheusExporter(port, run_name="x")
-    assert str(raised.value) == f"metrics_port must be a TCP port, 1-65535. Received: {port!r}"
+    assert str(raised.value) == (
+        f"metrics_port: received {port!r}. Allowed: an integer >= 1 and <= 65535"
+    )
 
 
 def test_a_run_serves_its_metrics_and_stops_serving_at_its_end(tfds_dir, tmp_path):

@@ -131,7 +131,7 @@ def test_python_dash_m_runs_and_resumes_to_the_exact_step(tfds_dir, tmp_path):
         ),
         (
             ["--manifest={bad_manifest}"],
-            "{bad_manifest}: rules[0].policy: unknown policy 'float16'. Allowed: float32, "
+            '{bad_manifest}: rules[0].policy: received "float16". Allowed: float32, '
             "mixed_float16, mixed_bfloat16",
         ),
     ],
@@ -162,6 +162,20 @@ def test_bad_input_is_one_line_on_stderr_and_status_2(tmp_path, flags, message):
     assert lines[0].startswith("mpt-train: error: " + message.format(**paths)), lines[0]
 
 
+def test_a_missing_manifest_is_named_by_its_flag(tmp_path):
+    missing = str(tmp_path / "missing.json")
+    result = launch_in_process(
+        "mpt-train",
+        f"--config={CONFIG}",
+        f"--model_dir={tmp_path / 'run'}",
+        f"--manifest={missing}",
+    )
+    assert (result.status, result.stderr) == (
+        2,
+        f"mpt-train: error: --manifest: key 'manifest': no such file '{missing}'\n",
+    )
+
+
 def test_unwritable_model_dir_is_one_line_before_training(tfds_dir, tmp_path):
     (tmp_path / "file").write_text("")
     model_dir = tmp_path / "file" / "run"
@@ -174,7 +188,8 @@ def test_unwritable_model_dir_is_one_line_before_training(tfds_dir, tmp_path):
     )
     assert result.status == 2
     assert result.stderr.splitlines() == [
-        f"mpt-train: error: model_dir {model_dir}: cannot be created (Not a directory)"
+        f"mpt-train: error: model_dir: received {model_dir} (cannot be created: Not a directory). "
+        "Allowed: a directory that can be created and written, with at least 64 MiB free"
     ]
     assert result.stdout == ""  # Nothing trained: no progress bar, no metrics.
 

@@ -1,12 +1,14 @@
 """absl launchers: each parses its flags and calls one `mpt_keras` function.
 
-A launcher imports TensorFlow only once its flags and config are checked
-(`cli.import_tensorflow`), so `--help` and a bad flag or config answer at once.
-That import silences TensorFlow's native start-up lines, so that a user error is
-the only line a failing launcher prints (`MPT_SHOW_TF_STARTUP=1` shows them),
-and makes TensorFlow allocate CPU memory with its BFC allocator, the one CPU
-allocator that keeps statistics of every allocation
-(`tf.config.experimental.get_memory_info`), which the monitor's
-`peak_memory_mib` and `mpt-bench`'s memory figures read
-(`TF_CPU_ALLOCATOR_USE_BFC=false` turns that off).
+    train.py        mpt-train
+    validate.py     mpt-validate
+    calibrate.py    mpt-calibrate
+    bench.py        mpt-bench
+    cli.py          what they share: one-line errors, exit codes, --help, a quiet TF import
+    field_flags.py  flags declared from a dataclass's fields, read back by field
+
+TensorFlow is imported once flags and config are checked (`cli.import_tensorflow`),
+so `--help` and bad input answer at once; silently (`MPT_SHOW_TF_STARTUP=1` shows its
+start-up lines), and with the BFC CPU allocator, the one that keeps the memory
+statistics the monitor and `mpt-bench` read (`TF_CPU_ALLOCATOR_USE_BFC=false`: off).
 """

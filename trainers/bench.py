@@ -42,13 +42,12 @@ from absl import flags
 from mpt_keras import config as config_lib
 from mpt_keras.errors import UserInputError
 from mpt_keras.precision.names import POLICY_NAMES
-from trainers import cli
+from trainers import cli, field_flags
+from trainers.field_flags import FieldFlag
 
 # The suite's flags take their defaults from it, which imports TensorFlow: quietly.
 cli.import_tensorflow()
-from benchmarks import result_files, suite  # noqa: E402
-
-_DEFAULTS = suite.Settings()
+from benchmarks import result_files, suite, suite_settings  # noqa: E402
 
 _CONFIG = flags.DEFINE_string(
     "config",
@@ -58,72 +57,43 @@ _CONFIG = flags.DEFINE_string(
 _CONFIG_OVERRIDE = flags.DEFINE_string(
     "config_override", None, "JSON object merged into --config's (needs --config)."
 )
-_MODELS = flags.DEFINE_list(
-    "models", list(suite.MODELS), f"Reference models, of {', '.join(suite.MODELS)}."
-)
-_PRECISIONS = flags.DEFINE_list(
-    "precisions", list(POLICY_NAMES), f"Precisions, of {', '.join(POLICY_NAMES)}."
-)
-_XLA = flags.DEFINE_list(
-    "xla", list(suite.XLA_SETTINGS), f"XLA settings, of {', '.join(suite.XLA_SETTINGS)}."
-)
-_STACKS = flags.DEFINE_list(
-    "stacks",
-    list(suite.STACKS),
-    "ours (manifest + mpt_keras.LossScaleOptimizer + monitor) and/or stock (Keras alone).",
-)
-_ROUNDS = flags.DEFINE_integer(
-    "rounds", _DEFAULTS.rounds, "Interleaved measurement rounds.", lower_bound=1
-)
-_STEPS_PER_ROUND = flags.DEFINE_integer(
-    "steps_per_round", _DEFAULTS.steps_per_round, "Train steps per round.", lower_bound=1
-)
-_WARMUP_STEPS = flags.DEFINE_integer(
-    "warmup_steps", _DEFAULTS.warmup_steps, "Untimed steps per variant.", lower_bound=1
-)
-_MEMORY_STEPS = flags.DEFINE_integer(
-    "memory_steps", _DEFAULTS.memory_steps, "Train steps of the memory reading.", lower_bound=1
-)
-_BATCH_SIZE = flags.DEFINE_integer(
-    "batch_size", _DEFAULTS.batch_size, "Sequences per batch of the reference LM.", lower_bound=1
-)
-_SEQUENCE_LENGTH = flags.DEFINE_integer(
-    "sequence_length",
-    _DEFAULTS.sequence_length,
-    "Tokens per sequence of the reference LM.",
-    lower_bound=2,
-)
-_NUM_LAYERS = flags.DEFINE_integer(
-    "num_layers", _DEFAULTS.num_layers, "Transformer blocks of the reference LM.", lower_bound=1
-)
-_D_MODEL = flags.DEFINE_integer(
-    "d_model", _DEFAULTS.d_model, "Width of the reference LM (a multiple of 4).", lower_bound=4
-)
-_IMAGE_BATCH_SIZE = flags.DEFINE_integer(
-    "image_batch_size",
-    _DEFAULTS.image_batch_size,
-    "Images per batch of the reference CNN and MLP.",
-    lower_bound=1,
-)
-_MATMUL_SIZE = flags.DEFINE_integer(
-    "matmul_size", _DEFAULTS.matmul_size, "Rows of the matmul peak's matrices.", lower_bound=1
-)
-_MATMUL_ROUNDS = flags.DEFINE_integer(
-    "matmul_rounds", _DEFAULTS.matmul_rounds, "Rounds of the matmul peak.", lower_bound=1
-)
-_FLOAT8 = flags.DEFINE_bool(
-    "float8",
-    _DEFAULTS.float8,
-    "Also measure, next to each mixed_float16 and mixed_bfloat16 variant, its twin whose Dense "
-    "and EinsumDense layers train in float8, labelled emulated where the hardware has no "
-    "float8 matmul units (any CPU).",
-)
-_PROFILE_STEPS = flags.DEFINE_integer(
-    "profile_steps",
-    _DEFAULTS.profile_steps,
-    "Steps per XLA-off variant under the TensorFlow profiler, after the timed rounds; "
-    "0 profiles nothing. Traces go to <output>/profile.",
-    lower_bound=0,
+_SETTINGS = field_flags.define(
+    suite_settings.Settings,
+    {
+        "models": FieldFlag(
+            f"Reference models, of {', '.join(suite_settings.MODELS)}.",
+            default=suite_settings.MODELS,
+        ),
+        "precisions": FieldFlag(f"Precisions, of {', '.join(POLICY_NAMES)}."),
+        "xla": FieldFlag(f"XLA settings, of {', '.join(suite_settings.XLA_SETTINGS)}."),
+        "stacks": FieldFlag(
+            "ours (manifest + mpt_keras.LossScaleOptimizer + monitor) and/or stock (Keras alone)."
+        ),
+        "rounds": FieldFlag("Interleaved measurement rounds.", lower_bound=1),
+        "steps_per_round": FieldFlag("Train steps per round.", lower_bound=1),
+        "warmup_steps": FieldFlag("Untimed steps per variant.", lower_bound=1),
+        "memory_steps": FieldFlag("Train steps of the memory reading.", lower_bound=1),
+        "batch_size": FieldFlag("Sequences per batch of the reference LM.", lower_bound=1),
+        "sequence_length": FieldFlag("Tokens per sequence of the reference LM.", lower_bound=2),
+        "num_layers": FieldFlag("Transformer blocks of the reference LM.", lower_bound=1),
+        "d_model": FieldFlag("Width of the reference LM (a multiple of 4).", lower_bound=4),
+        "image_batch_size": FieldFlag(
+            "Images per batch of the reference CNN and MLP.", lower_bound=1
+        ),
+        "matmul_size": FieldFlag("Rows of the matmul peak's matrices.", lower_bound=1),
+        "matmul_rounds": FieldFlag("Rounds of the matmul peak.", lower_bound=1),
+        "float8": FieldFlag(
+            "Also measure, next to each mixed_float16 and mixed_bfloat16 variant, its twin whose "
+            "Dense and EinsumDense layers train in float8, labelled emulated where the hardware "
+            "has no float8 matmul units (any CPU)."
+        ),
+        "profile_steps": FieldFlag(
+            "Steps per XLA-off variant under the TensorFlow profiler, after the timed rounds; "
+            "0 profiles nothing. Traces go to <output>/profile.",
+            lower_bound=0,
+        ),
+    },
+    __name__,
 )
 _OUTPUT = flags.DEFINE_string(
     "output", None, "Directory for bench.json and bench.png; default: the table only."
@@ -154,26 +124,13 @@ def main(argv: Sequence[str]) -> None:
         config = config_lib.resolve_config(_CONFIG.value, _CONFIG_OVERRIDE.value)
     elif _CONFIG_OVERRIDE.value is not None:
         raise UserInputError("--config_override: received without --config. Allowed: with --config")
-    settings = suite.Settings(
-        models=None if config else tuple(_MODELS.value),
+    values = field_flags.values(_SETTINGS)
+    if config:
+        values["models"] = None  # The config's own model.
+    settings = suite_settings.Settings(
+        **values,
         config=config,
         config_name=pathlib.Path(_CONFIG.value).stem if config else "config",
-        precisions=tuple(_PRECISIONS.value),
-        xla=tuple(_XLA.value),
-        stacks=tuple(_STACKS.value),
-        rounds=_ROUNDS.value,
-        steps_per_round=_STEPS_PER_ROUND.value,
-        warmup_steps=_WARMUP_STEPS.value,
-        memory_steps=_MEMORY_STEPS.value,
-        batch_size=_BATCH_SIZE.value,
-        sequence_length=_SEQUENCE_LENGTH.value,
-        num_layers=_NUM_LAYERS.value,
-        d_model=_D_MODEL.value,
-        image_batch_size=_IMAGE_BATCH_SIZE.value,
-        matmul_size=_MATMUL_SIZE.value,
-        matmul_rounds=_MATMUL_ROUNDS.value,
-        profile_steps=_PROFILE_STEPS.value,
-        float8=_FLOAT8.value,
     )
     suite.run(settings, _OUTPUT.value)
     if _OUTPUT.value:

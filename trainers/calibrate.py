@@ -51,7 +51,7 @@ def main(argv: Sequence[str]) -> None:
     del argv  # Checked by cli.run.
     config = config_lib.resolve_config(_CONFIG.value, _CONFIG_OVERRIDE.value)
     cli.import_tensorflow()
-    from mpt_keras.calibration import calibrate as calibration
+    from mpt_keras.calibration import result as calibration
 
     result = mpt_keras.run_calibration(
         config,

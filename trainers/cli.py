@@ -1,11 +1,8 @@
 """What every launcher shares: one-line errors, exit codes, concise logs.
 
-A user error (a bad flag, config, manifest or dataset) ends the program with
-exit status 2 and a single line on stderr, `<program>: error: <message>`,
-naming what was wrong and what is allowed; never a traceback. A multi-worker
-run that loses a peer worker ends the same way with exit status 75 (EX_TEMPFAIL
-of sysexits.h: a temporary failure, retrying may succeed), naming the peer and
-the `model_dir` that a rerun of all workers resumes from.
+A user error ends the program with exit status 2 and one line on stderr,
+`<program>: error: <message>`, never a traceback. A lost peer worker ends it the
+same way with status 75 (EX_TEMPFAIL: rerunning all workers resumes).
 """
 
 from __future__ import annotations
@@ -32,16 +29,12 @@ def run(
     program: str,
     help_groups: Mapping[str, Sequence[str]] | None = None,
 ) -> None:
-    """Runs `main` under absl, turning the toolkit's errors into one line each.
-
-    A `UserInputError` exits with status 2, a `PeerFailedError` with 75.
-    `--help` prints the launcher's documentation and its own flags, grouped.
+    """Runs `main` under absl, a `UserInputError` exiting 2 and a `PeerFailedError` 75.
 
     Args:
-        main: The launcher's main, called with the arguments left after flags.
         program: The launcher's name in messages, e.g. `mpt-train`.
         help_groups: Titles and the flag names under each, in the order
-            `--help` shows them; flags of the launcher left out go under "Other".
+            `--help` shows them; the launcher's other flags go under "Other".
     """
     if any(argument in HELP_FLAGS for argument in sys.argv[1:]):
         print(help_text(main.__module__, program, help_groups or {}), end="")
@@ -60,8 +53,7 @@ def run(
 
     def main_with_errors(argv: Sequence[str]) -> None:
         if not flags.FLAGS["verbosity"].present:
-            # The toolkit's own INFO lines; TFDS (which logs through absl) only
-            # its errors. --verbosity=0 shows everything.
+            # Our INFO lines; TFDS (logging through absl) only its errors.
             absl_logging.set_verbosity(absl_logging.ERROR)
             logging.getLogger("mpt_keras").setLevel(logging.INFO)
         if len(argv) > 1:
@@ -79,8 +71,7 @@ def run(
 def help_text(module_name: str, program: str, groups: Mapping[str, Sequence[str]]) -> str:
     """The launcher's docstring and its own flags, grouped, each with its default.
 
-    absl's `--help` shows the flags of the script's main module, which for a
-    console script (`mpt-train`) is none of ours; `--helpfull` adds absl's own.
+    (absl's `--help` shows the main module's flags: for a console script, none of ours.)
     """
     defined = {flag.name: flag for flag in flags.FLAGS.get_flags_for_module(module_name)}
     grouped = [(title, [defined[name] for name in names]) for title, names in groups.items()]
@@ -113,34 +104,23 @@ def _is_required(flag: flags.Flag) -> bool:
 
 
 def import_tensorflow() -> None:
-    """Imports TensorFlow with its native start-up lines silenced; see `trainers`.
-
-    Launchers call it once their flags and config are checked, so `--help` and
-    a bad flag or config never wait for TensorFlow.
-    """
-    # Later C++ info lines are filtered by the level; TF_CPP_MIN_LOG_LEVEL=0 shows them.
+    """Imports TensorFlow with its native start-up lines silenced; see `trainers`."""
+    # TF_CPP_MIN_LOG_LEVEL=0 shows the later C++ info lines.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    # Read when TensorFlow first allocates on the CPU. Without it, CPU memory
-    # statistics exist only with oneDNN's allocator (CPUs with AVX512 and newer),
-    # which counts allocations of 256 KiB and more.
+    # Else only oneDNN's allocator (AVX512 CPUs) keeps statistics, of allocations >= 256 KiB.
     os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
     if "tensorflow" in sys.modules or os.environ.get("MPT_SHOW_TF_STARTUP") == "1":
         return
     with _native_stderr_silenced():
         import tensorflow as tf
 
-        # Probing the physical devices is where the CUDA start-up lines come from;
-        # it does not initialise the runtime, so logical devices stay configurable.
+        # The CUDA start-up lines; logical devices stay configurable after it.
         tf.config.list_physical_devices()
 
 
 @contextlib.contextmanager
 def _native_stderr_silenced() -> Iterator[None]:
-    """Sends file descriptor 2 to /dev/null for the duration of a block.
-
-    TensorFlow's C++ start-up lines (oneDNN, CUDA probing) are written before
-    its log level applies, straight to the descriptor.
-    """
+    """Sends file descriptor 2, where TensorFlow's C++ start-up lines go, to /dev/null."""
     sys.stderr.flush()
     saved = os.dup(2)
     devnull = os.open(os.devnull, os.O_WRONLY)

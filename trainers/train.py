@@ -17,43 +17,43 @@ from absl import flags
 import mpt_keras
 from mpt_keras import config as config_lib
 from mpt_keras.precision.names import PRECISIONS
-from trainers import cli
+from trainers import cli, field_flags
+from trainers.field_flags import FieldFlag
 
 _CONFIG = flags.DEFINE_string("config", None, "Run config file (JSON).", required=True)
 _MODEL_DIR = flags.DEFINE_string(
     "model_dir", None, "Directory of checkpoints, logs and results.", required=True
 )
-_PRECISION = flags.DEFINE_enum(
-    "precision", None, PRECISIONS, "Global dtype policy; default: the config's."
+# Top-level config keys, set in this order; a flag left out leaves the key to the file.
+_CONFIG_FLAGS = field_flags.define(
+    config_lib.TrainConfig,
+    {
+        "precision": FieldFlag("Global dtype policy; default: the config's.", choices=PRECISIONS),
+        "manifest": FieldFlag("Precision manifest (JSON) to apply."),
+        "strategy": FieldFlag(
+            "tf.distribute strategy; default: the config's.", choices=config_lib.STRATEGIES
+        ),
+        "virtual_cpus": FieldFlag(
+            "Split the CPU into N logical devices (for mirrored).", lower_bound=0
+        ),
+        "tpu": FieldFlag("TPU address for --strategy=tpu (grpc://host:port or name)."),
+        "auto_promote": FieldFlag(
+            "Promote layers that keep overflowing at the loss-scale floor (float16 -> "
+            "bfloat16 -> float32) mid-run; the promoted manifest goes to "
+            "model_dir/promoted_manifest.json."
+        ),
+        "deterministic": FieldFlag(
+            "Enable TensorFlow's op determinism, so two runs of the same config give "
+            "identical weights (slower on GPUs; some ops then refuse to run)."
+        ),
+        "jit_compile": FieldFlag("XLA-compile the train step.", choices=config_lib.JIT_COMPILE),
+        "steps": FieldFlag("Total train steps of the run.", lower_bound=1),
+    },
+    __name__,
+    unset=True,
 )
-_MANIFEST = flags.DEFINE_string("manifest", None, "Precision manifest (JSON) to apply.")
-_STRATEGY = flags.DEFINE_enum(
-    "strategy", None, config_lib.STRATEGIES, "tf.distribute strategy; default: the config's."
-)
-_VIRTUAL_CPUS = flags.DEFINE_integer(
-    "virtual_cpus", None, "Split the CPU into N logical devices (for mirrored).", lower_bound=0
-)
-_TPU = flags.DEFINE_string(
-    "tpu", None, "TPU address for --strategy=tpu (grpc://host:port or name)."
-)
-_JIT_COMPILE = flags.DEFINE_enum(
-    "jit_compile", None, config_lib.JIT_COMPILE, "XLA-compile the train step."
-)
-_STEPS = flags.DEFINE_integer("steps", None, "Total train steps of the run.", lower_bound=1)
 _CONFIG_OVERRIDE = flags.DEFINE_string(
     "config_override", None, "JSON object merged into the config file's."
-)
-_AUTO_PROMOTE = flags.DEFINE_bool(
-    "auto_promote",
-    None,
-    "Promote layers that keep overflowing at the loss-scale floor (float16 -> bfloat16 -> "
-    "float32) mid-run; the promoted manifest goes to model_dir/promoted_manifest.json.",
-)
-_DETERMINISTIC = flags.DEFINE_bool(
-    "deterministic",
-    None,
-    "Enable TensorFlow's op determinism, so two runs of the same config give identical "
-    "weights (slower on GPUs; some ops then refuse to run).",
 )
 _CANARY_STEPS = flags.DEFINE_integer(
     "canary_steps",
@@ -84,25 +84,14 @@ _HELP_GROUPS = {
 
 def main(argv: Sequence[str]) -> None:
     del argv  # Checked by cli.run.
-    if _PRECISION.value is not None and _MANIFEST.value is not None:
+    flag_values = field_flags.values(_CONFIG_FLAGS)
+    if flag_values["precision"] is not None and flag_values["manifest"] is not None:
         raise mpt_keras.UserInputError(
             "--precision and --manifest exclude each other: a manifest decides every "
             "layer's policy (its 'default' and rules). Allowed: one of them"
         )
     # Checked whole, with no TensorFlow: a bad flag or config answers at once.
-    config = config_lib.resolve_config(
-        _CONFIG.value,
-        _CONFIG_OVERRIDE.value,
-        precision=_PRECISION.value,
-        manifest=_MANIFEST.value,
-        strategy=_STRATEGY.value,
-        virtual_cpus=_VIRTUAL_CPUS.value,
-        tpu=_TPU.value,
-        auto_promote=_AUTO_PROMOTE.value,
-        deterministic=_DETERMINISTIC.value,
-        jit_compile=_JIT_COMPILE.value,
-        steps=_STEPS.value,
-    )
+    config = config_lib.resolve_config(_CONFIG.value, _CONFIG_OVERRIDE.value, **flag_values)
     cli.import_tensorflow()
     if _DRY_RUN.value:
         print(mpt_keras.plan_precision(config).format_table(), end="")

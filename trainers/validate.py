@@ -29,10 +29,10 @@ import mpt_keras
 from mpt_keras import config as config_lib
 from mpt_keras.precision.names import PRECISIONS
 from mpt_keras.validation import thresholds
-from trainers import cli
+from trainers import cli, field_flags
+from trainers.field_flags import FieldFlag
 
 CHECK_FAILED = 1
-_DEFAULTS = thresholds.Thresholds()
 
 _CONFIG = flags.DEFINE_string("config", None, "Run config file (JSON).", required=True)
 _PRECISION = flags.DEFINE_enum(
@@ -57,39 +57,31 @@ _STEPS = flags.DEFINE_integer(
 _CONFIG_OVERRIDE = flags.DEFINE_string(
     "config_override", None, "JSON object merged into the config file's."
 )
-_OUTPUT_RTOL = flags.DEFINE_float(
-    "output_rtol",
-    _DEFAULTS.output_rtol,
-    "Largest relative error ||cand - base|| / ||base|| of any model output.",
-    lower_bound=0,
-)
-_MIN_TOP1_AGREEMENT = flags.DEFINE_float(
-    "min_top1_agreement",
-    _DEFAULTS.min_top1_agreement,
-    "Smallest fraction of predictions whose argmax agrees with float32.",
-    lower_bound=0,
-    upper_bound=1,
-)
-_MAX_KL = flags.DEFINE_float(
-    "max_kl", _DEFAULTS.max_kl, "Largest mean KL divergence of the output softmax.", lower_bound=0
-)
-_MAX_METRIC_DELTA = flags.DEFINE_float(
-    "max_metric_delta",
-    _DEFAULTS.max_metric_delta,
-    "Largest drop of the final validation accuracy against float32.",
-    lower_bound=0,
-)
-_MAX_LOSS_GAP = flags.DEFINE_float(
-    "max_loss_gap",
-    _DEFAULTS.max_loss_gap,
-    "Largest relative gap of the final training loss against float32.",
-    lower_bound=0,
-)
-_MAX_SKIPPED_FRACTION = flags.DEFINE_float(
-    "max_skipped_fraction",
-    _DEFAULTS.max_skipped_fraction,
-    "Largest fraction of the candidate's steps skipped for non-finite gradients.",
-    lower_bound=0,
+_THRESHOLDS = field_flags.define(
+    thresholds.Thresholds,
+    {
+        "output_rtol": FieldFlag(
+            "Largest relative error ||cand - base|| / ||base|| of any model output.",
+            lower_bound=0,
+        ),
+        "min_top1_agreement": FieldFlag(
+            "Smallest fraction of predictions whose argmax agrees with float32.",
+            lower_bound=0,
+            upper_bound=1,
+        ),
+        "max_kl": FieldFlag("Largest mean KL divergence of the output softmax.", lower_bound=0),
+        "max_metric_delta": FieldFlag(
+            "Largest drop of the final validation accuracy against float32.", lower_bound=0
+        ),
+        "max_loss_gap": FieldFlag(
+            "Largest relative gap of the final training loss against float32.", lower_bound=0
+        ),
+        "max_skipped_fraction": FieldFlag(
+            "Largest fraction of the candidate's steps skipped for non-finite gradients.",
+            lower_bound=0,
+        ),
+    },
+    __name__,
 )
 
 
@@ -102,14 +94,7 @@ def main(argv: Sequence[str]) -> None:
             "Allowed: exactly one of --precision and --manifest"
         )
     config = config_lib.resolve_config(_CONFIG.value, _CONFIG_OVERRIDE.value)
-    limits = thresholds.Thresholds(
-        output_rtol=_OUTPUT_RTOL.value,
-        min_top1_agreement=_MIN_TOP1_AGREEMENT.value,
-        max_kl=_MAX_KL.value,
-        max_metric_delta=_MAX_METRIC_DELTA.value,
-        max_loss_gap=_MAX_LOSS_GAP.value,
-        max_skipped_fraction=_MAX_SKIPPED_FRACTION.value,
-    )
+    limits = thresholds.Thresholds(**field_flags.values(_THRESHOLDS))
     cli.import_tensorflow()
     report = mpt_keras.run_validation(
         config,

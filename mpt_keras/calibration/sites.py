@@ -1,59 +1,16 @@
 """Calibration sites: which layers `calibrate` measures and decides, and which decide together.
 
-A manifest rule names any layer by its path (`layer_paths`), the layers a
-keras_hub block makes for itself included, so calibration (`calibration`)
-decides every layer of the model down to those:
+Sites: every layer a manifest rule can name (`layer_paths`), at its first
+path, down to the sublayers a keras_hub block makes for itself; a functional
+or Sequential model (calibrated or nested) only runs its layers and is none.
+Keras never passes a policy on to a built sublayer, so a container's own
+decision covers only what its `call` computes outside its sublayers.
 
-    graph models  A functional or Sequential model, the one calibrated or one
-                  nested in it (a keras_hub backbone, a keras.applications
-                  model), only runs its layers: they are sites, it is none.
-                  So is a subclassed model calibrated: its tracked sublayers
-                  are sites.
-    sites         Every other layer, at its first path (a layer at two paths,
-                  as a causal LM's tied token embedding, is one site): one
-                  holding sublayers (a keras_hub TransformerDecoder, an
-                  attention, a subclassed model nested in the model) and each
-                  of its sublayers, down to the leaves: an attention's query,
-                  key, value and output projections, rotary embedding,
-                  softmax and dropout; a block's feed-forward denses and norms.
-
-Each site is measured alone: called on the inputs recorded for it in the
-model's run, its own policy low and every other layer float32. A container's
-own policy governs what its `call` computes outside its sublayers: its
-inputs, which Keras casts to its compute dtype as it is called, and the ops
-on them (a block's residual stream). Keras never passes a policy on to a
-built sublayer, and a manifest sets each layer's own, so each sublayer is
-measured and decided on its own and its rule names its exact path: a
-container needs no rule for its sublayers, and the order of the rules does
-not matter.
-
-Pass-through sites (`pass_through_reason`): a layer whose low-precision error
-is only the rounding of its inputs, a unit in the last place: the identity at
-inference (Dropout, GaussianNoise: calibration runs with `training=False`),
-elementwise without a sum (ReLU, LeakyReLU, an Activation but softmax), or
-moving data (Reshape, Flatten, ZeroPadding2D). It is not measured: its range
-alone decides it.
-
-Ties (`Group`). TensorFlow's `+` on two tensors takes one dtype (Keras' ops
-promote float16 and float32; `+` raises), and a block adds its sublayers'
-outputs to its residual stream with `+`: keras_hub's TransformerDecoder its
-two dropouts' outputs, LlamaTransformerDecoder its attention dropout's and
-its feed-forward output projection's. Such a sublayer and its container must
-compute in one dtype, or the model does not run. Found by trial: each
-sublayer of a container in turn computes in float16, everything else
-float32, and the container is called on its first recorded call; if that
-raises, the two are tied. Tied layers, transitively, are one group, measured
-as one (the outermost called with every member's policy low) and decided as
-one. After `keras.saving.load_model`, a sublayer without a Keras path (a
-dropout) computes in its block's policy (`precision.manifest`): a tie keeps
-that so.
-
-Example:
-
-    sites = CalibrationSites(model)
-    with sites.recording():
-        model(features, training=False)
-    [group.lead.path for group in sites.groups()]
+Ties (`Group`): a block adding a sublayer's output to its residual stream
+with TensorFlow's `+`, which takes one dtype, must compute in that
+sublayer's dtype or the model does not run. Found by trial: the container is
+called with the sublayer alone in float16; if that raises, they are tied.
+Tied layers, transitively, are measured and decided as one.
 """
 
 from __future__ import annotations
@@ -93,21 +50,15 @@ _MOVES_DATA = (
     keras.layers.ZeroPadding2D,
     keras.layers.ZeroPadding3D,
 )
-# What a container's call raises when a sublayer's output and its own tensors
-# meet in an op of one dtype: TensorFlow's InvalidArgumentError, an OpError.
+# What a container raises when a sublayer's output meets its own tensors in an op of one dtype.
 _DTYPE_ERRORS = (tf.errors.OpError, TypeError, ValueError)
 
 
 @dataclasses.dataclass(eq=False)
 class Site:
-    """A layer calibration decides, and its calls as the model ran.
+    """A layer calibration decides, and `(args, kwargs, outputs)` of each of its calls.
 
-    Attributes:
-        path: Its path from the model calibrated (`layer_paths`); "" for a
-            subclassed model calibrated, a site only for its sublayers' ties.
-        layer: The layer.
-        calls: `(args, kwargs, outputs)` of each call of its `call`, over all
-            batches, as `CalibrationSites.recording` recorded them.
+    `path` is "" for a subclassed model calibrated: a site only for its sublayers' ties.
     """
 
     path: str
@@ -121,14 +72,12 @@ class Site:
 
 @dataclasses.dataclass(frozen=True)
 class Group:
-    """Sites that compute in one dtype or the model does not run; see "Ties".
+    """Sites that compute in one dtype or the model does not run; a site tied to none alone.
 
     Attributes:
-        called: The site measured for the group: the outermost, called with
-            every member's policy low (the subclassed model calibrated, when
-            its own `call` ties its sublayers).
-        members: The sites the group decides, in site order: `called` first
-            when it is one. A site tied to none is a group of its own.
+        called: The outermost, called to measure the group with every
+            member's policy low (maybe the subclassed model calibrated).
+        members: The sites the group decides, in site order.
     """
 
     called: Site
@@ -141,10 +90,14 @@ class Group:
 
 
 class CalibrationSites:
-    """The sites of a model, their calls and their ties; see the module docstring.
+    """The sites of a built model, their calls and their ties.
 
-    Args:
-        model: A built model.
+    Example:
+
+        sites = CalibrationSites(model)
+        with sites.recording():
+            model(features, training=False)
+        [group.lead.path for group in sites.groups()]
     """
 
     def __init__(self, model: keras.Model):
@@ -160,7 +113,7 @@ class CalibrationSites:
         ]
 
     def recording(self) -> contextlib.AbstractContextManager:
-        """Records each call of every site, and of the containers, while the block runs."""
+        """Records each call of every site and container while the block runs."""
         watched = {id(site.layer): site for site in (*self.sites, *self._containers)}
         return calls_wrapped(
             (site.layer for site in watched.values()),
@@ -168,10 +121,10 @@ class CalibrationSites:
         )
 
     def groups(self) -> list[Group]:
-        """Every site in its group (see "Ties"), the groups in site order.
+        """Every site in its group, the groups in site order.
 
-        Tried after `recording`, with every layer float32: each container is
-        called on its first call once per sublayer that is a site and was called.
+        Call after `recording`, every layer float32: each container is called
+        on its first call once per called sublayer.
         """
         order = {id(site): index for index, site in enumerate((self._root, *self.sites)) if site}
         leader = {key: key for key in order}  # Union-find, by id.
@@ -183,8 +136,7 @@ class CalibrationSites:
 
         for container in self._containers:
             for child in self._children(container):
-                # A sublayer not called (an attention's softmax beside its fused
-                # kernel) makes no tensor to meet another.
+                # A sublayer not called makes no tensor to meet another.
                 if container.calls and child.calls and _tied(container, child):
                     first, second = sorted((find(id(container)), find(id(child))), key=order.get)
                     leader[second] = first
@@ -208,7 +160,12 @@ class CalibrationSites:
 
 
 def pass_through_reason(layer: keras.layers.Layer) -> str | None:
-    """Why `layer` has no compute worth measuring (see the module docstring), or None."""
+    """Why `layer` is not worth measuring, or None.
+
+    Its low-precision error would be the rounding of its inputs only: the
+    identity at inference (calibration runs with `training=False`),
+    elementwise without a sum, or moving data. Its range alone decides it.
+    """
     name = type(layer).__name__
     if isinstance(layer, _IDENTITY_AT_INFERENCE):
         return f"{name}: the identity at inference"
@@ -231,7 +188,7 @@ def flat_float32(tensors: list[Any]) -> np.ndarray:
 
 
 def _has_graph(layer: keras.layers.Layer) -> bool:
-    """Whether `layer` is a built functional or Sequential model, which runs a graph of layers."""
+    """Whether `layer` is a built functional or Sequential model."""
     return isinstance(layer, keras.Model) and layer.built and bool(getattr(layer, "outputs", None))
 
 
@@ -250,7 +207,7 @@ def _tied(container: Site, child: Site) -> bool:
 
 
 def _recording(site: Site, call: Callable[..., Any]) -> Callable[..., Any]:
-    """`call`, `site.layer`'s, recording each call in `site.calls`."""
+    """`call`, recording each call in `site.calls`."""
 
     def recording_call(*args, **kwargs):
         outputs = call(*args, **kwargs)

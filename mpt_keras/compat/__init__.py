@@ -1,34 +1,58 @@
 """Every touch of a private Keras, TensorFlow or TFDS name, each tested for the versions we pin.
 
-The rest of the package calls these functions (`from mpt_keras import compat`),
-never a private name itself; `tests/test_compat.py` fails with the Keras version
-when one of them moves.
+The rest of the package calls these (`from mpt_keras import compat`), never a
+private name itself; `tests/test_compat*.py` fail naming the Keras version
+when one moves, and `check()` lists the names this Keras no longer has.
+
+    optimizers.py     the loss-scale optimizer's: `maybe_merge_call`, `called_cond`,
+                      `gradients_already_reduced` (`install` wraps Keras for it),
+                      `skip_stock_build`; `learning_rate_schedule` (runs)
+    trainer.py        Keras' trainer: `keras_trainer_class` (the compile hook);
+                      `compile_config`, `call_has_training_arg`, `compute_loss`,
+                      `reduce_per_replica`, `loss_tracker`,
+                      `unscale_loss_for_distribution` (the XLA train step);
+                      `symbolic_build`, `replace_maybe_symbolic_build`,
+                      `restore_maybe_symbolic_build`, `in_multi_worker_mode`
+                      (multi-worker `fit`, keras-team/keras#20585)
+    layers.py         layers: `replace_dtype_policy`, `direct_sublayers`,
+                      `producing_layer`, `producing_node`, `graph_calls`,
+                      `call_records_restored`
+    data.py           `dataset_inputs`: the chain of a tf.data pipeline
+    tf_distribute.py  TensorFlow's coordination service, for multi-worker heartbeats
+    tfds_progress.py  TFDS's progress-bar switch, restored after hiding the bars
+    determinism.py    `op_determinism`: TensorFlow's op determinism on, then back off
+                      (these three are imported from their modules, not re-exported)
+    inventory.py      `check`: the touched names this Keras or TensorFlow lacks
 """
 
-from mpt_keras.compat.touches import (
-    call_has_training_arg,
+from mpt_keras.compat.data import dataset_inputs
+from mpt_keras.compat.inventory import check
+from mpt_keras.compat.layers import (
     call_records_restored,
-    called_cond,
-    check,
-    compile_config,
-    compute_loss,
-    dataset_inputs,
     direct_sublayers,
-    gradients_already_reduced,
     graph_calls,
-    in_multi_worker_mode,
-    install,
-    keras_trainer_class,
-    learning_rate_schedule,
-    loss_tracker,
-    maybe_merge_call,
     producing_layer,
     producing_node,
-    reduce_per_replica,
     replace_dtype_policy,
+)
+from mpt_keras.compat.optimizers import (
+    called_cond,
+    gradients_already_reduced,
+    install,
+    learning_rate_schedule,
+    maybe_merge_call,
+    skip_stock_build,
+)
+from mpt_keras.compat.trainer import (
+    call_has_training_arg,
+    compile_config,
+    compute_loss,
+    in_multi_worker_mode,
+    keras_trainer_class,
+    loss_tracker,
+    reduce_per_replica,
     replace_maybe_symbolic_build,
     restore_maybe_symbolic_build,
-    skip_stock_build,
     symbolic_build,
     unscale_loss_for_distribution,
 )

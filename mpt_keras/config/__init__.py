@@ -1,14 +1,18 @@
-"""Run configuration: frozen dataclasses parsed strictly from JSON, and where components come from.
+"""Run configuration: frozen dataclasses parsed strictly from JSON; no TensorFlow.
 
-    train_config.py  TrainConfig and its sections, resolve_config (defaults, a
-                     file, overrides, flags), the allowed names of each key
-    components.py    a factory reference (`package.module:attribute`) resolved,
-                     imported and bound to its options before anything runs
-
-Imports no TensorFlow, so that a bad config fails in a second.
+names.py               the allowed names and fixed values of the keys
+key_checks.py          a key's value checked, refused naming the key
+component_sections.py  DataConfig, ModelConfig, ComponentConfig
+optimizer_sections.py  OptimizerConfig, DivergenceConfig (loss_scale: LossScaleSettings)
+schema.py              the sections' JSON form: parsed, written back, merged
+train_config.py        TrainConfig
+resolve.py             resolve_config (a file, overrides, flags), check_files
+components.py          a `package.module:attribute` factory imported and bound
 """
 
-from mpt_keras.config.train_config import (
+from mpt_keras.backend.names import STRATEGIES
+from mpt_keras.config.component_sections import ComponentConfig, DataConfig, ModelConfig
+from mpt_keras.config.names import (
     DEFAULT_DATASET,
     DEFAULT_MODEL,
     DIVERGENCE_ACTIONS,
@@ -17,17 +21,10 @@ from mpt_keras.config.train_config import (
     MODEL_NAMES,
     OPTIMIZERS,
     SOURCE_KEYS,
-    STRATEGIES,
-    ComponentConfig,
-    DataConfig,
-    DivergenceConfig,
-    LossScaleConfig,
-    ModelConfig,
-    OptimizerConfig,
-    TrainConfig,
-    check_files,
-    resolve_config,
 )
+from mpt_keras.config.optimizer_sections import DivergenceConfig, OptimizerConfig
+from mpt_keras.config.resolve import check_files, resolve_config
+from mpt_keras.config.train_config import TrainConfig
 
 __all__ = [
     "DEFAULT_DATASET",
@@ -42,7 +39,6 @@ __all__ = [
     "ComponentConfig",
     "DataConfig",
     "DivergenceConfig",
-    "LossScaleConfig",
     "ModelConfig",
     "OptimizerConfig",
     "TrainConfig",

@@ -1,22 +1,8 @@
 """Where a component comes from: the user's code, resolved and bound before anything runs.
 
-A config names its model, data, loss and each metric by exactly one source (see
-`mpt_keras.config`): a built-in `name`, a `file` (a model only), or a
-`"factory": "package.module:attribute"` in the user's code with `options`, its
-keyword arguments. This module resolves factory references the way jsonargparse
-resolves a `class_path`: the module is imported (from the working directory or
-`PYTHONPATH`), the attribute looked up, and the options bound to the callable's
-signature, all before the run builds or writes anything. An unknown or missing
-option is a one-line error listing what the callable accepts; a user module
-that fails to import is reported with its own error type, message, file and
-line, not hidden behind "cannot locate".
-
-The dimensions the data decides (`DATA_DIMENSIONS`) are passed to a factory
-only where its signature takes them and `options` does not already give them.
-
-This module imports neither TensorFlow nor Keras (the user's modules may).
-
-Example:
+A `"factory": "package.module:attribute"` is imported (from the working directory
+or `PYTHONPATH`) and its `options` bound to its signature before the run builds
+anything, so a bad option or user module costs no run. Imports no TensorFlow.
 
     factory = bind_factory("examples.models:mobilenet_v2", {"alpha": 0.35}, "model.factory",
                            provided=DATA_DIMENSIONS)
@@ -34,27 +20,24 @@ import sys
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
+from mpt_keras import checks
 from mpt_keras.errors import UserInputError, describe_error
 
 FACTORY_SYNTAX = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
-"""`package.module:attribute`, the attribute possibly dotted (`module:Class.create`)."""
+"""`package.module:attribute`, the attribute possibly dotted."""
 
 DATA_DIMENSIONS = ("input_shape", "num_classes", "vocab_size", "sequence_length")
-"""What the data decides about a model, passed to a model factory that takes it."""
+"""What the data decides about a model, passed to a factory that takes it."""
 
 
 @dataclasses.dataclass(frozen=True)
 class BoundFactory:
-    """A callable of the user's with its options bound; see the module doc.
+    """A callable of the user's with its options bound.
 
     Attributes:
-        reference: The `package.module:attribute` it came from.
-        function: The callable.
-        options: The keyword arguments from the config.
-        key: The config key it was named by, for messages (`model.factory`).
-        parameters: The names the callable accepts (`None`: any, it takes
-            `**kwargs`).
-        required: The parameters without a default that `options` leaves open.
+        key: The config key that named it (`model.factory`).
+        parameters: The names it accepts (`None`: any, it takes `**kwargs`).
+        required: Its parameters without a default that `options` leaves open.
     """
 
     reference: str
@@ -69,13 +52,10 @@ class BoundFactory:
         return self.parameters is None or name in self.parameters
 
     def __call__(self, **provided: Any) -> Any:
-        """Calls the factory with its options, plus the `provided` values it takes.
-
-        Provided values that are `None`, that the callable does not take or that
-        `options` gives already are left out.
+        """Calls it with its options and those `provided` values (not `None`) it takes.
 
         Raises:
-            UserInputError: When a required parameter is still missing.
+            UserInputError: A required parameter is still missing.
         """
         extra = {
             name: value
@@ -92,7 +72,7 @@ class BoundFactory:
 
 
 def import_modules(modules: Iterable[str], key: str = "imports") -> None:
-    """Imports each module, as the config's `imports` asks (custom layers register).
+    """Imports each module of the config's `imports` (custom layers register).
 
     Raises:
         UserInputError: Naming the module and the user's own error.
@@ -102,20 +82,14 @@ def import_modules(modules: Iterable[str], key: str = "imports") -> None:
 
 
 def resolve_factory(reference: str, key: str) -> Callable[..., Any]:
-    """Imports `package.module:attribute` and returns the attribute.
-
-    Args:
-        reference: The reference, checked against `FACTORY_SYNTAX`.
-        key: The config key that named it, for messages.
+    """Imports `package.module:attribute` (named by config key `key`) and returns it.
 
     Raises:
-        UserInputError: On bad syntax, a module that cannot be imported (with
-            the user's error type, message, file and line), a missing
-            attribute, or one that is not callable.
+        UserInputError: Bad syntax, a failing import, a missing or uncallable attribute.
     """
     if not FACTORY_SYNTAX.fullmatch(reference):
-        raise UserInputError(
-            f"key '{key}' must be 'package.module:attribute', received {reference!r}"
+        raise checks.refusal(
+            f"key '{key}'", checks.as_json(reference), "'package.module:attribute'"
         )
     module_name, _, attribute = reference.partition(":")
     value: Any = _import(module_name, key)
@@ -144,19 +118,12 @@ def bind_factory(
     """Resolves `reference` and binds `options` to its signature.
 
     Args:
-        reference: `package.module:attribute`.
-        options: Its keyword arguments from the config.
-        key: The config key that named it (`model.factory`), for messages.
-        provided: Names the run passes when the callable takes them (the data's
+        provided: Names the run passes where the callable takes them (the data's
             dimensions); a required parameter among them is not missing.
 
-    Returns:
-        The bound factory; call it with the provided values.
-
     Raises:
-        UserInputError: As `resolve_factory`, or for an option the callable
-            does not take or a required parameter neither `options` nor
-            `provided` gives, listing what it accepts.
+        UserInputError: As `resolve_factory`, or an option not taken or a
+            required one left open, listing what the callable accepts.
     """
     function = resolve_factory(reference, key)
     try:

@@ -1,7 +1,13 @@
 """Datasets: offline TFDS loading, a run's data sources, and deterministic batching.
 
-Importing this package registers the embedded TFDS builders `mpt_digits` and
-`mpt_python_source`.
+loading.py           TFDS splits, offline, as numpy arrays or unbatched pairs
+sources.py           RunData: a run's data from a factory, a TFDS mapping or a name
+pipeline.py          deterministic, resumable batching of in-memory arrays
+digits.py            the embedded TFDS dataset `mpt_digits`
+python_source.py     the embedded TFDS dataset `mpt_python_source`
+embedded_builder.py  what the embedded builders share: release, key order, info
+
+Importing this package registers the embedded builders.
 """
 
 # Defining the builder classes is what registers them with TFDS.

@@ -1,7 +1,6 @@
 """`mpt_digits`: scikit-learn's bundled 8x8 handwritten digits as a TFDS dataset.
 
-The 1,797 images are read from the CSV that ships inside scikit-learn, so the
-dataset is prepared without any network access.
+Read from the CSV inside scikit-learn: prepared without any network access.
 """
 
 from collections.abc import Iterator
@@ -10,6 +9,8 @@ from typing import Any
 import numpy as np
 import tensorflow_datasets as tfds
 from sklearn import datasets as sklearn_datasets
+
+from mpt_keras.data.embedded_builder import EmbeddedBuilder
 
 _DESCRIPTION = """\
 The 1,797 8x8 grayscale handwritten digits of the UCI "Optical Recognition of
@@ -37,41 +38,24 @@ _VALIDATION_EVERY = 5
 
 
 def _rescale(counts: np.ndarray) -> np.ndarray:
-    """Maps scikit-learn's 0..16 pixel counts to uint8 0..255.
-
-    Args:
-        counts: Pixel counts in [0, 16], any shape.
-
-    Returns:
-        `round(counts * 255 / 16)` as uint8, same shape.
-    """
+    """Maps scikit-learn's 0..16 pixel counts to uint8 0..255: `round(counts * 255 / 16)`."""
     return np.rint(counts * 255.0 / _MAX_COUNT).astype(np.uint8)
 
 
-class MptDigits(tfds.core.GeneratorBasedBuilder):
-    """The scikit-learn digits, split deterministically into train/validation."""
+class MptDigits(EmbeddedBuilder):
+    """The scikit-learn digits, split deterministically into train/validation; keyed by index."""
 
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release."}
-
-    def _info(self) -> tfds.core.DatasetInfo:
-        # Not dataset_info_from_configs(): a README.md next to this module would
-        # silently replace the description.
-        return tfds.core.DatasetInfo(
-            builder=self,
-            description=_DESCRIPTION,
-            features=tfds.features.FeaturesDict(
-                {
-                    "image": tfds.features.Image(shape=(8, 8, 1), dtype=np.uint8),
-                    "label": tfds.features.ClassLabel(num_classes=10),
-                }
+    def info_arguments(self) -> dict[str, Any]:
+        image = tfds.features.Image(shape=(8, 8, 1), dtype=np.uint8)
+        return {
+            "description": _DESCRIPTION,
+            "features": tfds.features.FeaturesDict(
+                {"image": image, "label": tfds.features.ClassLabel(num_classes=10)}
             ),
-            supervised_keys=("image", "label"),
-            homepage=_HOMEPAGE,
-            citation=_CITATION,
-            # Keys are sklearn indices: keep that order rather than TFDS's hash order.
-            disable_shuffling=True,
-        )
+            "supervised_keys": ("image", "label"),
+            "homepage": _HOMEPAGE,
+            "citation": _CITATION,
+        }
 
     def _split_generators(
         self, dl_manager: tfds.download.DownloadManager

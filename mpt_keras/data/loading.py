@@ -1,13 +1,7 @@
 """The one place datasets are loaded: TFDS splits, offline, as numpy arrays.
 
-Embedded datasets (`EMBEDDED_DATASETS`) are generated locally under `data_dir`
-on first use. Any other TFDS dataset must already be prepared in `data_dir`:
-nothing is ever downloaded, so a missing dataset fails at once instead of
-waiting on network timeouts.
-
-Limitation: `classification_arrays` and `language_model_windows` materialize the
-whole split in memory as numpy arrays, so they suit datasets that fit in RAM
-(mnist, cifar10, imdb_reviews, the embedded ones), not web-scale corpora.
+Nothing is downloaded, so a missing dataset fails at once; the embedded ones
+are prepared on first use. Arrays hold a whole split (datasets that fit in RAM).
 """
 
 import contextlib
@@ -23,6 +17,8 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core import naming
 
+from mpt_keras.checks import check_number
+from mpt_keras.compat import tfds_progress
 from mpt_keras.errors import UserInputError
 
 EMBEDDED_DATASETS = ("mpt_digits", "mpt_python_source")
@@ -32,8 +28,7 @@ VOCAB_SIZE = 256
 
 _ALLOWED_NAMES = f"Allowed: {', '.join(EMBEDDED_DATASETS)}, or any name in tfds.list_builders()."
 
-# GCS access is already off by default in tfds 4.9.10; saying so keeps a future
-# default from reaching for the network.
+# Off by default in tfds 4.9.10; said so that a future default stays offline.
 _OFFLINE = tfds.download.DownloadConfig(try_download_gcs=False)
 
 _READ_BATCH = 4096
@@ -45,8 +40,8 @@ class ClassificationData:
 
     Attributes:
         features: float32 images in [0, 1], shape [N, H, W, C].
-        labels: int32 class ids in [0, num_classes), shape [N].
-        num_classes: Number of classes of the dataset (not only of this split).
+        labels: int32 class ids, shape [N].
+        num_classes: Of the dataset, not only of this split.
     """
 
     features: np.ndarray
@@ -55,17 +50,12 @@ class ClassificationData:
 
 
 def load_split(name: str, split: str, data_dir: str | None) -> tf.data.Dataset:
-    """Loads one split of a TFDS dataset as raw example dicts, without network.
+    """Loads one split of a TFDS dataset as raw example dicts, in stored order, offline.
 
     Args:
-        name: An embedded dataset name or any TFDS name (with optional
-            `/config` and `:version`).
-        split: A split name such as "train", or a TFDS slice such as
-            "train[:10%]".
+        name: An embedded or TFDS dataset name (with optional `/config` and `:version`).
+        split: A split name such as "train", or a TFDS slice such as "train[:10%]".
         data_dir: TFDS data directory; None means the TFDS default.
-
-    Returns:
-        The examples in their stored order (not shuffled).
 
     Raises:
         UserInputError: If the dataset is unknown, not prepared in `data_dir`,
@@ -76,16 +66,11 @@ def load_split(name: str, split: str, data_dir: str | None) -> tf.data.Dataset:
 
 
 def classification_arrays(name: str, split: str, data_dir: str | None) -> ClassificationData:
-    """Loads an image classification split into memory.
+    """Loads an image classification split into memory, images scaled to [0, 1].
 
     Args:
-        name: A dataset with a uint8 `image` feature of fixed shape and a
-            `label` ClassLabel feature (e.g. mpt_digits, mnist, cifar10).
-        split: See `load_split`.
-        data_dir: See `load_split`.
-
-    Returns:
-        The split's images scaled to [0, 1] and its labels.
+        name: A dataset with a uint8 `image` of fixed shape and a `label`
+            ClassLabel (e.g. mpt_digits, mnist, cifar10).
 
     Raises:
         UserInputError: As `load_split`, or if the dataset lacks those features.
@@ -118,32 +103,16 @@ def classification_arrays(name: str, split: str, data_dir: str | None) -> Classi
 def language_model_windows(
     name: str, split: str, data_dir: str | None, sequence_length: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Cuts a text split into byte-level next-token prediction windows.
+    """Byte-level next-token windows `(inputs, targets)`, int32 [windows, sequence_length].
 
-    The UTF-8 bytes of every example's `text`, in stored order and joined by a
-    single b"\\n" (no separator after the last one), form one token stream. It
-    is cut into non-overlapping windows of `sequence_length + 1` tokens; the
-    trailing tokens that do not fill a window are dropped.
-
-    Args:
-        name: A dataset with a `text` Text feature (e.g. mpt_python_source,
-            imdb_reviews).
-        split: See `load_split`.
-        data_dir: See `load_split`.
-        sequence_length: Tokens per model input, at least 1.
-
-    Returns:
-        (inputs, targets), both int32 of shape [windows, sequence_length] with
-        values in [0, VOCAB_SIZE): targets are inputs shifted left by one token.
+    The examples' UTF-8 `text`, joined by b"\\n", cut into non-overlapping
+    windows of `sequence_length + 1` tokens; the tail that fills none is dropped.
 
     Raises:
         UserInputError: As `load_split`, if the dataset has no `text` feature,
             if `sequence_length` < 1, or if the split is shorter than one window.
     """
-    if sequence_length < 1:
-        raise UserInputError(
-            f"sequence_length {sequence_length} is too small. Allowed: an integer >= 1."
-        )
+    check_number("sequence_length", sequence_length, minimum=1, integer=True)
     builder = _prepared_builder(name, split, data_dir)
     features = builder.info.features
     if not isinstance(_feature(features, "text"), tfds.features.Text):
@@ -192,19 +161,14 @@ def reference_shape(name: str, split: str, data_dir: str | None) -> str:
 def feature_pairs(
     name: str, split: str, data_dir: str | None, features: Mapping[str, Any]
 ) -> tuple[tf.data.Dataset, dict[str, Any]]:
-    """One split of a TFDS dataset of any shape as unbatched `(x, y)` elements.
+    """One split of a TFDS dataset of any shape as unbatched `(x, y)` elements, as stored.
 
     Args:
-        name: See `load_split`.
-        split: See `load_split`.
-        data_dir: See `load_split`.
         features: `{"x": FEATURE, "y": FEATURE}`, or `{"x": {INPUT: FEATURE,
-            ...}, "y": FEATURE}` for a model with named inputs. Values are
-            kept as stored (an image stays uint8: the model rescales it).
+            ...}, "y": FEATURE}` for a model with named inputs.
 
     Returns:
-        The elements, and what the features decide: `num_classes` when `y` is
-        a ClassLabel.
+        The elements, and `{"num_classes": ...}` when `y` is a ClassLabel.
 
     Raises:
         UserInputError: As `load_split`, or naming a feature the dataset lacks.
@@ -233,10 +197,7 @@ def feature_pairs(
 
 
 def _prepared_builder(name: str, split: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
-    """Returns the builder of a dataset that is prepared and has `split`.
-
-    Embedded datasets are prepared here if needed; others are only checked.
-    """
+    """The builder of a dataset prepared (embedded ones here, if needed) and with `split`."""
     builder = _builder(name, data_dir)
     if builder.name in EMBEDDED_DATASETS and not builder.is_prepared():
         builder = _prepare_embedded(name, data_dir, builder)
@@ -271,9 +232,8 @@ def _prepare_embedded(
 ) -> tfds.core.DatasetBuilder:
     """Prepares an embedded dataset once, even with several processes at it.
 
-    The workers of a multi-worker run start together on one data_dir; TFDS'
-    final rename would race, so they take turns under a file lock, and the
-    ones that wait find the dataset prepared.
+    A multi-worker run's workers start together on one data_dir, and TFDS'
+    final rename would race: they take turns under a file lock.
     """
     root = builder.data_dir_root
     os.makedirs(root, exist_ok=True)
@@ -281,21 +241,15 @@ def _prepare_embedded(
         fcntl.flock(lock, fcntl.LOCK_EX)
         builder = _builder(name, data_dir)
         if not builder.is_prepared():
-            # Under a second of work: no progress bars in the run's output.
-            shown = tfds.core.utils.tqdm_utils._active
-            tfds.display_progress_bar(False)
-            try:
-                # TFDS prints "Downloading and preparing ..." to stdout, which
-                # belongs to the program's own output (`--dry_run`'s table).
-                with contextlib.redirect_stdout(sys.stderr):
-                    builder.download_and_prepare(download_config=_OFFLINE)
-            finally:
-                tfds.display_progress_bar(shown)
+            # Under a second of work: no progress bars, and TFDS' "Downloading
+            # and preparing ..." off stdout, the program's own (`--dry_run`'s table).
+            with tfds_progress.progress_bar_hidden(), contextlib.redirect_stdout(sys.stderr):
+                builder.download_and_prepare(download_config=_OFFLINE)
     return builder
 
 
 def _builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
-    """Returns the builder for `name`, refusing names that need the network."""
+    """The builder for `name`, refusing names that need the network."""
     try:
         dataset_name, _ = naming.parse_builder_name_kwargs(name)
     except ValueError as error:
@@ -323,7 +277,7 @@ def _builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
 def _feature(
     features: tfds.features.FeaturesDict, key: str
 ) -> tfds.features.FeatureConnector | None:
-    """Returns the top-level feature `key`, or None if there is none."""
+    """The top-level feature `key`, or None."""
     return dict(features.items()).get(key)
 
 

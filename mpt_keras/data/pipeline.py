@@ -5,15 +5,14 @@ position p = step * batch_size + i is
 
     index_shuffle(p % N, seed=[seed, p // N], max_index=N - 1)
 
-(`tf.random.experimental.index_shuffle`), so each pass over the data (a "data
-epoch", p // N) is a fresh permutation fixed by the seed and the epoch number.
-A run resumed at step k therefore continues at the exact data position, even in
-the middle of a data epoch, without replaying the steps before it.
+so each data epoch (p // N) is a fresh permutation fixed by the seed, and a run
+resumed at step k continues at the exact data position without replaying.
 """
 
 import numpy as np
 import tensorflow as tf
 
+from mpt_keras.checks import check_number
 from mpt_keras.errors import UserInputError
 
 
@@ -24,28 +23,17 @@ def train_batches(
     seed: int,
     start_step: int = 0,
 ) -> tf.data.Dataset:
-    """An infinite stream of shuffled (features, labels) training batches.
+    """An endless stream of full, shuffled (features, labels) batches; dtypes kept.
 
     Batches may straddle data epochs. `train_batches(..., start_step=k)` yields
     exactly batches k, k + 1, ... of `train_batches(..., start_step=0)`.
-
-    Args:
-        features: Examples along axis 0; their dtype is kept.
-        labels: One label per example; their dtype is kept.
-        batch_size: Examples per batch, at least 1; every batch is full.
-        seed: Shuffling seed, any int64.
-        start_step: Index of the first batch to yield, at least 0.
-
-    Returns:
-        Batches of static shape [batch_size, ...], prefetched.
 
     Raises:
         UserInputError: If batch_size < 1, start_step < 0, there are no
             examples, or features and labels differ in length.
     """
     num_examples = _check(features, labels, batch_size)
-    if start_step < 0:
-        raise UserInputError(f"start_step {start_step} is negative. Allowed: an integer >= 0.")
+    check_number("start_step", start_step, minimum=0, integer=True)
     first_epoch, first_offset = divmod(start_step * batch_size, num_examples)
     seed_tensor = tf.constant(seed, tf.int64)
     positions = tf.range(num_examples, dtype=tf.int64)
@@ -80,14 +68,6 @@ def train_batches(
 def eval_batches(features: np.ndarray, labels: np.ndarray, batch_size: int) -> tf.data.Dataset:
     """One in-order pass over (features, labels), keeping the last partial batch.
 
-    Args:
-        features: Examples along axis 0; their dtype is kept.
-        labels: One label per example; their dtype is kept.
-        batch_size: Examples per batch, at least 1.
-
-    Returns:
-        ceil(N / batch_size) batches, prefetched.
-
     Raises:
         UserInputError: If batch_size < 1, there are no examples, or features
             and labels differ in length.
@@ -102,8 +82,7 @@ def eval_batches(features: np.ndarray, labels: np.ndarray, batch_size: int) -> t
 
 def _check(features: np.ndarray, labels: np.ndarray, batch_size: int) -> int:
     """Validates the batching inputs and returns the number of examples."""
-    if batch_size < 1:
-        raise UserInputError(f"batch_size {batch_size} is too small. Allowed: an integer >= 1.")
+    check_number("batch_size", batch_size, minimum=1, integer=True)
     num_examples = len(features)
     if num_examples == 0:
         raise UserInputError("The dataset has 0 examples. Allowed: at least 1 example.")

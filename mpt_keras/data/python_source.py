@@ -1,17 +1,19 @@
 """`mpt_python_source`: the running Python's standard library as a text dataset.
 
-Made for byte-level language modelling without any download: the examples are
-the top-level `*.py` files of the standard library directory of the Python that
-prepares the dataset (about 170 files, under 5 MB for CPython 3.11), so the
-content depends on that Python's version, which the description records.
+Byte-level language modelling without a download: one example per top-level
+`*.py` file (about 170, under 5 MB for CPython 3.11); the content depends on the
+preparing Python's version, which the description records.
 """
 
 import hashlib
 import os
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import tensorflow_datasets as tfds
+
+from mpt_keras.data.embedded_builder import EmbeddedBuilder
 
 _PYTHON_VERSION = "{}.{}".format(*sys.version_info[:2])
 
@@ -47,39 +49,24 @@ def stdlib_files() -> list[str]:
 
 
 def is_validation(file_name: str) -> bool:
-    """Whether `file_name` belongs to the validation split.
+    """Whether `file_name` (relative to the standard library) is in the validation split.
 
-    Uses SHA-256 rather than `hash()`, which is salted per process.
-
-    Args:
-        file_name: A file name relative to the standard library directory.
-
-    Returns:
-        True for validation, False for train.
+    By SHA-256, not `hash()`, which is salted per process.
     """
     digest = hashlib.sha256(file_name.encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big") % _VALIDATION_BUCKETS == 0
 
 
-class MptPythonSource(tfds.core.GeneratorBasedBuilder):
-    """The standard library's top-level source files, split by file name."""
+class MptPythonSource(EmbeddedBuilder):
+    """The standard library's top-level source files, split by file name; keyed by position."""
 
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release."}
-
-    def _info(self) -> tfds.core.DatasetInfo:
-        # Not dataset_info_from_configs(): a README.md next to this module would
-        # silently replace the description.
-        return tfds.core.DatasetInfo(
-            builder=self,
-            description=_DESCRIPTION,
-            features=tfds.features.FeaturesDict(
-                {"path": tfds.features.Text(), "text": tfds.features.Text()}
-            ),
-            homepage=_HOMEPAGE,
-            # Keys are positions in file-name order: keep that order.
-            disable_shuffling=True,
-        )
+    def info_arguments(self) -> dict[str, Any]:
+        text = tfds.features.Text
+        return {
+            "description": _DESCRIPTION,
+            "features": tfds.features.FeaturesDict({"path": text(), "text": text()}),
+            "homepage": _HOMEPAGE,
+        }
 
     def _split_generators(
         self, dl_manager: tfds.download.DownloadManager

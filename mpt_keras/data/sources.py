@@ -1,16 +1,8 @@
 """Where a run's data comes from, unbatched: a data factory, a TFDS mapping or a name.
 
-`RunData` is a run's train and evaluation data with what it decides about the
-model (`components.DATA_DIMENSIONS`), and it cuts them into batches:
-
-- The embedded datasets, and TFDS datasets in their shapes (an `image` and a
-  `label`, or a `text`), come as in-memory arrays, batched by
-  `pipeline.train_batches`: exactly resumable at any step, by index.
-- Data from a `data.factory`, or from a TFDS dataset of any shape through
-  `data.features`, is a `tf.data.Dataset` of unbatched elements, batched here:
-  shuffled with the run's seed (`data.shuffle_buffer` elements), repeated, cut
-  into full batches. A resumed run skips the batches before its step (reading
-  them: a cost that grows with the step, paid once per resume).
+Arrays resume at any step by index (`pipeline`); a `tf.data.Dataset` from a
+factory or `data.features` is shuffled and batched here, and a resumed run
+reads and skips the batches before its step.
 """
 
 from __future__ import annotations
@@ -35,12 +27,9 @@ class RunData:
     """A run's train and evaluation data, unbatched, and what it decides about a model.
 
     Attributes:
-        train: A tuple of arrays `(x, y)` (examples along axis 0) or a
-            `tf.data.Dataset` of `(x, y)` or `(x, y, sample_weight)` elements.
-        eval: The same, for validation.
-        dimensions: What the data decides (`components.DATA_DIMENSIONS`):
-            `input_shape`, `num_classes`, `vocab_size`, `sequence_length`,
-            `None` where it does not say.
+        train: Arrays `(x, y)` or a `tf.data.Dataset` of `(x, y)` or
+            `(x, y, sample_weight)` elements; `eval` the same.
+        dimensions: What the data decides (`components.DATA_DIMENSIONS`).
     """
 
     train: tuple[np.ndarray, ...] | tf.data.Dataset
@@ -80,11 +69,8 @@ def load_run_data(
     """Loads a run's data from where its config says: a factory, a mapping, or a name.
 
     Args:
-        source: The config's `data` section.
-        seed: The run's seed, passed to a data factory that takes it.
-        shape: For a dataset read by name with no `features` mapping: `"image"`
-            (images and labels, as arrays) or `"text"` (byte windows); `None`:
-            the dataset's own (`loading.reference_shape`).
+        shape: For a dataset read by name without `features`: `"image"` or
+            `"text"`; `None`: the dataset's own (`loading.reference_shape`).
         factory: The bound `data.factory`, if the config names one.
 
     Raises:
@@ -164,7 +150,6 @@ def checked_split(split: Any, what: str, batching: str) -> tuple[np.ndarray, ...
     """`split` if it is data a run takes: a dataset of `(x, y[, sample_weight])` or `(x, y)` arrays.
 
     Args:
-        split: What the user gave.
         what: Where it came from, for the error.
         batching: The setting the run batches by (`data.batch_size: 32`), for
             the error on a dataset batched already.
@@ -199,11 +184,8 @@ def checked_split(split: Any, what: str, batching: str) -> tuple[np.ndarray, ...
 def _batched(dataset: tf.data.Dataset) -> bool:
     """Whether the pipeline's last batching (or unbatching) step batched it.
 
-    Read from the pipeline's chain, not from shapes alone (a sequence of
-    unknown length also has a leading None): the nearest transformation that
-    adds a leading dimension to every component batched; one that removes it
-    unbatched. A dataset of several inputs (`zip`, `concatenate`) is batched
-    when each of them is.
+    Read from the chain, not the shapes alone (a sequence of unknown length also
+    has a leading None); a dataset of several inputs when each of them is.
     """
     inputs = compat.dataset_inputs(dataset)
     if not inputs:

@@ -1,4 +1,10 @@
-"""Layers' `call` wrapped for the length of a block: how the toolkit watches a model run.
+"""Layer calls watched for the length of a block: how the toolkit watches a model run.
+
+Two ways, for two needs. `calls_wrapped` wraps the `call` of chosen layers,
+which sees the inputs after Keras cast them to the layer's compute dtype.
+`calls_before_cast` wraps `Layer.__call__` for every layer, which sees the
+inputs as the caller gave them: a float32 value too large for the float16
+layer it feeds is still finite there (diagnosis needs that).
 
 The precision report records the dtypes each layer returns, calibration each
 measured layer's inputs and outputs, and its float8 part each Dense's inputs
@@ -21,10 +27,15 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import keras
+
+# One block at a time may replace the one `Layer.__call__`.
+_CLASS_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -55,3 +66,31 @@ def calls_wrapped(
                 del layer.call
             else:
                 layer.call = own_call
+
+
+@contextlib.contextmanager
+def calls_before_cast(
+    record: Callable[[keras.layers.Layer, tuple[Any, ...], dict[str, Any], Any], None],
+) -> Iterator[None]:
+    """Calls `record(layer, args, kwargs, outputs)` as each layer call returns, inside the block.
+
+    Only the calls this thread makes: other threads' layers run unwatched.
+    `Layer.__call__` is put back on exit, even on error.
+    """
+    layer_class = keras.layers.Layer
+    original = vars(layer_class)["__call__"]
+    thread = threading.get_ident()
+
+    @functools.wraps(original)
+    def recording_call(self, *args, **kwargs):
+        outputs = original(self, *args, **kwargs)
+        if threading.get_ident() == thread:
+            record(self, args, kwargs, outputs)
+        return outputs
+
+    with _CLASS_LOCK:
+        layer_class.__call__ = recording_call
+        try:
+            yield
+        finally:
+            layer_class.__call__ = original

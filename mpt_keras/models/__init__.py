@@ -1,9 +1,7 @@
-"""Reference models, built by name from a `ModelConfig`.
+"""Reference models, built by name from a `ModelConfig`; each model's task decides its data.
 
-Each model belongs to a task, which decides the data it is fed:
-
-    mlp, cnn          classification: images -> class logits
-    transformer_lm    language_model: byte tokens -> next-byte logits
+image.py        mlp, cnn (classification): images -> class logits
+transformer.py  transformer_lm (language_model): byte tokens -> next-byte logits
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ from typing import Any
 
 import keras
 
+from mpt_keras.checks import check_choice
 from mpt_keras.config import MODEL_NAMES
 from mpt_keras.errors import UserInputError
 from mpt_keras.models.image import build_cnn, build_mlp
@@ -33,13 +32,13 @@ class _Entry:
     task: str
 
 
+# The names live in config, which checks them without TensorFlow (tests/test_models.py
+# checks that the two agree).
 _MODELS = {
     "mlp": _Entry(build_mlp, CLASSIFICATION),
     "cnn": _Entry(build_cnn, CLASSIFICATION),
     "transformer_lm": _Entry(build_transformer_lm, LANGUAGE_MODEL),
 }
-# The names live in config, which checks them without TensorFlow; the builders
-# here (tests/test_models.py checks that the two agree).
 
 
 def model_task(name: str) -> str:
@@ -48,17 +47,12 @@ def model_task(name: str) -> str:
 
 
 def build_model(name: str, options: Mapping[str, Any], **dimensions: Any) -> keras.Model:
-    """Builds reference model `name`.
+    """Builds reference model `name` with the current global dtype policy.
 
     Args:
-        name: One of `MODEL_NAMES`.
         options: The builder's keyword-only hyperparameters (from the config).
-        **dimensions: What the data decides: `input_shape` and `num_classes`
-            for classifiers, `vocab_size` and `sequence_length` for LMs;
-            others are left out.
-
-    Returns:
-        The model, with the current global dtype policy.
+        **dimensions: What the data decides (`input_shape` and `num_classes`,
+            or `vocab_size` and `sequence_length`); the others are left out.
 
     Raises:
         UserInputError: On an unknown model name or option.
@@ -97,11 +91,7 @@ def build_model(name: str, options: Mapping[str, Any], **dimensions: Any) -> ker
 
 
 def _entry(name: str) -> _Entry:
-    if name not in _MODELS:
-        raise UserInputError(
-            f"unknown model '{name}' (key 'model.name'). Allowed: {', '.join(MODEL_NAMES)}"
-        )
-    return _MODELS[name]
+    return _MODELS[check_choice("key 'model.name'", name, MODEL_NAMES)]
 
 
 __all__ = [

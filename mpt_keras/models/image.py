@@ -18,19 +18,10 @@ def build_mlp(
     hidden_units: Sequence[int] = (128, 64),
     dropout: float = 0.1,
 ) -> keras.Model:
-    """A multilayer perceptron on flattened images.
+    """A multilayer perceptron on flattened images, a functional model named `mlp`.
 
     Layers: `flatten`, then `dense_<i>` (ReLU) and `dropout_<i>` for each hidden
     width, then `logits`.
-
-    Args:
-        input_shape: Shape of one image, e.g. `(8, 8, 1)`.
-        num_classes: Number of classes (width of `logits`).
-        hidden_units: Width of each hidden layer.
-        dropout: Dropout rate after each hidden layer.
-
-    Returns:
-        A functional `keras.Model` named `mlp`.
     """
     inputs = keras.Input(shape=tuple(input_shape), name="image")
     x = keras.layers.Flatten(name="flatten")(inputs)
@@ -49,21 +40,11 @@ def build_cnn(
     dense_units: int = 128,
     dropout: float = 0.2,
 ) -> keras.Model:
-    """A small convolutional network: conv blocks, then a dense head.
+    """A small convolutional network, a functional model named `cnn`.
 
     Layers: `conv_<i>` (3x3, ReLU, same padding) each followed by `pool_<i>`
     (2x2 max pooling, while the feature map is at least 2x2), then `flatten`,
     `dense` (ReLU), `dropout` and `logits`.
-
-    Args:
-        input_shape: Shape of one image, e.g. `(8, 8, 1)`.
-        num_classes: Number of classes (width of `logits`).
-        filters: Channels of each convolution block.
-        dense_units: Width of the dense layer of the head.
-        dropout: Dropout rate before `logits`.
-
-    Returns:
-        A functional `keras.Model` named `cnn`.
     """
     inputs = keras.Input(shape=tuple(input_shape), name="image")
     x = inputs

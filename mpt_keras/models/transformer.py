@@ -1,6 +1,4 @@
-"""A small decoder-only Transformer language model.
-
-Layer paths are stable so that precision manifests can match on them:
+"""A small decoder-only Transformer language model, its layer paths stable for manifests:
 
     token_embedding, position_embedding
     block_<i>/attention_norm            LayerNormalization
@@ -12,23 +10,19 @@ Layer paths are stable so that precision manifests can match on them:
     final_norm                          LayerNormalization
     logits                              Dense over the vocabulary
 
-Blocks are pre-norm residual blocks (as GPT-2): `x + attention(norm(x))`, then
-`x + mlp(norm(x))`.
+Blocks are pre-norm residual blocks, as GPT-2's.
 """
 
 from __future__ import annotations
 
 import keras
 
+from mpt_keras.errors import UserInputError
+
 
 @keras.saving.register_keras_serializable(package="mpt_keras")
 class PositionEmbedding(keras.layers.Layer):
-    """Adds a learned embedding of each position to a sequence of vectors.
-
-    Args:
-        sequence_length: Longest sequence the layer accepts.
-        **kwargs: Standard `keras.layers.Layer` arguments.
-    """
+    """Adds a learned embedding of each position (up to `sequence_length`) to a sequence."""
 
     def __init__(self, sequence_length: int, **kwargs):
         super().__init__(**kwargs)
@@ -55,11 +49,12 @@ class DecoderBlock(keras.layers.Layer):
     """A pre-norm Transformer decoder block with causal self-attention.
 
     Args:
-        d_model: Width of the residual stream.
-        num_heads: Attention heads; `d_model` must be divisible by it.
+        d_model: Width of the residual stream; divisible by `num_heads`.
         mlp_ratio: Hidden width of the MLP as a multiple of `d_model`.
         dropout: Dropout rate on the attention and MLP outputs.
-        **kwargs: Standard `keras.layers.Layer` arguments.
+
+    Raises:
+        UserInputError: If `d_model` is not divisible by `num_heads`.
     """
 
     def __init__(
@@ -67,7 +62,7 @@ class DecoderBlock(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         if d_model % num_heads:
-            raise ValueError(
+            raise UserInputError(
                 "d_model must be divisible by num_heads. "
                 f"Received: d_model={d_model}, num_heads={num_heads}"
             )
@@ -104,8 +99,7 @@ class DecoderBlock(keras.layers.Layer):
         self.mlp_down.build((*input_shape[:-1], self.d_model * self.mlp_ratio))
 
     def call(self, inputs, training=None):
-        # A precision manifest may give the sublayers other compute dtypes than
-        # the block's: the residual stream stays in the block's.
+        # The residual stream stays in the block's dtype, whatever a manifest gives sublayers.
         normed = self.attention_norm(inputs)
         attended = self.attention(normed, normed, use_causal_mask=True, training=training)
         x = inputs + keras.ops.cast(attended, inputs.dtype)
@@ -133,20 +127,12 @@ def build_transformer_lm(
     mlp_ratio: int = 4,
     dropout: float = 0.0,
 ) -> keras.Model:
-    """A decoder-only Transformer LM that maps token ids to next-token logits.
+    """A decoder-only Transformer LM named `transformer_lm`: int token ids
+    `[batch, sequence_length]` to next-token logits `[batch, sequence_length, vocab_size]`.
 
     Args:
-        vocab_size: Number of token ids (width of `logits`).
-        sequence_length: Tokens per example.
         num_layers: Decoder blocks.
-        d_model: Width of the residual stream.
-        num_heads: Attention heads per block.
         mlp_ratio: MLP hidden width as a multiple of `d_model`.
-        dropout: Dropout rate inside the blocks.
-
-    Returns:
-        A functional `keras.Model` named `transformer_lm`, from int token ids
-        `[batch, sequence_length]` to logits `[batch, sequence_length, vocab]`.
     """
     tokens = keras.Input(shape=(sequence_length,), dtype="int32", name="tokens")
     x = keras.layers.Embedding(

@@ -1,45 +1,17 @@
 """Float8 training of chosen Dense and EinsumDense layers, on Keras' own mechanism.
 
-Keras 3 trains `Dense` and `EinsumDense` in float8 once `layer.quantize("float8")`
-has run: the layer quantizes three tensors, each by a per-tensor scale taken
-from a history of its amax (largest magnitude), "delayed scaling" as NVIDIA's
-Transformer Engine does it:
+`layer.quantize("float8")` makes Keras scale `inputs`, `kernel` (e4m3) and
+`outputs_grad` (e5m2) by per-tensor scales from a 1024-step amax history
+("delayed scaling"), kept in `<tensor>_scale` and `<tensor>_amax_history`.
+The backward pass returns their new values as "gradients" marked
+`overwrite_with_gradient`: the optimizer writes them as they are (ours never
+unscales them; a skipped step writes nothing). Under a float16 loss scale the
+gradient's history follows the scale (a growth saturates two steps, a backoff
+underflows a binade more for up to 1024 steps).
 
-    tensor         format   Keras' variables (float32, on the layer)
-    inputs         e4m3     inputs_scale, inputs_amax_history
-    kernel         e4m3     kernel_scale, kernel_amax_history
-    outputs_grad   e5m2     outputs_grad_scale, outputs_grad_amax_history
-
-A tensor (the output gradient in the backward pass) is divided by its scale,
-clipped to the format's largest value (448 in e4m3, 57344 in e5m2), cast to
-float8 and back, and multiplied by the scale again. In training, the layer's
-backward pass returns each tensor's new scale (its history's largest amax over
-the format's largest value, the old scale while the history holds no finite
-nonzero amax) and new history (rolled by one, the step's amax in slot 0) as
-the "gradients" of these variables, which Keras marks
-`overwrite_with_gradient`: the optimizer writes them as they are
-(`mpt_keras.LossScaleOptimizer` never unscales them, and a skipped step writes
-nothing). The history holds 1024 steps. A step quantizes with the scale of the
-amaxes up to two steps before it.
-
-Under a float16 loss scale the output gradient is the scaled one, and its
-history follows the loss scale: after a growth the next two steps quantize
-the doubled gradient at the scale of before (its largest values saturate),
-and after a backoff the history's largest amax stays twice too large for up
-to 1024 steps (a binade more of small gradients underflows). bfloat16, which
-needs no loss scale, has neither.
-
-The layer keeps the compute dtype of the policy it had: `quantize` gives it
-Keras' policy `float8_from_<that policy>` (`float8_from_mixed_bfloat16`
-computes in bfloat16 outside the float8 matmul). So the order is: give the
-layer its mixed policy, build the model, call `to_float8`, then build the
-optimizer (the first step or `optimizer.build`). Setting a plain policy on the
-layer afterwards turns float8 off and leaves its state unused.
-
-Keras' float8 layers train only in a compiled function (`tf.function`, Keras'
-train step, XLA): in eager mode Keras 3.15.1's custom gradient fails on the
-TensorFlow backend ("too many values to unpack"), with or without this
-package.
+Order: the mixed policy, build, `to_float8`, then build the optimizer; the
+layer computes in `float8_from_<policy>`'s dtype. Float8 layers train only in
+a compiled function (eagerly, Keras 3.15.1's custom gradient fails on TensorFlow).
 
 Example:
 
@@ -59,17 +31,15 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from mpt_keras.checks import check_choice
 from mpt_keras.errors import UserInputError
 from mpt_keras.keras_bridge.layer_paths import iter_layer_paths
 
-# Keras' own classes only: Keras refuses to quantize a subclass, whose call it
-# cannot know (`quantize(type_check=True)`).
+# Keras' own classes only: Keras refuses to quantize a subclass (`type_check=True`).
 FLOAT8_LAYER_CLASSES = (keras.layers.Dense, keras.layers.EinsumDense)
 _CLASS_NAMES = ", ".join(cls.__name__ for cls in FLOAT8_LAYER_CLASSES)
-# The float8 formats by their short names, with Keras' dtype names.
 FORMATS = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
-# The tensors a float8 layer quantizes, each with its format; its variables
-# are `<tensor>_scale` and `<tensor>_amax_history`.
+# Each quantized tensor's format; its variables are `<tensor>_scale`, `<tensor>_amax_history`.
 QUANTIZED_TENSORS = {"inputs": "e4m3", "kernel": "e4m3", "outputs_grad": "e5m2"}
 FLOAT8_VARIABLE_NAMES = tuple(
     f"{tensor}_{kind}" for tensor in QUANTIZED_TENSORS for kind in ("scale", "amax_history")
@@ -78,14 +48,11 @@ FLOAT8_VARIABLE_NAMES = tuple(
 
 @dataclasses.dataclass(frozen=True)
 class Float8Shares:
-    """The shares of a tensor's values that float8 loses at a scale.
-
-    Each is a float eagerly, a float32 tensor in a graph.
+    """The shares of a tensor's values that float8 loses at a scale (floats, or graph tensors).
 
     Attributes:
-        saturated: Values whose magnitude over the scale is above the format's
-            largest (Inf too): Keras clips them to it.
-        underflowed: Nonzero values that become zero in the format.
+        saturated: Values clipped to the format's largest (Inf too).
+        underflowed: Nonzero values that become zero.
     """
 
     saturated: float | tf.Tensor
@@ -98,10 +65,8 @@ class Float8TensorState:
 
     Attributes:
         format: `e4m3` or `e5m2`.
-        scale: The scale the next step quantizes with (the tensor is divided
-            by it, then cast).
-        amax: The tensor's largest magnitude at the last training step
-            (slot 0 of the history; 0.0 before the first).
+        scale: The scale the next step divides the tensor by.
+        amax: Its largest magnitude at the last step (history slot 0; 0.0 before).
     """
 
     format: str
@@ -120,12 +85,7 @@ class Float8TensorState:
 class Float8LayerStatistics:
     """A float8 layer's state: its three quantized tensors, and its kernel's losses.
 
-    Attributes:
-        inputs: The inputs' state (e4m3).
-        kernel: The kernel's state (e4m3).
-        outputs_grad: The output gradient's state (e5m2). Its amax is of the
-            gradient of the loss as scaled by a loss-scale optimizer.
-        kernel_shares: The kernel's values lost at its current scale.
+    `outputs_grad.amax` is of the loss gradient as scaled by a loss-scale optimizer.
     """
 
     inputs: Float8TensorState
@@ -152,36 +112,21 @@ def is_float8(layer: Any) -> bool:
 
 
 def is_float8_state(variable: Any) -> bool:
-    """Whether `variable` is a float8 layer's scale or amax history.
-
-    Keras marks them `overwrite_with_gradient`: a step writes the new value
-    the layer computed, not a gradient update.
-    """
+    """Whether `variable` is a float8 layer's scale or amax history (`overwrite_with_gradient`)."""
     return bool(getattr(variable, "overwrite_with_gradient", False))
 
 
 def learned_weights(model: keras.Model) -> list[keras.Variable]:
-    """`model.weights` without its float8 state, in order.
+    """`model.weights` without its float8 state, in order: the weights it shares without float8.
 
-    The weights a model in float8 shares with the same model without it. A
-    layer `to_float8` turned holds its float8 state after its kernel and bias,
-    so `other.get_weights()` copies into these in order; a float8 model loaded
-    from a file lists that state first, but its other weights keep their order.
+    So `other.get_weights()` of the model without float8 copies into these in
+    order (a loaded float8 model lists that state first; the rest keep order).
     """
     return [variable for variable in model.weights if not is_float8_state(variable)]
 
 
 def check_float8_layer(path: str, layer: Any) -> None:
-    """Raises if `layer` cannot train in float8.
-
-    Args:
-        path: The layer's path, for the message.
-        layer: The layer.
-
-    Raises:
-        UserInputError: Naming the path and the class, unless the layer is a
-            `Dense` or `EinsumDense` (not a subclass).
-    """
+    """Raises `UserInputError` naming `path` unless `layer` is a `Dense` or `EinsumDense`."""
     if type(layer) not in FLOAT8_LAYER_CLASSES:
         raise UserInputError(
             f"layer '{path}': {type(layer).__name__} cannot train in float8. "
@@ -190,27 +135,18 @@ def check_float8_layer(path: str, layer: Any) -> None:
 
 
 def to_float8(model: keras.Model, paths: Iterable[str]) -> tuple[str, ...]:
-    """Turns the layers of `model` at `paths` to float8, each keeping its compute dtype.
+    """Turns the layers of `model` at `paths` to float8 (`layer.quantize`), keeping compute dtypes.
 
-    Runs Keras' `layer.quantize("float8")` on each (see the module docstring)
-    and has Keras trace the model's train, test and predict functions again.
-    Call it under the strategy scope the model was built in, after the layers
-    have their dtype policies and the model is built, before the optimizer is
-    built.
-
-    Args:
-        model: A built model.
-        paths: Layer paths (`mpt_keras.keras_bridge.layer_paths`); a layer already in
-            float8 is left as it is.
+    Call under the model's strategy scope, after its policies are set and it is
+    built, before its optimizer is; Keras retraces the model's functions.
 
     Returns:
-        The paths of the layers turned, in the order given.
+        The paths turned, in order (a layer already in float8 is left).
 
     Raises:
-        UserInputError: A path names no layer of the model, or a layer that
-            is not a `Dense` or `EinsumDense`.
-        ValueError: A layer is not built, or the model's optimizer is: it
-            would not know the new variables.
+        UserInputError: A path names no layer, or not a `Dense`/`EinsumDense`.
+        ValueError: A layer is not built, or the optimizer is (it would not
+            know the new variables).
     """
     layers = {entry.path: entry.layer for entry in iter_layer_paths(model)}
     paths = list(dict.fromkeys(paths))
@@ -244,12 +180,7 @@ def to_float8(model: keras.Model, paths: Iterable[str]) -> tuple[str, ...]:
 
 
 def float8_variables(model: keras.Model) -> dict[str, dict[str, keras.Variable]]:
-    """The float8 state of every float8 layer of `model`.
-
-    Returns:
-        `{layer path: {name: variable}}`, the names `FLOAT8_VARIABLE_NAMES`
-        (`inputs_scale`, `inputs_amax_history`, ...), Keras' own.
-    """
+    """`{layer path: {name: variable}}` of every float8 layer, names `FLOAT8_VARIABLE_NAMES`."""
     return {
         path: {name: getattr(layer, name) for name in FLOAT8_VARIABLE_NAMES}
         for path, layer in _float8_layers(model)
@@ -257,10 +188,7 @@ def float8_variables(model: keras.Model) -> dict[str, dict[str, keras.Variable]]
 
 
 def float8_statistics(model: keras.Model) -> dict[str, Float8LayerStatistics]:
-    """The statistics of every float8 layer of `model`, by layer path.
-
-    Call eagerly: reading the variables syncs with the device.
-    """
+    """The statistics of every float8 layer of `model`, by path; eagerly (reads sync)."""
     statistics = {}
     for path, layer in _float8_layers(model):
         states = {
@@ -277,18 +205,11 @@ def float8_statistics(model: keras.Model) -> dict[str, Float8LayerStatistics]:
 
 
 def largest_range_used(variables: Iterable[keras.Variable]) -> tf.Tensor | None:
-    """The largest `range_used` of the float8 tensors whose state is in `variables`.
+    """The largest `Float8TensorState.range_used` over the float8 state in `variables`.
 
-    What `LossScaleOptimizer.step_logs` logs as `float8_range_used`: over every
-    float8 layer and quantized tensor, its last amax (slot 0 of the history)
-    over the largest value its scale represents (`Float8TensorState.range_used`).
-    Above 1, a tensor like the last one saturates at the scale the next step
-    uses. Reads the variables in the graph it is called in: no host sync.
-
-    Args:
-        variables: Variables of a model (a layer's float8 state is paired by
-            path: `<layer>/<tensor>_scale` with `<layer>/<tensor>_amax_history`);
-            the others are left out.
+    `LossScaleOptimizer.step_logs`' `float8_range_used`, read in the calling
+    graph (no host sync). State pairs by path (`<layer>/<tensor>_scale` with
+    `<layer>/<tensor>_amax_history`); other variables are left out.
 
     Returns:
         A float32 scalar, or None when `variables` hold no float8 state.
@@ -308,17 +229,8 @@ def largest_range_used(variables: Iterable[keras.Variable]) -> tf.Tensor | None:
 def float8_shares(values: Any, float8_format: str, scale: Any = 1.0) -> Float8Shares:
     """The shares of `values` that saturate or underflow in `float8_format` at `scale`.
 
-    Quantizes as Keras' float8 layers do (`values / scale`, clipped to the
-    format's largest value, cast), in float32. A pure function of its
-    arguments.
-
-    Args:
-        values: A tensor or array (any shape, any floating dtype).
-        float8_format: `e4m3` (inputs, kernels) or `e5m2` (gradients).
-        scale: The scale (a float or scalar tensor; a layer's `*_scale`).
-
-    Returns:
-        The shares, of all the values: floats eagerly, tensors in a graph.
+    Quantizes as Keras' float8 layers do (`values / scale`, clipped, cast), in
+    float32. `scale` is a float or scalar tensor (a layer's `*_scale`).
 
     Raises:
         UserInputError: For a format other than `e4m3` and `e5m2`.
@@ -341,15 +253,8 @@ def float8_shares(values: Any, float8_format: str, scale: Any = 1.0) -> Float8Sh
 
 
 def format_max(float8_format: str) -> float:
-    """The largest finite value of `float8_format` (`e4m3`: 448, `e5m2`: 57344).
-
-    Raises:
-        UserInputError: For a format other than `e4m3` and `e5m2`.
-    """
-    if float8_format not in FORMATS:
-        raise UserInputError(
-            f"float8 format '{float8_format}': unknown. Allowed: {', '.join(FORMATS)}"
-        )
+    """The largest finite value of `float8_format` (`e4m3`: 448, `e5m2`: 57344); else refuses."""
+    check_choice("float8 format", float8_format, FORMATS)
     return float(tf.as_dtype(FORMATS[float8_format]).max)
 
 

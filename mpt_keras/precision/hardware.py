@@ -1,7 +1,6 @@
 """Precision `auto`: the policy this machine's hardware computes fastest in.
 
-`resolve_auto_policy` turns precision `auto` into a policy name from what the
-hardware computes fast (`probe_hardware`):
+`resolve_auto_policy`, from `probe_hardware`:
 
     TPU                                       mixed_bfloat16
     GPU, compute capability >= 8.0            mixed_bfloat16  (Ampere and newer)
@@ -10,8 +9,7 @@ hardware computes fast (`probe_hardware`):
     no GPU, CPU flag avx512_bf16 or amx_bf16  mixed_bfloat16
     anything else                             float32
 
-With several GPUs the lowest compute capability decides, since every replica
-runs the same policy.
+With several GPUs the lowest compute capability decides: every replica runs one policy.
 """
 
 from __future__ import annotations
@@ -20,8 +18,7 @@ import dataclasses
 
 import tensorflow as tf
 
-# AMX-BF16 CPUs list amx_bf16 next to amx_tile; amx_tile alone (AMX-INT8 only)
-# has no bfloat16 arithmetic.
+# amx_tile alone (AMX-INT8) has no bfloat16 arithmetic; AMX-BF16 CPUs list amx_bf16.
 BFLOAT16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
@@ -31,8 +28,7 @@ class HardwareProbe:
 
     Attributes:
         cpu_flags: The CPU's feature flags (as in /proc/cpuinfo).
-        gpu_compute_capabilities: `(major, minor)` CUDA compute capability of
-            each GPU; `(0, 0)` for a GPU that reports none.
+        gpu_compute_capabilities: Each GPU's `(major, minor)`; `(0, 0)` if unreported.
         tpu: Whether TPU devices are attached.
 
     Example:
@@ -48,14 +44,10 @@ class HardwareProbe:
 
 
 def probe_hardware(cpuinfo_path: str = "/proc/cpuinfo") -> HardwareProbe:
-    """Probes this machine's CPU flags, GPUs and TPUs.
+    """Probes this machine's CPU flags (none if `cpuinfo_path` is missing), GPUs and TPUs.
 
-    Only physical devices are listed, so the TensorFlow runtime is not
-    initialised: logical devices (`--virtual_cpus`) can still be configured.
-
-    Args:
-        cpuinfo_path: Where the CPU flags are read; a missing file (not Linux)
-            means no flags.
+    Lists physical devices only, so the TensorFlow runtime stays uninitialised
+    and logical devices (`--virtual_cpus`) can still be configured.
     """
     return HardwareProbe(
         cpu_flags=_read_cpu_flags(cpuinfo_path),
@@ -85,15 +77,7 @@ def cpu_bfloat16_flags(probe: HardwareProbe) -> list[str]:
 
 
 def resolve_auto_policy(probe: HardwareProbe | None = None) -> tuple[str, str]:
-    """Chooses the policy for precision `auto`; see the module docstring.
-
-    Args:
-        probe: The hardware to decide for; `None` probes this machine.
-
-    Returns:
-        `(policy name, reason)`, the reason a one-line explanation for logs and
-        reports.
-    """
+    """`(policy name, one-line reason)` for precision `auto`; `probe=None` probes this machine."""
     probe = probe_hardware() if probe is None else probe
     if probe.tpu:
         return "mixed_bfloat16", "TPU: bfloat16 is the native type of its matrix units"

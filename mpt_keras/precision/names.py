@@ -1,11 +1,7 @@
-"""The names of the precision concept, each list in one place; imports no TensorFlow.
+"""The names of the precision concept, each list in one place.
 
-A precision is a Keras dtype policy name: `float32`, or `mixed_float16` and
-`mixed_bfloat16`, which compute in the low-precision type and keep float32
-variables. The config, the launchers' `--precision` flag and validation's
-candidate also take `auto`, which `hardware.resolve_auto_policy` turns into
-one of them. So a bad name fails before TensorFlow is imported
-(`mpt_keras.config` checks its names here).
+A precision is a Keras dtype policy name, or `auto` (`hardware.resolve_auto_policy`)
+where a config or flag takes one. Imports no TensorFlow, so a bad name fails before it loads.
 
 Example:
 
@@ -17,7 +13,10 @@ Example:
 
 from __future__ import annotations
 
-from mpt_keras.errors import UserInputError
+from collections.abc import Callable
+from typing import Any
+
+from mpt_keras.checks import check_choice
 
 POLICY_NAMES = ("float32", "mixed_float16", "mixed_bfloat16")
 # What `--precision` and a config's "precision" take: a policy, or `auto`.
@@ -27,10 +26,8 @@ LOW_PRECISION_POLICIES = ("mixed_float16", "mixed_bfloat16")
 COMPUTE_DTYPES = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
 # One step up the ladder: float16 -> bfloat16 (float32's exponent range) -> float32.
 PROMOTIONS = {"mixed_float16": "mixed_bfloat16", "mixed_bfloat16": "float32"}
-# A manifest rule's policy may also be float8: the matching Dense and
-# EinsumDense layers train their matmuls in float8 (`float8`), computing the
-# rest in the manifest's default policy. Not a default nor a `--precision`:
-# most layers cannot.
+# A rule's policy may also be float8 (Dense/EinsumDense matmuls in float8, the rest in
+# the default); not a default nor a `--precision`: most layers cannot.
 FLOAT8 = "float8"
 RULE_POLICIES = (*POLICY_NAMES, FLOAT8)
 # Keras names a float8 layer's policy after the one it computes in otherwise.
@@ -38,13 +35,9 @@ FLOAT8_POLICY_PREFIX = "float8_from_"
 
 
 def promoted_policy(name: str) -> str | None:
-    """The policy one step up the ladder from `name`, or None at its top.
+    """The policy one step up from a layer's effective policy `name`, or None at the top.
 
-    A float8 layer (`float8_from_<policy>`) goes to the policy it computes in
-    otherwise, its matmuls out of float8; then up `PROMOTIONS`.
-
-    Args:
-        name: A layer's effective policy name.
+    A float8 layer (`float8_from_<policy>`) goes to `<policy>`; then up `PROMOTIONS`.
     """
     if name.startswith(FLOAT8_POLICY_PREFIX):
         return name.removeprefix(FLOAT8_POLICY_PREFIX)
@@ -52,19 +45,18 @@ def promoted_policy(name: str) -> str | None:
 
 
 def check_policy_name(
-    name: str, source: str = "precision", allowed: tuple[str, ...] = POLICY_NAMES
+    name: str,
+    source: str = "precision",
+    allowed: tuple[str, ...] = POLICY_NAMES,
+    show: Callable[[Any], str] = repr,
 ) -> str:
-    """Returns `name` if it is one of `allowed`.
+    """Returns `name` if it is one of `allowed` (`POLICY_NAMES`, or `RULE_POLICIES` for a rule).
 
     Args:
-        name: The policy name received.
         source: What it came from (a key, a flag), for the message.
-        allowed: The names allowed there: `POLICY_NAMES`, or `RULE_POLICIES`
-            for a manifest rule.
+        show: How the received name is written (`checks.as_json` in a JSON file).
 
     Raises:
         UserInputError: Naming `source` and the allowed names otherwise.
     """
-    if name not in allowed:
-        raise UserInputError(f"{source}: unknown policy '{name}'. Allowed: {', '.join(allowed)}")
-    return name
+    return check_choice(source, name, allowed, show=show)

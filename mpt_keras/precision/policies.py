@@ -19,21 +19,10 @@ from mpt_keras.precision.names import check_policy_name
 
 @contextlib.contextmanager
 def global_policy(name: str) -> Iterator[keras.DTypePolicy]:
-    """Sets the global Keras dtype policy for the duration of a `with` block.
-
-    Layers created inside the block take the policy by default; the previous
-    global policy is restored on exit, even on error.
-
-    Args:
-        name: One of `names.POLICY_NAMES`.
+    """Sets the global Keras dtype policy inside a `with` block; restored on exit, even on error.
 
     Raises:
-        UserInputError: For another name.
-
-    Example:
-
-        with global_policy("mixed_bfloat16"):
-            model = keras.Sequential([keras.layers.Dense(4)])
+        UserInputError: For a name not in `names.POLICY_NAMES`.
     """
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(check_policy_name(name))

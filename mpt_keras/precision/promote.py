@@ -1,18 +1,12 @@
 """Promotion: moving layers one step up the precision ladder, mid-run.
 
-The ladder is `names.promoted_policy`: a float8 layer (`float8_from_<policy>`)
-goes to the policy it computes in otherwise, then `names.PROMOTIONS`:
-mixed_float16 -> mixed_bfloat16 (float32's exponent range, so nothing
-overflows at float16's 65504) -> float32. A layer
-is promoted by a rule for its exact path (`re.escape`d, so a name such as
-`mlp.up` matches that layer alone) put first in the manifest, where the first
-matching rule wins; the manifest is applied to the model and a compiled
-model's train function rebuilt, so that the next step is traced with the new
-dtypes while weights and optimizer state are kept.
-
-Every promotion goes through `promote`: the divergence action `promote`
-(`mpt_keras.runs.training`) promotes every layer below float32, `AutoPromote` the
-layers that keep overflowing.
+The ladder is `names.promoted_policy`: float8 -> the policy it computes in,
+then mixed_float16 -> mixed_bfloat16 (float32's exponent range: nothing
+overflows past `limits.FLOAT16_MAX`) -> float32. A layer is promoted by a rule
+for its exact path (`re.escape`d) put first in the manifest; the manifest is
+applied again and a compiled model's train function rebuilt, so the next step
+traces the new dtypes while weights and optimizer state are kept. The
+divergence action `promote` and `AutoPromote` both go through `promote`.
 
 Example:
 
@@ -30,20 +24,15 @@ import keras
 
 from mpt_keras.errors import UserInputError
 from mpt_keras.keras_bridge.layer_paths import iter_layers
-from mpt_keras.precision.manifest import PrecisionManifest, Rule
+from mpt_keras.precision.manifest import PrecisionManifest
 from mpt_keras.precision.names import promoted_policy
 from mpt_keras.precision.policies import effective_policy
+from mpt_keras.precision.rules import Rule
 
 
 @dataclasses.dataclass(frozen=True)
 class Promotion:
-    """One layer moved one step up the ladder.
-
-    Attributes:
-        path: The layer's path (`layer_paths.iter_layers`).
-        old: The policy it computed with.
-        new: The policy it computes with now.
-    """
+    """One layer (`path`, as `layer_paths.iter_layers`) moved from policy `old` to `new`."""
 
     path: str
     old: str
@@ -56,20 +45,16 @@ def promote(
     reason: str | Callable[[Promotion], str],
     paths: Iterable[str] | None = None,
 ) -> tuple[PrecisionManifest, tuple[Promotion, ...]]:
-    """Moves layers of `model` one step up the ladder; see the module docstring.
+    """Moves layers of `model` (which `manifest` was applied to) one step up the ladder.
 
     Args:
-        model: The model `manifest` was applied to.
-        manifest: Its manifest.
-        reason: The reason of each new rule, or a function of the promotion
-            that returns it.
-        paths: The paths of the layers to promote; a layer already float32
-            is left as it is. `None`: every layer below float32.
+        reason: Each new rule's reason, or a function of the promotion giving it.
+        paths: The layers to promote (float32 ones are left); `None`: every
+            layer below float32.
 
     Returns:
-        The new manifest, applied to `model`, and the promotions, in the order
-        of `paths` (default: the layers' depth-first order). With nothing to
-        promote, `manifest` as it was, not applied again.
+        The new manifest, applied to `model`, and the promotions in the order
+        of `paths`; with nothing to promote, `manifest` as it was, not reapplied.
 
     Raises:
         UserInputError: For a path that is no layer of `model`.

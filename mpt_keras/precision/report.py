@@ -1,26 +1,9 @@
 """The precision report: what every layer of a model computes in, and why.
 
-One report, made three ways:
-
-- `precision_report(model)` describes a built model as it is: each layer's
-  policy, compute and variable dtype, and what it really outputs in one
-  traced forward pass.
-- `PrecisionManifest.apply(model)` adds what decided each layer
-  (`decided_by`, `reason`) and the rules that matched nothing
-  (`unmatched_rules`) or only layers an earlier rule decided
-  (`shadowed_rules`).
-- A run (`runs.build_model`, `runs.assemble`) adds its precision (`auto`
-  resolved, and why), its manifest file and its `jit_compile` choice, and
-  writes `to_dict()` to `precision_report.json` in its `model_dir`;
-  `mpt-train --dry_run` prints `format_table()`.
-
-Example:
-
-    with global_policy("mixed_float16"):
-        cnn = models.build_model("cnn", {}, input_shape=(8, 8, 1), num_classes=10)
-    report = precision_report(cnn)
-    report.layers[0].path, report.layers[0].compute_dtype  # ('conv_0', 'float16')
-    report.output_dtype_mismatches  # ()
+`precision_report(model)` describes a model as it is; `PrecisionManifest.apply`
+adds what decided each layer and the unmatched and shadowed rules; a run adds
+its precision, manifest and `jit_compile`, writes `to_dict()` to
+`precision_report.json` and prints `format_table()` for `--dry_run`.
 """
 
 from __future__ import annotations
@@ -40,6 +23,7 @@ from mpt_keras.errors import describe_error
 from mpt_keras.keras_bridge.layer_calls import calls_wrapped
 from mpt_keras.keras_bridge.layer_paths import iter_layers
 from mpt_keras.precision.policies import effective_policy
+from mpt_keras.tables import aligned
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -49,21 +33,11 @@ class LayerPrecision:
     """One layer in a `PrecisionReport`.
 
     Attributes:
-        path: The layer's path from the model down (`layer_paths.iter_layers`:
-            the layer names joined by "/"; a softmax or dropout a layer made
-            for itself is named by its attribute, `.../attention/_softmax`).
-        layer_class: The layer's class name (`"class"` in `to_dict`).
-        policy: The policy it computes with (for a layer holding a
-            `DTypePolicyMap`, the policy the map gives it).
-        compute_dtype: The dtype it computes in.
-        variable_dtype: The dtype of its variables.
-        output_dtype: The dtype it output in the traced forward pass (see
-            `precision_report`); None if it was not called, or returned no
-            tensor.
-        decided_by: What gave it its policy: `rules[<i>] (<match>)`,
-            `safe default: <kind>` or `default`; None in a report of
-            `precision_report`, which decides nothing.
-        reason: The rule's or safe default's reason, if any.
+        policy: The policy it computes with (through a `DTypePolicyMap`).
+        output_dtype: What it output in the traced pass; None if not called
+            or no tensor.
+        decided_by: `rules[<i>] (<match>)`, `safe default: <kind>` or
+            `default`; None from `precision_report`, which decides nothing.
     """
 
     path: str
@@ -86,24 +60,16 @@ class PrecisionReport:
     """The precision of every layer of a model, nested ones included, depth first.
 
     Attributes:
-        model: The model's name.
-        layers: Every layer, depth first.
-        trainable_variables: How many trainable variables have each dtype
-            (the master weights: all float32 under a `mixed_*` policy).
+        trainable_variables: How many trainable variables have each dtype.
         output_dtype_mismatches: The paths of the layers that made a floating
-            output of another dtype than they compute in (see
-            `precision_report`).
-        unmatched_rules: A manifest's rules that matched no layer, as
-            `rules[<i>] (<match>)`.
-        shadowed_rules: A manifest's rules that matched layers, but only
-            layers an earlier rule decided.
+            output of another dtype than they compute in (`precision_report`).
+        unmatched_rules: A manifest's rules that matched no layer.
+        shadowed_rules: Its rules that matched only layers an earlier rule decided.
         precision: A run's policy (`auto` resolved; a manifest's default);
-            None outside a run.
-        precision_reason: Why `auto` chose `precision`; None otherwise.
+            None outside a run. `precision_reason`: why `auto` chose it.
         manifest: The path of a run's manifest file, if any.
         jit_compile: Whether XLA compiles the run's train step; None until
-            the run is compiled.
-        jit_compile_reason: Why, in one line.
+            the run is compiled. `jit_compile_reason`: why, in one line.
 
     Example:
 
@@ -111,7 +77,6 @@ class PrecisionReport:
         report = PrecisionManifest.from_json("configs/manifests/digits_cnn.json").apply(cnn)
         report.policies["dense"], report.policies["logits"]  # ('mixed_bfloat16', 'float32')
         report.layers[0].decided_by  # "rules[0] (path 'conv_0')"
-        report.unmatched_rules  # ()
     """
 
     model: str
@@ -148,27 +113,20 @@ class PrecisionReport:
         }
 
     def format_table(self) -> str:
-        """The layers as an aligned text table: path, class, policy, decided_by.
-
-        A layer in `output_dtype_mismatches` is marked at the end of its row:
-        `<- outputs float32, computes in bfloat16`.
-        """
-        rows = [("path", "class", "policy", "decided_by")] + [
-            (layer.path, layer.layer_class, layer.policy, layer.decided_by or "")
+        """The layers as an aligned table (path, class, policy, decided_by), mismatches marked."""
+        rows = [("path", "class", "policy", "decided_by", "")] + [
+            (
+                layer.path,
+                layer.layer_class,
+                layer.policy,
+                layer.decided_by or "",
+                f"<- outputs {layer.output_dtype}, computes in {layer.compute_dtype}"
+                if layer.path in self.output_dtype_mismatches
+                else "",
+            )
             for layer in self.layers
         ]
-        widths = [max(len(row[index]) for row in rows) for index in range(len(rows[0]))]
-        marks = [""] + [
-            f"<- outputs {layer.output_dtype}, computes in {layer.compute_dtype}"
-            if layer.path in self.output_dtype_mismatches
-            else ""
-            for layer in self.layers
-        ]
-        lines = [
-            "  ".join([*(cell.ljust(width) for cell, width in zip(row, widths)), mark]).rstrip()
-            for row, mark in zip(rows, marks)
-        ]
-        return "\n".join(lines) + "\n"
+        return "\n".join(aligned(rows)) + "\n"
 
 
 def precision_report(
@@ -176,31 +134,20 @@ def precision_report(
 ) -> PrecisionReport:
     """Describes the precision of every layer of `model`, nested ones included.
 
-    Each layer's output dtype is what it returned in one forward pass of the
-    model traced as the train step calls it (`training=True`, in a
-    `tf.function` that never runs: no data, no state changes); each layer's
-    `call` is wrapped for the trace and restored after it, even on error. A
-    model not built yet, or one the trace fails on (logged as a warning), has
-    output dtypes None.
-
-    A layer's output is a mismatch (`output_dtype_mismatches`) when it made a
-    floating output of another dtype than its compute dtype (a float32 NumPy
-    constant mixed into a bfloat16 input makes float32); its `output_dtype`
-    is that one. Integer outputs, and a tensor a layer returns as it was given
-    it or as a sublayer returned it (an attention returning its output
-    projection's bfloat16 under a float16 policy), are not the layer's
-    mismatch: the sublayer is flagged if it made it.
+    Output dtypes come from one forward pass traced as the train step calls it
+    (`training=True`, in a `tf.function` never run: no data, no state
+    changes); None for a model not built, or one the trace fails on (logged).
+    A layer's output is a mismatch when the layer itself made a floating
+    tensor of another dtype than it computes in (a float32 NumPy constant
+    mixed into bfloat16); a tensor it was given, or a sublayer returned, is
+    not its mismatch.
 
     Args:
-        model: A model, built to be traced.
-        inputs: What the model is traced on: example inputs (arrays or
-            tensors; one example is enough) or their specs (`keras.Input`,
-            `tf.TensorSpec`), structured as the model takes them. Default: a
-            functional or Sequential model's own inputs; a subclassed model
-            has none, so without `inputs` its layers' output dtypes are None.
-        trace: False leaves every output dtype None and traces nothing: for
-            a caller that reads the policies only (a trace of a large model
-            takes seconds).
+        inputs: What the model is traced on: example inputs or their specs
+            (`keras.Input`, `tf.TensorSpec`), structured as the model takes
+            them. Default: a functional or Sequential model's own (a
+            subclassed model has none: its output dtypes are then None).
+        trace: False traces nothing (a large model's trace takes seconds).
 
     Returns:
         The report, without decisions (`decided_by` None) or run settings.
@@ -237,10 +184,7 @@ def _output_dtype(
 ) -> tuple[str | None, bool]:
     """A layer's output dtype, and whether it made a floating one other than `compute_dtype`.
 
-    Args:
-        returned: `(dtype, made by the layer)` of each tensor it returned, in
-            every call.
-        compute_dtype: The layer's compute dtype.
+    `returned`: `(dtype, made by the layer)` of each tensor it returned, in every call.
     """
     if keras.backend.is_float_dtype(compute_dtype):
         for dtype, made in returned:
@@ -252,9 +196,8 @@ def _output_dtype(
 
 
 def _returned_dtypes(model: keras.Model, inputs: Any) -> dict[int, list[tuple[str, bool]]]:
-    """`{id(layer): [(dtype, made by the layer), ...]}` of every tensor each
-    layer of `model` returned in one traced forward pass; empty if the model
-    is not built or has no inputs to trace it on, or if the trace fails."""
+    """`{id(layer): [(dtype, made by the layer), ...]}` from one traced forward pass; empty
+    if the model is not built, has no inputs to trace on, or the trace fails."""
     if inputs is None:
         inputs = _symbolic_inputs(model)
     if not model.built or inputs is None:
@@ -300,16 +243,12 @@ def _symbolic_inputs(model: keras.Model) -> Any:
 
 
 class _CallRecorder:
-    """Wraps the `call` of layers and records the dtypes of the tensors they return.
-
-    A returned tensor is the layer's own (`made`) unless the call was given
-    it, or a layer called inside the call returned it.
-    """
+    """Records the dtypes layers' calls return; a tensor given to the call or returned by a
+    sublayer is not the layer's own (`made`)."""
 
     def __init__(self):
         self.returned: dict[int, list[tuple[str, bool]]] = {}
-        # Per call under way, the tensors it was given or its sublayers
-        # returned, by id (held, so that no id is reused during the trace).
+        # Per call under way, the tensors not its own, by id (held: no id reused).
         self._not_made: list[dict[int, Any]] = []
 
     def wrapping(self, layers: Iterable[keras.layers.Layer]) -> contextlib.AbstractContextManager:

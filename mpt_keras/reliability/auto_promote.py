@@ -1,31 +1,12 @@
 """AutoPromote: a callback that moves layers that keep overflowing to a wider precision.
 
-Dynamic loss scaling fixes gradients that overflow because the scale is too
-high; it cannot fix a layer whose values overflow float16 at any scale: the
-scale falls to its floor (`min_scale`) and every step is skipped. `AutoPromote`
-watches for that and promotes the layers involved, float16 -> bfloat16 ->
-float32, mid-`fit`:
-
-- Every `check_every` steps it reads `optimizer.loss_scale` and
-  `optimizer.nonfinite_counts()` (one host sync per check, none per step).
-- A layer's *streak* grows by the number of new non-finite steps of its
-  variables (the most of any one of them) at a check where the scale is at
-  its floor; a check where the layer had none, or where the scale is above the
-  floor, ends its streak.
-- A streak of `k` or more promotes the layer (`mpt_keras.precision.promote`):
-  a rule for its exact path goes first in the manifest (first match wins),
-  the manifest is applied to the model and the train function rebuilt
-  (Keras 3 `fit` looks `model.train_function` up at every step, so the next
-  step is traced with the new dtypes; weights and optimizer state are kept).
-- Each promotion is logged (WARNING), written as TensorBoard text under
-  `log_dir/auto_promote` if `log_dir` is given, and the updated manifest is
-  written to `manifest_path` if given, ready for `mpt-train --manifest`.
-
-A forward overflow makes the loss non-finite, so every layer upstream and
-downstream of it gets non-finite gradients too, and all of them are promoted
-together; `mpt_keras.calibration.calibrate.calibrate` finds the one layer. A layer
-already float32 is not promoted further (logged once). A layer is the deepest
-one owning the variable (`block_0/mlp_up` for `block_0/mlp_up/kernel`).
+Loss scaling cannot fix a layer that overflows float16 at any scale: the scale
+sits at its floor and every step is skipped. At each check, with the scale at
+its floor, a layer's streak grows by its variables' new non-finite steps (the
+most of any one); a check without any, or above the floor, ends it. A streak
+of `k` promotes the layer float16 -> bfloat16 -> float32 (`precision.promote`,
+mid-`fit`). A forward overflow spoils every gradient, so all layers are then
+promoted together (`calibration` finds the one).
 """
 
 from __future__ import annotations
@@ -35,13 +16,13 @@ import os
 
 import tensorflow as tf
 
-from mpt_keras.errors import UserInputError
+from mpt_keras.checks import check_number
 from mpt_keras.files import write_text_atomic
 from mpt_keras.keras_bridge.callbacks import GlobalStepCallback
 from mpt_keras.keras_bridge.layer_paths import iter_layers
 from mpt_keras.precision.manifest import PrecisionManifest
 from mpt_keras.precision.promote import Promotion, promote
-from mpt_keras.scaling.optimizer import LossScaleOptimizer
+from mpt_keras.reliability.guards import loss_scale_optimizer
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -49,31 +30,21 @@ _LOGGER = logging.getLogger(__name__)
 class AutoPromote(GlobalStepCallback):
     """Promotes layers whose gradients stay non-finite with the loss scale at its floor.
 
-    See the module docstring for the rule. The model's optimizer must be a
-    `mpt_keras.LossScaleOptimizer`, and `manifest` the one applied to the model.
+    Each promotion is logged, and written as TensorBoard text and as a manifest
+    (for `mpt-train --manifest`) when those paths are given.
 
     Args:
-        manifest: The manifest the model was built with; promotions are
-            rules put before its own.
-        k: Non-finite steps at the floor, in consecutive checks, that promote
-            a layer.
-        check_every: Steps between checks.
+        manifest: The manifest applied to the model; promotions go before its rules.
+        k: Non-finite steps at the floor, in consecutive checks, that promote a layer.
         manifest_path: Where the updated manifest is written; `None`: nowhere.
-        log_dir: Where a TensorBoard text summary of each promotion goes
-            (`<log_dir>/auto_promote`); `None`: logged only.
+        log_dir: Parent of the `auto_promote` TensorBoard text; `None`: none.
+
+    Raises:
+        UserInputError: `k` or `check_every` not an integer >= 1; at `fit`, a
+            model whose optimizer is not a `mpt_keras.LossScaleOptimizer`.
 
     Attributes:
-        manifest: The current manifest, promotions included.
         promotions: `(step, layer path, old policy, new policy)` of each promotion.
-
-    Example:
-
-        manifest = PrecisionManifest("mixed_float16")
-        manifest.apply(model)
-        model.compile(optimizer=LossScaleOptimizer(keras.optimizers.Adam()), loss="mse")
-        promote = AutoPromote(manifest, k=3, check_every=10, manifest_path="/tmp/m.json")
-        model.fit(x, y, callbacks=[promote])
-        promote.promotions  # [(40, 'big', 'mixed_float16', 'mixed_bfloat16')]
     """
 
     def __init__(
@@ -86,10 +57,7 @@ class AutoPromote(GlobalStepCallback):
     ):
         super().__init__()
         for name, value in (("k", k), ("check_every", check_every)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise UserInputError(
-                    f"AutoPromote {name}: must be an integer >= 1, received {value!r}"
-                )
+            check_number(f"AutoPromote {name}", value, minimum=1, integer=True)
         self.manifest = manifest
         self.k = k
         self.check_every = check_every
@@ -105,12 +73,7 @@ class AutoPromote(GlobalStepCallback):
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
-        optimizer = self.model.optimizer
-        if not isinstance(optimizer, LossScaleOptimizer):
-            raise UserInputError(
-                f"AutoPromote: the model's optimizer is {type(optimizer).__name__}. "
-                "Allowed: mpt_keras.LossScaleOptimizer"
-            )
+        optimizer = loss_scale_optimizer(self.model, "AutoPromote")
         for path, layer in iter_layers(self.model):
             # Depth first, so a nested layer overrides the block holding it.
             for variable in layer.trainable_weights:

@@ -1,27 +1,14 @@
 """Guards that stop, or roll back, a run whose data or loss goes wrong.
 
-`BadBatchLimit` reports the batches `mpt_keras.LossScaleOptimizer` skipped
-because they held a NaN or Inf (their steps, from `bad_batch_steps()`) and
-stops the run once there are more than it allows.
-
-`DivergenceGuard` watches each step's loss (`LossScaleOptimizer.last_loss`,
-the global loss of the last finite batch) and raises `Diverged` when it has
-been non-finite, or above `max_loss`, for `patience` steps in a row. It raises
-from inside `model.fit`, so the epoch does not end: no checkpoint is saved of
-the diverged state. `mpt_keras.runs.training` catches it and rolls back to the last
-checkpoint with a lower learning rate (`ScaledLearningRate`), or with the
-low-precision layers promoted (`mpt_keras.precision.promote`), or stops (see
-`DivergenceConfig`).
-
-Both read one scalar from the device per check: `BadBatchLimit` every
-`check_every` steps and at the end of each epoch, `DivergenceGuard` every step.
+`BadBatchLimit` reports the bad batches `LossScaleOptimizer` skipped and stops
+the run past a limit. `DivergenceGuard` raises `Diverged` from inside `fit`, so
+no checkpoint of the diverged state is saved; `runs.fit_loop` catches it and
+rolls back with a lower learning rate (`ScaledLearningRate`) or promoted layers,
+or stops (`DivergenceConfig`). Each check reads one scalar from the device.
 
 Example:
 
-    model.fit(
-        dataset,
-        callbacks=[BadBatchLimit(max_bad_batches=10), DivergenceGuard(patience=20)],
-    )
+    model.fit(dataset, callbacks=[BadBatchLimit(10), DivergenceGuard(patience=20)])
 """
 
 from __future__ import annotations
@@ -32,11 +19,26 @@ from typing import Any
 
 import keras
 
-from mpt_keras.errors import RunStoppedError, UserInputError
+from mpt_keras.checks import refusal
+from mpt_keras.errors import RunStoppedError
 from mpt_keras.keras_bridge.callbacks import GlobalStepCallback
 from mpt_keras.scaling.optimizer import LossScaleOptimizer
 
 _LOGGER = logging.getLogger(__name__)
+
+
+def loss_scale_optimizer(model: keras.Model, who: str) -> LossScaleOptimizer:
+    """`model.optimizer`, which `who` (a callback's name) needs to be ours.
+
+    Raises:
+        UserInputError: Naming `who` and the optimizer's class.
+    """
+    optimizer = model.optimizer
+    if not isinstance(optimizer, LossScaleOptimizer):
+        raise refusal(
+            f"{who} model.optimizer", type(optimizer).__name__, "mpt_keras.LossScaleOptimizer"
+        )
+    return optimizer
 
 
 class Diverged(Exception):
@@ -53,7 +55,7 @@ class BadBatchLimit(GlobalStepCallback):
 
     Args:
         max_bad_batches: Bad batches (NaN or Inf in inputs, labels or weights)
-            a run may skip; one more stops it with `RunStoppedError`.
+            a run may skip; one more raises `RunStoppedError`.
         check_every: Steps between checks (and at the end of every epoch).
     """
 
@@ -67,12 +69,7 @@ class BadBatchLimit(GlobalStepCallback):
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
-        optimizer = self.model.optimizer
-        if not isinstance(optimizer, LossScaleOptimizer):
-            raise UserInputError(
-                f"BadBatchLimit: the model's optimizer is {type(optimizer).__name__}. "
-                "Allowed: mpt_keras.LossScaleOptimizer"
-            )
+        optimizer = loss_scale_optimizer(self.model, "BadBatchLimit")
         # Bad batches before a restart were reported by the run that met them.
         self._known = optimizer.bad_batches
         self._last_check = self.global_step
@@ -113,13 +110,8 @@ class BadBatchLimit(GlobalStepCallback):
 class DivergenceGuard(GlobalStepCallback):
     """Raises `Diverged` after `patience` steps in a row with a bad loss.
 
-    A loss is bad if it is NaN or infinite, or above `max_loss` when given.
-    Steps whose batch was skipped as bad data do not count either way.
-
-    Args:
-        patience: Consecutive bad steps that make the run diverged (>= 1).
-        max_loss: A finite loss above this is bad too; `None`: only
-            non-finite losses are.
+    A loss (`LossScaleOptimizer.last_loss`) is bad if non-finite or above
+    `max_loss` (None: no limit); steps skipped as bad data do not count either way.
     """
 
     def __init__(self, patience: int, max_loss: float | None = None):
@@ -161,12 +153,8 @@ class DivergenceGuard(GlobalStepCallback):
 class ScaledLearningRate(keras.optimizers.schedules.LearningRateSchedule):
     """A learning rate (a float or a schedule) times a scale that can be lowered mid-run.
 
-    The scale is a variable, so lowering it changes the next step without
+    The scale is a variable: lowering it changes the next step without
     retracing; save it with the run's checkpoints.
-
-    Args:
-        learning_rate: A float or a `LearningRateSchedule`.
-        scale: The initial scale.
     """
 
     def __init__(

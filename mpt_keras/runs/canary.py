@@ -1,25 +1,13 @@
 """`run_canary`: a few steps on a small subset, to stop a run that diverges early.
 
-Before a long run, the canary trains the run's model `steps` steps on the first
-`CanaryThresholds.examples` training examples, in the run's precision (its
-`precision` or `manifest`) and in float32, from the same weights and batch
-order, with exactly the run `mpt-train` assembles (`validation.train_steps`).
-The run is a `TrainConfig` or the user's own model, data and loss (as
-`validate` takes them). The candidate has diverged when:
+The run and float32 train `steps` steps side by side (`side_by_side`) on the
+first `CanaryThresholds.examples` examples. The run has diverged, in this order:
 
     non-finite     a step's loss is NaN or infinite;
-    rising         its loss over the last max(1, steps // 5) steps averages
-                   more than `max_loss_rise` above its first step's loss
-                   (relative): training goes the wrong way, whatever float32
-                   does, as with a learning rate far too large;
-    off float32    that average is more than `max_loss_gap` above float32's
-                   (relative): the precision, not the recipe, is at fault.
-
-Example:
-
-    result = run_canary(config, steps=20)
-    if result.diverged:
-        raise UserInputError(result.message)
+    rising         its mean loss over the last max(1, steps // 5) steps is more
+                   than `max_loss_rise` above its first step's (the recipe is wrong);
+    off float32    that mean is more than `max_loss_gap` above float32's (the
+                   precision is).
 """
 
 from __future__ import annotations
@@ -32,32 +20,22 @@ from typing import Any
 
 import keras
 
+from mpt_keras.checks import check_number
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError
-from mpt_keras.files import json_safe, write_json_atomic
-from mpt_keras.runs import assembly as runs
+from mpt_keras.files import check_writable_dir, json_safe, write_json_atomic
+from mpt_keras.runs.side_by_side import resolve_side_by_side, train_steps
 from mpt_keras.runs.training import Runtime, run_training
-from mpt_keras.runs.validation import BASELINE, train_steps
 
 CANARY_FILE = "canary.json"
 
 
 @dataclasses.dataclass(frozen=True)
 class CanaryThresholds:
-    """When the canary calls a run diverged; see the module doc.
+    """When the canary calls a run diverged (relative rises; see the module doc).
 
-    Attributes:
-        max_loss_rise: Largest rise of the final loss over the first step's,
-            relative. A healthy run's loss falls in a few steps; noise on a
-            small batch can lift it a little (0.1: 10%).
-        max_loss_gap: Largest excess of the final loss over float32's,
-            relative (0.25: 25%, far beyond the 1% the reference models show
-            in `mixed_bfloat16` and `mixed_float16`).
-        examples: Training examples the canary draws its batches from.
-
-    Example:
-
-        CanaryThresholds(max_loss_gap=0.1)
+    `max_loss_rise` 10%: noise on a small batch lifts a healthy loss a little.
+    `max_loss_gap` 25%: far beyond the 1% of the reference models in 16 bits.
     """
 
     max_loss_rise: float = 0.1
@@ -66,37 +44,13 @@ class CanaryThresholds:
 
     def __post_init__(self):
         for name in ("max_loss_rise", "max_loss_gap"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise UserInputError(f"canary {name}: must be a number >= 0, received {value!r}")
-        if (
-            isinstance(self.examples, bool)
-            or not isinstance(self.examples, int)
-            or self.examples < 1
-        ):
-            raise UserInputError(
-                f"canary examples: must be an integer >= 1, received {self.examples!r}"
-            )
+            check_number(f"canary {name}", getattr(self, name), minimum=0)
+        check_number("canary examples", self.examples, minimum=1, integer=True)
 
 
 @dataclasses.dataclass(frozen=True)
 class CanaryResult:
-    """The canary's verdict on a run's precision.
-
-    Attributes:
-        precision: The run's precision, or its manifest's path.
-        steps: Steps each model trained.
-        losses: The candidate's loss of each step.
-        baseline_losses: float32's loss of each step.
-        skipped_steps: Candidate steps skipped for non-finite gradients.
-        diverged: Whether the candidate diverged.
-        message: One line: the verdict and the figures behind it.
-
-    Example:
-
-        result = run_canary(config, steps=20)
-        result.diverged, result.message
-    """
+    """The canary's verdict on a run's precision (or manifest path): `message`, one line."""
 
     precision: str
     steps: int
@@ -107,7 +61,7 @@ class CanaryResult:
     message: str
 
     def to_dict(self) -> dict[str, Any]:
-        """The result as JSON values (a non-finite loss as a string: `files.json_safe`)."""
+        """The result as JSON values (`files.json_safe`)."""
         return json_safe(dataclasses.asdict(self))
 
 
@@ -123,30 +77,16 @@ def run_canary(
 ) -> CanaryResult:
     """Trains `steps` steps in the run's precision and in float32; judges divergence.
 
-    Args:
-        model: The run config, or the user's own model factory (or functional
-            model) with `data`, `loss` and `metrics` as `validate` takes them.
-        steps: Canary steps of each model.
-        thresholds: When the run counts as diverged.
-        data: With a model: `(train, eval)` data.
-        loss: With a model: its Keras loss.
-        metrics: With a model: its Keras metrics.
-        config: With a model: the settings, the precision (or manifest) among
-            them; default `TrainConfig()`'s.
-
-    Returns:
-        The verdict; `message` says why when `diverged`.
+    `model` and the keyword arguments are as `validate` takes them (the
+    precision among `config`'s settings).
 
     Raises:
         UserInputError: For a bad `steps`, config, manifest or dataset.
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise UserInputError(f"canary steps: must be an integer >= 1, received {steps!r}")
-    config, components = runs.resolve(model, data=data, loss=loss, metrics=metrics, config=config)
-    candidate_config = config.merged({"steps": steps}, source="canary")
-    baseline_config = config.merged(
-        {"precision": BASELINE, "manifest": None, "steps": steps}, source="canary"
+    config, components, baseline_config = resolve_side_by_side(
+        model, steps, data, loss, metrics, config, steps_name="canary steps", source="canary"
     )
+    candidate_config = config.merged({"steps": steps}, source="canary")
     # The final validation of train_steps only needs to be cheap here.
     run_data = components.data().subset(thresholds.examples, config.data.eval_batch_size)
     candidate = train_steps(candidate_config, components, run_data)
@@ -168,7 +108,6 @@ def run_canary(
 def _verdict(
     losses: tuple[float, ...], baseline_losses: tuple[float, ...], thresholds: CanaryThresholds
 ) -> tuple[bool, str]:
-    """Whether the candidate diverged, and why, in the module doc's order."""
     for step, loss in enumerate(losses, start=1):
         if not math.isfinite(loss):
             return True, f"diverged: the loss is {loss} at step {step}"
@@ -197,10 +136,9 @@ def train_with_canary(
     steps: int,
     thresholds: CanaryThresholds = CanaryThresholds(),
 ) -> dict[str, Any]:
-    """Runs the canary, records it in `model_dir/canary.json`, then the full run.
+    """`mpt-train --canary_steps=N`: the canary, recorded in `model_dir/canary.json`, then the run.
 
-    This is `mpt-train --canary_steps=N`. The canary runs before the run's
-    strategy exists, so it cannot be combined with `virtual_cpus`.
+    The canary runs before the run's strategy exists: not with `virtual_cpus`.
 
     Raises:
         UserInputError: If the candidate diverged (naming how); the full run
@@ -212,7 +150,7 @@ def train_with_canary(
             "before the CPU could be split. Allowed: one of them"
         )
     result = run_canary(config, steps, thresholds)
-    os.makedirs(runtime.model_dir, exist_ok=True)
+    check_writable_dir(runtime.model_dir, "model_dir")
     write_json_atomic(os.path.join(runtime.model_dir, CANARY_FILE), result.to_dict())
     if result.diverged:
         raise UserInputError(f"canary: {result.message}; the full run was not started")

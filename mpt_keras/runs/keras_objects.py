@@ -1,9 +1,8 @@
 """Keras objects a config names: losses and metrics, and models from `.keras` files.
 
-A loss or metric is a Keras identifier (`"sparse_categorical_crossentropy"`;
-with `options`, its class, snake_case names resolving to CamelCase) or a
-factory of the user's (`components`). A `.keras` model file brings its
-architecture and weights, and the loss and metrics it was compiled with.
+A loss or metric is a Keras identifier (with `options`: its class, snake_case
+resolving to CamelCase) or the user's factory; a `.keras` file brings its
+model and the loss and metrics it was compiled with.
 """
 
 from __future__ import annotations
@@ -25,11 +24,7 @@ from mpt_keras.errors import UserInputError
 
 
 def load_model_file(path: str, **dimensions: Any) -> keras.Model:
-    """The model of a `.keras` file, uncompiled (a model factory: the file decides its shape).
-
-    Raises:
-        UserInputError: If the file cannot be loaded, naming why.
-    """
+    """The model of a `.keras` file, uncompiled: a model factory whose file decides its shape."""
     del dimensions  # A file decides its own.
     try:
         return keras.saving.load_model(path, compile=False)
@@ -43,10 +38,7 @@ def load_model_file(path: str, **dimensions: Any) -> keras.Model:
 
 
 def compiled_with(path: str) -> dict[str, Any]:
-    """The loss a `.keras` file was compiled with, and its metrics as serialized (`{}`: none).
-
-    The metrics stay serialized: `metrics_from` makes them for each model.
-    """
+    """The loss a `.keras` file was compiled with, and its metrics still serialized (`{}`: none)."""
     try:
         with zipfile.ZipFile(path) as archive:
             config = json.loads(archive.read("config.json"))
@@ -66,11 +58,7 @@ def compiled_with(path: str) -> dict[str, Any]:
 def loss_from(
     config: ComponentConfig | None, model_source: ModelConfig, compiled: Mapping[str, Any]
 ) -> Any:
-    """The run's loss: the config's, else the reference models' or a model file's.
-
-    Raises:
-        UserInputError: For an unknown name or option, or a file with no loss.
-    """
+    """The run's loss: the config's, else the reference models' or a model file's."""
     if config is not None:
         return _keras_component(config, keras.losses, "loss")()
     if model_source.name is not None:
@@ -88,13 +76,9 @@ def metrics_from(
     model_source: ModelConfig,
     compiled: Mapping[str, Any],
 ) -> tuple[Callable[[], Any], ...]:
-    """The run's metrics, as makers: the config's, else the reference models' or a file's.
+    """The run's metrics as makers (the config's, else the reference models' or a file's).
 
-    A metric object holds its state in variables, so each model compiled gets
-    its own from these makers (and none is made before the run's strategy).
-
-    Raises:
-        UserInputError: For an unknown name or option.
+    A metric holds its state, so each model gets its own, made under the run's strategy.
     """
     if configs is not None:
         return tuple(
@@ -130,8 +114,7 @@ def _keras_component(config: ComponentConfig, module: Any, key: str) -> Callable
         if kind == "metrics" and config.name in _COMPILE_METRIC_NAMES:
             return functools.partial(str, config.name)
         try:
-            # In a graph of its own: a metric made here (to check the name)
-            # must not start TensorFlow's runtime before the run's strategy.
+            # A graph of its own: checking the name must not start TF's runtime.
             with tf.Graph().as_default():
                 module.get(config.name)
         except ValueError:

@@ -1,31 +1,10 @@
 """What a run leaves to serve its model: a Keras file without mpt_keras, and a SavedModel.
 
-A run's `model_dir` holds the trained model three ways, each for one use:
-
-    model.keras     Resume or fine-tune with mpt_keras: float32 weights, each
-                    layer's dtype policy, the optimizer with its state and
-                    loss scale. Loading it needs mpt_keras (the optimizer is
-                    `mpt_keras.LossScaleOptimizer`).
-    serving.keras   (`SERVING_MODEL_FILE`, written by `save_for_serving`.) The
-                    model alone: float32 weights and each layer's dtype
-                    policy (Keras' own `DTypePolicy` or `DTypePolicyMap`), no
-                    optimizer or compile state. `keras.saving.load_model`
-                    loads it wherever Keras 3 (and the model's own code, for
-                    custom layers) is installed, and it computes in the
-                    precision it was trained in.
-    saved_model/    (`SAVED_MODEL_DIR`, written by `export_saved_model`.) A
-                    TensorFlow SavedModel of the forward pass, signature
-                    `serve`, for TF Serving or `tf.saved_model.load`; it needs
-                    neither Keras nor the model's Python code.
-
-Example:
-
-    save_for_serving(model, os.path.join(model_dir, SERVING_MODEL_FILE))
-    export_saved_model(model, os.path.join(model_dir, SAVED_MODEL_DIR))
-    # Elsewhere, without mpt_keras:
-    served = keras.saving.load_model("model_dir/serving.keras")
-    exported = tf.saved_model.load("model_dir/saved_model")  # Keep it: it owns the
-    outputs = exported.serve(inputs)                          # variables serve reads.
+model.keras     resume or fine-tune with mpt_keras (the optimizer is ours)
+serving.keras   the model alone, float32 weights and each layer's Keras dtype
+                policy: loads wherever Keras 3 is, computing as trained
+saved_model/    the forward pass as a TF SavedModel (`serve`): needs neither
+                Keras nor the model's Python code
 """
 
 from __future__ import annotations
@@ -58,62 +37,32 @@ _PACKAGE = "mpt_keras"
 
 
 class NotServableError(ValueError):
-    """The model cannot be written as a Keras file that serves as trained without mpt_keras.
+    """`save_for_serving` cannot write a file that serves as trained without mpt_keras.
 
-    Raised by `save_for_serving` when the model's config refers to mpt_keras,
-    the written file does not load back, or a layer would compute in another
-    dtype once loaded; nothing is written. `export_saved_model` serves such a
-    model.
-
-    Example:
-
-        try:
-            save_for_serving(model, os.path.join(model_dir, SERVING_MODEL_FILE))
-        except NotServableError as error:
-            logging.warning("No serving.keras: %s", error)
-        export_saved_model(model, os.path.join(model_dir, SAVED_MODEL_DIR))
+    Nothing is written; `export_saved_model` serves such a model.
     """
 
 
 def save_for_serving(model: keras.Model, path: str | os.PathLike) -> None:
     """Writes `model` to `path` as a `.keras` file that loads without mpt_keras.
 
-    The file holds the model's config and float32 weights, and each layer's
-    dtype policy, so the loaded model computes as it was trained; not the
-    optimizer, its state or the compile config (loss, metrics).
+    `model` is not touched (a trainer goes on using it): it is saved whole, and
+    the archive rewritten without `compile_config` and the optimizer. The file
+    replaces `path` atomically once, loaded back under the float32 global
+    policy, every layer keeps the dtypes it has in `model`.
 
-    `model` is not touched (a trainer goes on using it): the model is saved
-    whole with `model.save`, as Keras writes it, and the archive is then
-    rewritten without `compile_config` and without the weights file's
-    optimizer group. Detaching the optimizer from the model, or cloning the
-    model, would change or rebuild the caller's object (and
-    `keras.models.clone_model` does not clone subclassed models).
-
-    Before the file replaces `path` (atomically; a reader sees the old file or
-    the new one) it is checked: its config must name nothing of mpt_keras, and
-    loaded back under the float32 global policy (a fresh process's) every layer
-    must compute and keep its variables in the dtypes it has in `model`. (So
-    for a moment the model is in memory twice.)
-
-    Limitation: a subclassed model re-creates its layers in its own
-    `__init__`, so its file keeps a layer's policy only if that `__init__`
-    gives it (e.g. `dtype=self.dtype_policy` from the model's own policy); a
-    per-layer manifest on a subclassed model fails the check. Serve such a
-    model with `export_saved_model`, whose graph keeps every layer's dtypes.
+    A subclassed model re-creates its layers in `__init__`, so its file keeps a
+    layer's policy only if that `__init__` gives it (`dtype=self.dtype_policy`);
+    serve one with a per-layer manifest with `export_saved_model`.
 
     Args:
-        model: A built model (functional, Sequential or subclassed), compiled
-            or not.
-        path: The file to write; must end in `.keras` (as Keras requires). Its
-            directory must exist.
+        path: Must end in `.keras`; its directory must exist.
 
     Raises:
-        NotServableError: If the model's config refers to mpt_keras (a layer
-            of `mpt_keras.models`), the file does not load back, or a layer
-            would compute in another dtype once loaded. The message names the
-            model and the reference or layer.
-        ValueError: If `path` does not end in `.keras` or the model is not
-            built.
+        NotServableError: The config refers to mpt_keras, the file does not
+            load back, or a layer would compute in another dtype; the message
+            names the model and the reference or layer.
+        ValueError: `path` does not end in `.keras`, or the model is not built.
     """
     path = os.fspath(path)
     if not path.endswith(".keras"):
@@ -137,22 +86,15 @@ def save_for_serving(model: keras.Model, path: str | os.PathLike) -> None:
 def export_saved_model(model: keras.Model, directory: str | os.PathLike) -> None:
     """Exports `model`'s forward pass as a TF SavedModel to `directory`, for TF Serving.
 
-    Uses Keras' `model.export(..., format="tf_saved_model")`: the signature
-    `serve` takes the model's inputs (their dtypes and shapes, batch size
-    free) and returns its outputs, computed in each layer's dtypes as in
-    `model`; the optimizer is not exported. Load it with
-    `tf.saved_model.load(directory).serve(x)`, or point TF Serving at a
-    version directory holding it.
-
-    The export is written to a temporary directory beside `directory` and
-    renamed into place, replacing an earlier export: a reader never sees a
-    partial export. (A directory cannot be swapped atomically, so for an
-    instant between two renames `directory` is absent; a crash there leaves the
-    earlier export in a hidden `.<name>.*` directory beside it.)
+    The signature `serve` takes the model's inputs (batch size free) and
+    computes in each layer's dtypes: `tf.saved_model.load(directory).serve(x)`, keeping the
+    loaded object (it owns the variables `serve` reads).
+    Written beside `directory` and renamed into place, replacing an earlier
+    export; between the two renames `directory` is absent for an instant (a
+    crash there leaves the earlier export in a hidden `.<name>.*` beside it).
 
     Args:
-        model: A built model.
-        directory: The SavedModel directory to write; its parent must exist.
+        directory: Its parent must exist.
 
     Raises:
         ValueError: If the model is not built.
@@ -179,7 +121,6 @@ def _check_built(model: keras.Model) -> None:
 
 
 def _strip_training_state(source: str, target: str, work: str, model_name: str) -> None:
-    """Copies the `.keras` archive `source` to `target` without compile config or optimizer."""
     with zipfile.ZipFile(source) as archive, zipfile.ZipFile(target, "w") as stripped:
         for entry in archive.infolist():
             if entry.filename == _CONFIG_ENTRY:
@@ -198,8 +139,7 @@ def _strip_training_state(source: str, target: str, work: str, model_name: str) 
 
 
 def _copy_without_optimizer(source: str, target: str) -> None:
-    # The optimizer's variables sit in one top-level group, named after the
-    # model's `optimizer` attribute; an uncompiled model never reads it.
+    # The optimizer's variables: one top-level group, unread by an uncompiled model.
     with h5py.File(source, "r") as weights, h5py.File(target, "w") as kept:
         kept.attrs.update(weights.attrs)
         for name in weights:
@@ -224,7 +164,7 @@ def _check_no_mpt_keras(config: dict[str, Any], model_name: str) -> None:
 
 
 def _mpt_keras_references(value: Any, location: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Yields `(location, object config)` for each serialized object of mpt_keras in `value`."""
+    """`(location, object config)` of each serialized object of mpt_keras in `value`."""
     if isinstance(value, dict):
         module = value.get("module")
         registered = value.get("registered_name")
@@ -268,10 +208,7 @@ def _check_loads_as_trained(model: keras.Model, path: str) -> None:
 
 
 def _root_cause(error: BaseException) -> str:
-    """`Type: first sentence` of the error that started `error`'s chain.
-
-    Keras wraps a failing layer's error in one that prints the whole config.
-    """
+    """`Type: first sentence` of the chain's first error (Keras' wrapper prints the config)."""
     while error.__cause__ is not None or error.__context__ is not None:
         error = error.__cause__ or error.__context__
     message = (str(error).strip().splitlines() or [""])[0]
@@ -288,12 +225,9 @@ def _shown(layer: LayerPrecision) -> str:
 
 @contextlib.contextmanager
 def _keras_variable_array_warning_ignored() -> Iterator[None]:
-    # Keras 3.15.1 writes each variable of a `.keras` file with np.array(variable)
-    # (keras/src/saving/saving_lib.py line 1470, H5IOStore.__setitem__, through
-    # keras/src/backend/tensorflow/core.py line 172, convert_to_numpy), and its
-    # Variable.__array__(self, dtype=None) (keras/src/backend/common/variables.py,
-    # line 444) takes no `copy`, which NumPy 2 deprecates with a warning per
-    # variable. Nothing a caller can act on; loading does not warn.
+    # Keras 3.15.1 saves each variable with np.array(variable) (saving_lib.py,
+    # H5IOStore.__setitem__), and its Variable.__array__ takes no `copy`, which
+    # NumPy 2 deprecates with a warning per variable: nothing a caller can act on.
     with warnings.catch_warnings():
         warnings.filterwarnings(
             "ignore",

@@ -1,33 +1,16 @@
-"""Loss scaling that is never silently missing: `model.compile` gives float16 layers ours.
+"""`model.compile` gives a model with float16 layers our loss scaling, never none.
 
-Keras wraps the optimizer in a loss-scale optimizer only when the model's own
-dtype policy is `mixed_float16`, and then in its stock
-`keras.optimizers.LossScaleOptimizer`. A model whose layers a
-`PrecisionManifest` put in `mixed_float16` keeps its own float32 policy, so
-`model.compile(optimizer="adam")` trained those layers without any loss scale
-and said nothing: their small gradients underflowed to zero.
+Keras wraps the optimizer only when the model's own policy is `mixed_float16`,
+so a model whose layers a `PrecisionManifest` made float16 trained unscaled,
+silently. `install` hooks Keras' `Trainer.compile` (once); when any layer, at
+any depth, computes in float16, the optimizer passed becomes:
 
-`install` hooks Keras' `Trainer.compile`, which every `keras.Model` runs, once
-however often it is called (`import mpt_keras` calls it, and so does importing
-`mpt_keras.precision.manifest`). When the model computes in float16 (its own policy, or
-any layer at any depth, in nested models and inside layers too), the hook
-picks the optimizer Keras compiles it with, by what was passed:
-
-    a plain optimizer or name    mpt_keras.LossScaleOptimizer around it, with
-                                 the settings of Keras' own wrap (info log)
+    a plain optimizer or name    mpt_keras.LossScaleOptimizer around it (info log)
     mpt_keras.LossScaleOptimizer as passed
-    another LossScaleOptimizer   as passed, and a warning that ours adds bounds
-                                 and one verdict for all replicas
+    another LossScaleOptimizer   as passed, and a warning
     auto_scale_loss=False        as passed (the user's opt-out), and a warning
 
-A model loaded from a `.keras` file saved with the stock
-`keras.optimizers.LossScaleOptimizer` compiles with ours instead, its saved
-state loaded into ours (`LossScaleOptimizer.load_own_variables`).
-
-So every path to training float16 layers (a manifest, a global policy,
-`mpt_keras.execution.xla.compile_model`, a `.keras` file compiled on load) is loss
-scaled by ours, since Keras does not wrap a loss-scale optimizer again. A model
-with no float16 layer compiles exactly as in Keras.
+A `.keras` file saved with the stock class loads with ours, its state included.
 """
 
 from __future__ import annotations
@@ -46,7 +29,7 @@ from mpt_keras.keras_bridge.layer_paths import iter_layers
 from mpt_keras.scaling.optimizer import LossScaleOptimizer
 
 _LOGGER = logging.getLogger(__name__)
-# Set on our compile function, so that installing again finds it in place.
+# Marks our compile and train step functions.
 _HOOK_MARK = "_mpt_keras_loss_scaling"
 # The name Keras gives the loss-scale optimizer it wraps around a plain one.
 _KERAS_WRAPPER_NAME = "loss_scale_optimizer"
@@ -55,11 +38,7 @@ _LOADING = threading.local()
 
 
 def install() -> None:
-    """Makes `model.compile` loss-scale float16 models with `mpt_keras.LossScaleOptimizer`.
-
-    Idempotent: the hook is installed once, whatever the number of calls.
-    See the module docstring for what the hook decides.
-    """
+    """Hooks `model.compile` (see the module docstring); idempotent."""
     trainer = compat.keras_trainer_class()
     if getattr(trainer.compile, _HOOK_MARK, False):
         return
@@ -84,11 +63,7 @@ def _loading(compile_from_config: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _ours_for_stock(optimizer: Any) -> Any:
-    """A stock `keras.optimizers.LossScaleOptimizer` loaded from a file, as ours.
-
-    Same inner optimizer, scale and growth steps; the saved state loads into
-    ours too (`LossScaleOptimizer.load_own_variables`).
-    """
+    """A stock `keras.optimizers.LossScaleOptimizer` loaded from a file, as ours (same settings)."""
     stock = keras.optimizers.LossScaleOptimizer
     if not isinstance(optimizer, stock) or isinstance(optimizer, LossScaleOptimizer):
         return optimizer
@@ -134,13 +109,10 @@ def _compile_with_loss_scaling(compile_: Callable[..., Any]) -> Callable[..., An
 
 
 def _hand_batches_over(model: keras.Model) -> None:
-    """With our optimizer, Keras' train step hands it each batch to judge, and logs its state.
+    """With our optimizer, the train step hands it each batch to judge and logs its state.
 
-    So a batch holding a NaN or Inf counts as bad data, not an overflow, under
-    a plain `model.compile` too, and the step's logs (those every callback gets)
-    hold `LossScaleOptimizer.step_logs()`. The class's own `train_step` is wrapped, so
-    compiling again does not stack wrappers, and a compile with another
-    optimizer removes it.
+    The class's own `train_step` is wrapped, so compiling again does not stack
+    wrappers, and a compile with another optimizer removes it.
     """
     if _is_hand_over(vars(model).get("train_step")):
         del vars(model)["train_step"]
@@ -168,14 +140,8 @@ def _loss_scaled(optimizer: Any, auto_scale_loss: bool, why: str) -> Any:
     """The optimizer a float16 model compiles with: ours, unless the user chose otherwise.
 
     Args:
-        optimizer: What was passed to `model.compile`: an optimizer, its name
-            or its config (resolved here as Keras would, by `keras.optimizers.get`).
-        auto_scale_loss: `model.compile`'s argument; False is the user's opt-out.
+        optimizer: What was passed to `model.compile` (resolved by `keras.optimizers.get`).
         why: Which model computes in float16, to start the log lines.
-
-    Returns:
-        The resolved optimizer, wrapped in `mpt_keras.LossScaleOptimizer` if it
-        is a plain optimizer and `auto_scale_loss` is True.
     """
     optimizer = keras.optimizers.get(optimizer)
     if optimizer is None or isinstance(optimizer, LossScaleOptimizer):
@@ -201,7 +167,7 @@ def _loss_scaled(optimizer: Any, auto_scale_loss: bool, why: str) -> Any:
         why,
         type(optimizer).__name__,
     )
-    # As Keras' own wrap: its defaults (scale 2**15, growth every 2000 steps) are ours.
+    # Keras' own wrap's settings are our defaults.
     return LossScaleOptimizer(optimizer, name=_KERAS_WRAPPER_NAME)
 
 

@@ -1,10 +1,7 @@
-"""What the last train steps left behind: one typed record, read in one sync.
+"""What the last train steps left behind: one typed record, read in one sync; no TensorFlow.
 
-The loss-scale optimizer keeps the step's health in its own variables (so
-checkpoints and `model.save` carry it); `LossScaleOptimizer.health()` reads
-them into a `StepHealth`. The monitor, the guards, the final metrics and the
-tests read that record, not the optimizer's variables one by one. Imports no
-TensorFlow.
+`LossScaleOptimizer.health()` fills it from the optimizer's variables; its readers
+(monitor, guards, final metrics) read the record, not the variables one by one.
 """
 
 from __future__ import annotations
@@ -15,13 +12,12 @@ import math
 # How many of the latest bad batches' steps the record keeps.
 BAD_BATCH_MEMORY = 64
 
-# The entries `LossScaleOptimizer.step_logs` adds to the Keras logs of every
-# train step; the telemetry writes them under the same tags.
+# The keys `LossScaleOptimizer.step_logs` adds to every train step's logs (and telemetry's tags).
 LOSS_SCALE = "loss_scale"
 SKIPPED_STEPS = "skipped_steps"
 BAD_BATCHES = "bad_batches"
 GRADIENT_NORM = "gradient_norm"
-# Only for a model with float8 layers: the largest range used of any float8 tensor.
+# Float8 models only.
 FLOAT8_RANGE_USED = "float8_range_used"
 
 
@@ -30,18 +26,14 @@ class StepHealth:
     """The loss-scaling state after the last step.
 
     Attributes:
-        loss_scale: The current loss scale.
-        skipped_steps: Steps (micro-batches) skipped so far: a non-finite
-            gradient or update, or a bad batch.
-        bad_batches: Steps skipped because their loss or batch held a NaN or
-            Inf.
-        bad_batch_steps: The steps (1-based, the inner optimizer's
-            `iterations` after them) of the latest `BAD_BATCH_MEMORY` bad
-            batches, oldest first.
-        last_loss: The loss of the last step whose batch was finite, summed
-            over replicas (0 before any step that handed its loss over).
-        gradient_norm: The global norm of the last step's unscaled gradients,
-            before clipping; inf or NaN when the step overflowed.
+        skipped_steps: Steps (micro-batches) skipped: a non-finite gradient or
+            update, or a bad batch (a NaN or Inf in its loss or batch).
+        bad_batch_steps: The steps (the inner `iterations` after them) of the
+            latest `BAD_BATCH_MEMORY` bad batches, oldest first.
+        last_loss: The loss, summed over replicas, of the last step with a
+            finite batch (0 before any).
+        gradient_norm: The last step's unscaled global norm, before clipping;
+            inf or NaN after an overflow.
         nonfinite_counts: Per variable path, the steps whose gradient or
             update was non-finite.
     """

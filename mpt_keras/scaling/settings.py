@@ -1,23 +1,22 @@
 """The settings of dynamic loss scaling, checked whole; imports no TensorFlow.
 
-`LossScaleSettings` is what `LossScaleOptimizer` is built with (and what its
-config holds), and what a run config's `loss_scale` section is checked as
-before anything runs. One home for the defaults, the allowed values and their
-error messages.
+`LossScaleSettings` is both what `LossScaleOptimizer` is built with and a run
+config's `loss_scale` section: one home for their defaults and checks.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import numbers
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
+from mpt_keras.checks import check_number, refusal
 from mpt_keras.errors import UserInputError
 
-# The scale lives in a float32 variable: a bound outside this range would
-# round to 0 or inf, which is exactly what the bounds exist to prevent.
+# The scale is a float32 variable: a bound outside would round to 0 or inf.
 SCALE_LOW = float(np.finfo(np.float32).tiny)
 SCALE_HIGH = float(np.finfo(np.float32).max)
 ALL_REDUCE_DTYPES = (None, "float32", "bfloat16", "float16")
@@ -29,21 +28,14 @@ class LossScaleSettings:
     """How the loss scale moves (see `LossScaleOptimizer` for the dynamics).
 
     Attributes:
-        initial_scale: Starting loss scale, in `[min_scale, max_scale]`.
-        growth_factor: Factor (> 1) applied after `growth_interval` finite steps.
-        backoff_factor: Factor in (0, 1) applied on an overflow.
-        growth_interval: Consecutive finite steps (int >= 1) between growths
-            (Keras calls it `dynamic_growth_steps`).
-        hysteresis: Overflows since the last growth (int >= 1) before the scale
-            backs off.
-        min_scale: Lower bound of the scale (> 0).
-        max_scale: Upper bound of the scale (finite float32).
+        growth_factor: Applied after `growth_interval` finite steps (Keras'
+            `dynamic_growth_steps`).
+        hysteresis: Overflows since the last growth before the scale backs off.
         dynamic: If False, the scale stays at `initial_scale`.
-        all_reduce_dtype: The dtype of the cross-replica gradient sum: `None`
-            (the gradients' own), `"float32"`, `"bfloat16"` or `"float16"`.
+        all_reduce_dtype: Of the cross-replica gradient sum; `None`: the gradients'.
 
     Raises:
-        UserInputError: A value outside what is allowed, named with it.
+        UserInputError: See `check_settings`.
     """
 
     initial_scale: float = 2.0**15
@@ -57,44 +49,52 @@ class LossScaleSettings:
     all_reduce_dtype: str | None = None
 
     def __post_init__(self) -> None:
-        # In order: later checks compare values that earlier checks proved numbers.
-        a_scale = f"a positive finite float32 number (in [{SCALE_LOW:.4g}, {SCALE_HIGH:.4g}])"
-        low, high = self.min_scale, self.max_scale
-        checks = [
-            ("initial_scale", _is_scale, a_scale),
-            ("min_scale", _is_scale, a_scale),
-            ("max_scale", _is_scale, a_scale),
-            ("max_scale", lambda v: v >= low, f">= min_scale={low}"),
-            (
-                "initial_scale",
-                lambda v: low <= v <= high,
-                f"in [min_scale, max_scale] = [{low}, {high}]",
-            ),
-            (
-                "growth_factor",
-                lambda v: _is_number(v) and 1 < v <= SCALE_HIGH,
-                "a finite number > 1",
-            ),
-            (
-                "backoff_factor",
-                lambda v: _is_number(v) and 0 < v < 1,
-                "in the open interval (0, 1)",
-            ),
-            ("growth_interval", _is_count, "an integer >= 1"),
-            ("hysteresis", _is_count, "an integer >= 1"),
-            ("dynamic", lambda v: isinstance(v, bool), "True or False"),
-            (
-                "all_reduce_dtype",
-                lambda v: v in ALL_REDUCE_DTYPES,
-                "None, 'float32', 'bfloat16' or 'float16'",
-            ),
-        ]
-        for name, is_valid, allowed in checks:
-            value = getattr(self, name)
-            if not is_valid(value):
-                raise UserInputError(
-                    f"Argument {name} must be {allowed}. Received: {name}={value!r}"
-                )
+        check_settings(vars(self))
+
+
+def check_settings(
+    values: Mapping[str, Any],
+    what: Callable[[str], str] = "Argument {}".format,
+    show: Callable[[Any], str] = repr,
+) -> None:
+    """Checks every field's value of `LossScaleSettings`, given by name.
+
+    Args:
+        what: A field's name in messages (a config passes its key).
+        show: How a received value is written (`checks.as_json` for JSON).
+
+    Raises:
+        UserInputError: The first value not allowed (in order: later checks
+            compare values that earlier ones proved numbers).
+    """
+    number = {name: _plain(value) for name, value in values.items()}
+    for name in ("initial_scale", "min_scale", "max_scale"):
+        check_number(what(name), number[name], minimum=SCALE_LOW, maximum=SCALE_HIGH, show=show)
+    low, high, initial = number["min_scale"], number["max_scale"], number["initial_scale"]
+    if high < low:
+        raise refusal(what("max_scale"), show(high), f"a number >= min_scale ({low})")
+    if not low <= initial <= high:
+        raise refusal(
+            what("initial_scale"),
+            show(initial),
+            f"a number in [min_scale, max_scale] = [{low}, {high}]",
+        )
+    check_number(
+        what("growth_factor"), number["growth_factor"], above=1, maximum=SCALE_HIGH, show=show
+    )
+    backoff = number["backoff_factor"]
+    if isinstance(backoff, bool) or not isinstance(backoff, (int, float)) or not 0 < backoff < 1:
+        raise refusal(what("backoff_factor"), show(backoff), "a number > 0 and < 1")
+    for name in ("growth_interval", "hysteresis"):
+        check_number(what(name), number[name], minimum=1, integer=True, show=show)
+    if not isinstance(values["dynamic"], bool):
+        raise refusal(what("dynamic"), show(values["dynamic"]), "True or False")
+    if values["all_reduce_dtype"] not in ALL_REDUCE_DTYPES:
+        raise refusal(
+            what("all_reduce_dtype"),
+            show(values["all_reduce_dtype"]),
+            "None, 'float32', 'bfloat16', 'float16'",
+        )
 
 
 def growth_interval(growth_interval: int | None, dynamic_growth_steps: int | None) -> Any:
@@ -114,13 +114,8 @@ def growth_interval(growth_interval: int | None, dynamic_growth_steps: int | Non
     return growth_interval
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _is_scale(value: Any) -> bool:
-    return _is_number(value) and SCALE_LOW <= value <= SCALE_HIGH
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
+def _plain(value: Any) -> Any:
+    """A NumPy scalar as a Python number, which the checks take."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return value
+    return int(value) if isinstance(value, numbers.Integral) else float(value)

@@ -1,48 +1,22 @@
 """Diagnosis: the first layer whose output is not finite, or the first non-finite gradient.
 
-When a float16 step overflows, the loss scale says that it did, not where.
-`diagnose_nonfinite(model, x, y)` runs one batch through the model eagerly
-(`model(x, training=False)`) and records every layer's call as it returns,
-nested layers and models included (a layer inside a layer, a functional model
-inside a Sequential, a keras_hub backbone). Each layer is named by its path
-from the model (`mpt_keras.keras_bridge.layer_paths`), the path a manifest rule matches.
-
-Forward order is the order the outputs are made: a layer's sublayers return
-before it does, so the layer named is the innermost one that first made an
-inf or NaN. Its inputs are recorded as the layer was called, before Keras
-casts them to its compute dtype: a float32 output too large for float16 names
-the float16 layer it feeds, with an input max above 65504. When the inputs of
-the layer named were already not finite (a bad batch, or an operation outside
-any layer made them), the summary says so. When no layer's output but the
-model's is not finite, the model's own code made it, and the model's name is
-given.
-
-When the forward pass is finite and `y` is given, the gradients of the loss
-are taken as a train step takes them: the compiled loss (`model.compute_loss`)
-times the optimizer's loss scale (`scale_loss`). The variable named is the
-first, in `model.trainable_variables` order, whose gradient is not finite.
-
-While the batch runs, `keras.layers.Layer.__call__` is wrapped: in this
-thread, each call of the model's layers is recorded. It is put back when the
-forward pass ends, also if it raises; nothing on the layers themselves is
-changed. One diagnosis runs at a time.
+A loss scale says that a float16 step overflowed, not where. The layer named
+(by its path, what a manifest rule matches) is the innermost that first made an
+inf or NaN, or the model when only its own code did; its inputs are taken
+before Keras casts them (`layer_calls.calls_before_cast`), so a float32 value
+too large for float16 names the float16 layer it feeds.
 
 Example:
 
-    report = diagnose_nonfinite(model, features, labels)
-    report.first_layer      # 'block_1/mlp/dense'
-    print(report)           # first non-finite output: block_1/mlp/dense (float16),
-                            # input max 7.1e+04
-    describe_for_log(412, report)   # 'step 412: first non-finite output: ...'
+    print(diagnose_nonfinite(model, features, labels))
+    # first non-finite output: block_1/mlp/dense (float16), input max 7.1e+04
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import math
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -51,41 +25,25 @@ import numpy as np
 import tensorflow as tf
 
 from mpt_keras import compat
-from mpt_keras.errors import UserInputError
+from mpt_keras.backend.tensorflow.values import dense_values
+from mpt_keras.checks import refusal
+from mpt_keras.keras_bridge.layer_calls import calls_before_cast
 from mpt_keras.keras_bridge.layer_paths import iter_layers
-
-# One diagnosis at a time: each wraps and puts back the one `Layer.__call__`.
-_LOCK = threading.Lock()
 
 
 @dataclasses.dataclass(frozen=True)
 class NonfiniteReport:
-    """Where a batch first stops being finite; see the module docstring.
+    """Where a batch first stops being finite; None where nothing is to say.
 
     Attributes:
-        first_layer: The path of the first layer, in forward order, whose
-            output has an inf or NaN (the model's name if only its own code
-            made one); None when every output is finite.
-        compute_dtype: That layer's compute dtype (`float16`).
-        input_max: The largest finite magnitude of its floating-point inputs,
-            as it was called (before the cast to its compute dtype); None if
-            it has none.
-        output_max: The largest magnitude among its finite outputs; None if
-            none is finite.
-        inputs_finite: Whether all its inputs were finite; when not, it
-            passed on a non-finite value rather than made one.
-        first_nonfinite_gradient: The path of the first trainable variable
-            whose gradient is not finite; None when all are, when the
-            forward pass is not finite, or when no gradient was taken.
-        loss: The loss the gradients were taken of, scaled as the train step
-            scales it; None when no gradient was taken.
-
-    Example:
-
-        report = diagnose_nonfinite(model, features)
-        report.first_layer, report.compute_dtype, report.input_max
-        # ('boom', 'float16', 8.0)
-        str(report)  # 'first non-finite output: boom (float16), input max 8'
+        first_layer: The first layer, in forward order, with a non-finite output.
+        input_max, output_max: The largest finite magnitude of its inputs
+            (before the cast) and of its outputs.
+        inputs_finite: False when it passed on a non-finite input, not made one.
+        first_nonfinite_gradient: The first variable, in `trainable_variables`
+            order, whose gradient is not finite (taken only after a finite
+            forward pass).
+        loss: The loss the gradients were taken of, scaled as a train step does.
     """
 
     first_layer: str | None = None
@@ -106,14 +64,9 @@ class NonfiniteReport:
         )
 
     def summary(self) -> str:
-        """One line: what was first not finite, or that all was.
-
-        Returns:
-            `first non-finite output: <path> (<dtype>), input max <x>`,
-            `first non-finite gradient: <path>`, `all outputs finite` or
-            `all outputs and gradients finite`; a non-finite loss is added
-            (`, loss inf`).
-        """
+        """One line: `first non-finite output: <path> (<dtype>), input max <x>`,
+        `first non-finite gradient: <path>`, `all outputs finite` or `all outputs
+        and gradients finite`, plus `, loss inf` for a non-finite loss."""
         if self.first_layer is not None:
             line = f"first non-finite output: {self.first_layer} ({self.compute_dtype}), "
             line += (
@@ -141,35 +94,25 @@ def diagnose_nonfinite(
     sample_weight: Any = None,
     loss: Callable[..., Any] | None = None,
 ) -> NonfiniteReport:
-    """Runs one batch through `model` and names where it first stops being finite.
+    """Runs one batch through `model` (eagerly, `training=False`) and names where it
+    first stops being finite; the model is left as it was.
 
     Args:
-        model: A Keras model, functional, Sequential or subclassed, with any
-            dtype policies. Its weights, policies and layers are left as they
-            were.
-        x: The batch's inputs, as the model takes them.
-        y: The batch's targets. When given and the forward pass is finite,
-            the gradients are checked too.
-        sample_weight: The batch's sample weights, or None.
-        loss: Taken the gradients of instead of the train step's loss: called
-            as `loss(y, y_pred, sample_weight=sample_weight)` and not scaled
-            (a `keras.losses.Loss`). By default, the compiled loss
-            (`model.compute_loss`) times the optimizer's loss scale
-            (`model.optimizer.scale_loss`), as a train step takes it.
-
-    Returns:
-        The report. The model runs with `training=False` (no dropout; batch
-        normalization on its moving statistics), eagerly, once, and once more
-        in a `tf.function`, under a gradient tape, when gradients are checked.
+        y: The targets: when given and the forward pass is finite, the
+            gradients are checked too (in a `tf.function`, under a tape).
+        loss: Instead of the train step's loss (the compiled loss times the
+            optimizer's `scale_loss`): `loss(y, y_pred, sample_weight=...)`,
+            not scaled.
 
     Raises:
-        UserInputError: If `y` is given, but neither `loss` nor a compiled
-            model to take the loss from.
+        UserInputError: `y` given without `loss` or a compiled model.
     """
     if y is not None and loss is None and not model.compiled:
-        raise UserInputError(
-            f"diagnose_nonfinite: received y, but model '{model.name}' is not compiled, so it "
-            "has no loss to take gradients of. Compile the model, or pass loss="
+        raise refusal(
+            "diagnose_nonfinite y",
+            f"targets for model '{model.name}', which is not compiled (no loss to take "
+            "gradients of)",
+            "a compiled model, or loss=",
         )
     with _recorded_calls() as calls:
         model(x, training=False)
@@ -216,16 +159,7 @@ def diagnose_nonfinite(
 
 
 def describe_for_log(step: int, report: NonfiniteReport) -> str:
-    """The log line of a diagnosis at a training step.
-
-    Args:
-        step: The training step the batch was diagnosed at.
-        report: What `diagnose_nonfinite` found.
-
-    Returns:
-        One line: `step 412: first non-finite output: block_1/mlp/dense
-        (float16), input max 7.1e+04`.
-    """
+    """The log line of a diagnosis at a step: `step 412: first non-finite output: ...`."""
     return f"step {step}: {report.summary()}"
 
 
@@ -261,40 +195,21 @@ class _Call:
 
 @contextlib.contextmanager
 def _recorded_calls() -> Iterator[list[_Call]]:
-    """Records the eager calls of layers made in this thread, in the order they return.
-
-    `Layer.__call__` is put back as it was when the body ends, also if it raises.
-    """
-    layer_class = keras.layers.Layer
-    original = vars(layer_class)["__call__"]
-    thread = threading.get_ident()
+    """Records the eager calls of layers made in this thread, in the order they return."""
     calls: list[_Call] = []
 
-    @functools.wraps(original)
-    def recording_call(self, *args, **kwargs):
-        outputs = original(self, *args, **kwargs)
-        if (
-            threading.get_ident() == thread
-            and tf.executing_eagerly()
-            and not any(isinstance(t, keras.KerasTensor) for t in keras.tree.flatten(outputs))
+    def record(layer, args, kwargs, outputs) -> None:
+        if tf.executing_eagerly() and not any(
+            isinstance(t, keras.KerasTensor) for t in keras.tree.flatten(outputs)
         ):
-            calls.append(_Call(self, _Range.of((args, kwargs)), _Range.of(outputs)))
-        return outputs
+            calls.append(_Call(layer, _Range.of((args, kwargs)), _Range.of(outputs)))
 
-    with _LOCK:
-        layer_class.__call__ = recording_call
-        try:
-            yield calls
-        finally:
-            layer_class.__call__ = original
+    with calls_before_cast(record):
+        yield calls
 
 
 def _values(value: Any) -> tf.Tensor | None:
-    """`value`'s values as a dense tensor, or None if it holds none (not an array or tensor)."""
-    if isinstance(value, (tf.SparseTensor, tf.IndexedSlices)):
-        return value.values
-    if isinstance(value, tf.RaggedTensor):
-        return value.flat_values
-    if isinstance(value, (np.ndarray, np.generic, keras.Variable)) or tf.is_tensor(value):
+    """`dense_values`, numpy arrays and Keras variables (a layer's arguments) included."""
+    if isinstance(value, (np.ndarray, np.generic, keras.Variable)):
         return tf.convert_to_tensor(value)
-    return None
+    return dense_values(value)

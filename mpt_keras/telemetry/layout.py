@@ -1,10 +1,7 @@
 """Tag names of the train telemetry and their TensorBoard custom-scalars layout.
 
-`MixedPrecisionMonitor` writes under these tags; `write_layout` writes the
-"Mixed precision" dashboard that groups them, so that the tags and the charts
-cannot drift apart. The float8 tags and charts are there only for a model
-with float8 layers (`mpt_keras.precision.float8`); `prometheus` labels its
-float8 gauge with the same layer paths and statistic names.
+One home for both, so the tags `MixedPrecisionMonitor` writes and the charts of
+`write_layout`'s "Mixed precision" dashboard cannot drift apart.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """`model_dir/metrics.csv`: a run's train figures as a table, one row per interval.
 
-`MetricsCsv` writes a row every `every` steps (`mpt-train`: `log_every`) from
-the step's Keras logs: `step`, the loss and metrics (running means over the
-current epoch, as Keras logs them), and with `mpt_keras.LossScaleOptimizer`
-`loss_scale`, `skipped_steps`, `bad_batches` and `gradient_norm`; the
-validation figures (`val_loss`, ...) join the row of the step they were taken
-at. A column that appears later (validation) widens the whole file; a value
-a row does not have is left empty.
-
-A resumed run keeps the rows up to the step it resumes from and drops the
-later ones (the steps after the last checkpoint, which it trains again), so
-no step has two rows. The file is rewritten whole, atomically, at each row:
-a killed run leaves the last complete table.
+A row every `every` steps (`mpt-train`: `log_every`): `step` and the step's Keras
+logs (loss and metrics as epoch running means; with `LossScaleOptimizer` its
+`step_logs`); validation figures join the row of their step. A later column
+widens the whole file; a missing value is empty. A resumed run drops the rows
+after the step it resumes from, so no step has two rows. The file is rewritten
+atomically at each row: a killed run leaves the last complete table.
 """
 
 from __future__ import annotations
@@ -21,28 +15,29 @@ import io
 import os
 from typing import Any
 
-from mpt_keras.backend.tensorflow import distribute
+from mpt_keras.backend.tensorflow import workers
+from mpt_keras.checks import check_number
 from mpt_keras.files import write_text_atomic
 from mpt_keras.keras_bridge.callbacks import GlobalStepCallback
+from mpt_keras.telemetry.monitor import crossed
 
 STEP = "step"
 
 
 class MetricsCsv(GlobalStepCallback):
-    """A Keras callback writing the run's figures to a CSV file (see the module docstring).
-
-    Only the chief writes under a multi-worker strategy.
+    """A Keras callback writing the run's figures to a CSV file; only the chief writes.
 
     Args:
-        path: The CSV file; existing rows up to the step training starts
-            from are kept.
+        path: The CSV file; its rows up to the step training starts from are kept.
         every: Steps between rows.
+
+    Raises:
+        UserInputError: `every` is not an integer >= 1.
     """
 
     def __init__(self, path: str, every: int):
         super().__init__()
-        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-            raise ValueError(f"every must be an integer >= 1. Received: every={every!r}")
+        check_number("every", every, minimum=1, integer=True)
         self.path = path
         self.every = every
         self._rows: list[dict[str, Any]] = []
@@ -50,13 +45,13 @@ class MetricsCsv(GlobalStepCallback):
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
-        self._writes = distribute.is_chief(self.model.distribute_strategy)
+        self._writes = workers.is_chief(self.model.distribute_strategy)
         self._rows = [row for row in _read(self.path) if int(row[STEP]) <= self.global_step]
 
     def on_train_batch_end(self, batch, logs=None):
         previous = self.global_step
         super().on_train_batch_end(batch, logs)
-        if self.global_step // self.every > previous // self.every:
+        if crossed(previous, self.global_step, self.every):
             self._add({STEP: self.global_step, **_numbers(logs)})
 
     def on_epoch_end(self, epoch, logs=None):

@@ -1,29 +1,9 @@
 """Prometheus metrics of a training run: `PrometheusExporter`, and `mpt-train --metrics_port`.
 
-It serves `http://HOST:PORT/metrics` (with `prometheus_client`) from the
-chief only, one label `run` (the run's name) on every series:
-
-    mpt_loss_scale                  gauge    the loss scale after the last step
-    mpt_train_loss                  gauge    the loss Keras logs (the epoch's running mean)
-    mpt_examples_per_second         gauge    over the last `update_every` steps
-    mpt_train_steps_total           counter  train steps done (the global step)
-    mpt_skipped_steps_total         counter  steps skipped: non-finite gradients or bad batches
-    mpt_bad_batches_total           counter  of those, batches holding a NaN or Inf
-    mpt_nonfinite_events_total      counter  (step, variable) pairs whose gradient was
-                                             non-finite, read every `update_every` steps
-    mpt_float8_statistic            gauge    for a model with float8 layers only, one
-                                             series per float8 layer (label `layer`, its
-                                             path), tensor (`tensor`: inputs, kernel,
-                                             outputs_grad) and statistic (`stat`: scale,
-                                             amax, range_used; the kernel's saturated and
-                                             underflowed), read every `update_every`
-                                             steps (`precision.float8.float8_statistics`)
-
-The loss scale, skipped steps and bad batches come from each step's logs
-(`LossScaleOptimizer.step_logs`), so the exporter adds no sync per step; the
-float8 statistics are read on the chief only, which serves them.
-`grafana/mpt_keras.json` is a Grafana dashboard over these names. Counters
-start, in a resumed run, at the run's totals so far.
+`http://HOST:PORT/metrics`, from the chief only, label `run` on every series
+(`GAUGES`, `COUNTERS`, `FLOAT8_GAUGE`; what each means: docs/telemetry.md,
+charted by `grafana/mpt_keras.json`). Per-step figures come from the step's
+logs: no sync per step. A resumed run's counters start at its totals so far.
 """
 
 from __future__ import annotations
@@ -36,7 +16,8 @@ from typing import Any
 
 import prometheus_client
 
-from mpt_keras.backend.tensorflow import distribute
+from mpt_keras.backend.tensorflow import workers
+from mpt_keras.checks import check_number
 from mpt_keras.errors import UserInputError
 from mpt_keras.keras_bridge.callbacks import GlobalStepCallback
 from mpt_keras.precision.float8 import float8_statistics, float8_variables
@@ -61,8 +42,7 @@ COUNTERS = {
 
 def check_port(port: int, address: str = "0.0.0.0") -> None:
     """Raises a one-line `UserInputError` if `port` cannot be served on `address`."""
-    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
-        raise UserInputError(f"metrics_port must be a TCP port, 1-65535. Received: {port!r}")
+    check_number("metrics_port", port, minimum=1, maximum=65535, integer=True)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -76,18 +56,16 @@ def check_port(port: int, address: str = "0.0.0.0") -> None:
 
 
 class PrometheusExporter(GlobalStepCallback):
-    """A Keras callback serving the run's metrics to Prometheus (see the module docstring).
+    """A Keras callback serving the run's metrics to Prometheus (module docstring).
 
-    The port is checked when it is made (a one-line `UserInputError` if it is
-    taken), and served from `on_train_begin` on the chief until `close()`.
+    Served from `on_train_begin`, on the chief only, until `close()`.
 
     Args:
-        port: The TCP port of the `/metrics` endpoint.
+        port: The TCP port of `/metrics`; checked here (`check_port`).
         run_name: The value of the `run` label.
         examples_per_step: The global batch size, for examples per second.
-        update_every: Steps between reads of the optimizer's per-variable
-            counts and of the throughput.
-        address: The address to serve on.
+        update_every: Steps between reads of the per-variable counts, the
+            float8 statistics and the throughput.
 
     Example:
 
@@ -141,7 +119,7 @@ class PrometheusExporter(GlobalStepCallback):
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
-        chief = distribute.is_chief(self.model.distribute_strategy)
+        chief = workers.is_chief(self.model.distribute_strategy)
         self._float8 = chief and bool(float8_variables(self.model))
         if self._server is None and chief:
             self._server, _ = prometheus_client.start_http_server(

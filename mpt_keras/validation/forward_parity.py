@@ -1,49 +1,22 @@
 """Forward parity: each layer's output in a candidate precision against float32's, same weights.
 
-What `validate` compares after training parity, on any model the run trains.
-Both models run the same batches with `training=False`, the `call` of each
-compared layer wrapped (`layer_calls.calls_wrapped`) to keep what it returned.
-Nothing is rebuilt around the model: a backbone inside the user's own model,
-Sequential models, dict inputs, shared layers and masks run as in training.
-
-Rows, in the order the model calls them (`parity_rows`): every layer a
-functional or Sequential model's graph calls, descending into a functional or
-Sequential model called in it (`llama_backbone/transformer_layer_0`); every
-layer a layer whose call is Python code holds (a transformer block, its
-attention, a subclassed model), at its first call inside its holder's call
-(`llama_backbone/transformer_layer_0/self_attention/query`), after its
-holder's own row; a model output an operation makes (`keras.ops.softmax(x)`),
-read from what the model returned. Two builds of one factory may name layers
-differently (`dense`, `dense_1`): rows pair by position, by path where classes
-differ.
-
-Unreached (with the reason): a layer a model holds that its graph never calls;
-a sublayer its holder did not call (an attention's softmax beside a fused
-attention kernel); a call not seen when the model ran; outputs not arrays of
-one shape in both models; no twin.
-
-Figures, per row and per model output:
+Both models run the same batches with `training=False`, each compared layer's
+`call` wrapped to keep what it returned, so nothing is rebuilt around the model
+(a backbone inside the user's model, dict inputs, shared layers and masks run
+as in training). The rows and what feeds each: `parity_rows`. Rows pair by
+position, by path where the layer classes differ (two builds of one factory may
+name layers `dense` and `dense_1`). Figures, per row:
 
     max_abs_error      max |candidate - baseline|
     mean_abs_error     mean |candidate - baseline|
     relative_error     ||candidate - baseline||_2 / ||baseline||_2 over all batches
-    error_jump         relative_error minus the largest relative_error of the
-                       rows the call's inputs come from (`parity_rows`' parents:
-                       through operations and nested models in a graph; inside
-                       a block, by identity, else every row the input may come
-                       from; 0 for the model inputs): the drift this layer
-                       adds; the largest jump is where the drift enters. A
-                       block's own row: the drift its whole call adds
+    error_jump         relative_error minus the largest of its parents' (0 for
+                       the model inputs): the drift this layer adds
 
-and for the outputs, taken as logits over the last axis:
+and per model output, taken as logits over the last axis:
 
     top1_agreement     fraction of predictions whose argmax agrees
     kl_divergence      mean KL(softmax(baseline) || softmax(candidate)), in nats
-
-Example:
-
-    parity = forward_parity(float32_model, mixed_model, [x_batch])
-    [row.path for row in parity.layers], parity.unreached
 """
 
 from __future__ import annotations
@@ -79,13 +52,7 @@ class LayerParity:
 
 @dataclasses.dataclass(frozen=True)
 class ForwardParity:
-    """What `forward_parity` compared, and what it could not.
-
-    Attributes:
-        layers: Each row, in the order the model calls them (`parity_rows`).
-        outputs: The row of each model output, in the model's order.
-        unreached: The layers not compared, with the reason.
-    """
+    """What `forward_parity` compared (rows in call order, then each output's), and what not."""
 
     layers: tuple[LayerParity, ...]
     outputs: tuple[LayerParity, ...]
@@ -99,12 +66,8 @@ def forward_parity(
 
     Args:
         baseline: The float32 model; its weights are copied into `candidate`,
-            which keeps any float8 state of its own (what it computes with).
-        candidate: The same model in the candidate precision.
+            which keeps its own float8 state (what it computes with).
         batches: The model's inputs, batch by batch (no labels).
-
-    Returns:
-        The rows, the outputs' rows and the unreached layers.
     """
     for variable, value in zip(learned_weights(candidate), baseline.get_weights(), strict=True):
         variable.assign(value)
@@ -217,8 +180,7 @@ class _ErrorSums:
 
 
 def _paired(rows: list[Row], twins: list[Row]) -> tuple[dict[int, int], dict[int, str]]:
-    """`{row: the candidate's row}` by position (by path where the layer classes differ),
-    and `{row: why}` for the rows without a twin."""
+    """`{row: the candidate's row}`, and `{row: why}` for the rows without a twin."""
     if [type(row.layer) for row in rows] == [type(row.layer) for row in twins]:
         return {index: index for index in range(len(rows))}, {}
     by_path = {row.path: index for index, row in enumerate(twins)}

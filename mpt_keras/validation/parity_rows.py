@@ -1,64 +1,27 @@
 """Parity rows: which calls forward parity compares, in what order, and what feeds each.
 
-`forward_parity` compares one call of each layer it reaches, a row, by path
-(`layer_paths`' paths), in the order the model calls them:
+A row is one compared call, by path (`layer_paths`), in the order the model calls them:
 
-    graph calls  every layer a functional or Sequential model's graph calls,
-                 descending into a functional or Sequential model called in
-                 it (`llama_backbone/transformer_layer_0`; its outputs are its
-                 last layers' rows). A layer called twice in one graph is
-                 compared at the call that makes an output of its model, else
-                 at its first: a keras_hub CausalLM's tied embedding is the
-                 logits at `token_embedding` and the token lookup at
-                 `gpt2_backbone/token_embedding`.
-    sublayers    every layer that a layer whose call is Python code holds, at
-                 any depth, at its first path: a keras_hub block's
-                 (`llama_backbone/transformer_layer_0/self_attention/query`),
-                 the bundled DecoderBlock's, a subclassed model's. Each is
-                 compared at its first call inside its holder's compared
-                 call; one called several times per call of its holder (the
-                 rotary embedding a Llama attention calls for the query, then
-                 the key) at its first. The holder keeps its row, just before
-                 its sublayers'. A subclassed model is a holder like a block:
-                 its call is Python code as a block's is, and calibration
-                 decides its sublayers as it does a block's.
-    outputs      a model output an operation makes (`keras.ops.softmax(x)`):
-                 a row read from what the model returned, after the calls; so
-                 is the whole model when its own call is Python code (a
-                 subclassed model), before its sublayers.
+    graph calls  every layer a functional or Sequential graph calls, descending
+                 into such a model called in it. A layer called twice is compared
+                 at the call that makes an output of its model, else its first (a
+                 CausalLM's tied embedding: the logits and the token lookup).
+    sublayers    every layer a layer whose call is Python code holds (a block, a
+                 subclassed model), at any depth, at its first call inside its
+                 holder's compared call; the holder's row comes just before.
+    outputs      a model output an operation makes, read from what the model
+                 returned; so is a subclassed model's whole output.
 
-Parents: the rows a row's inputs come from, the base of its error jump.
+Parents, the base of a row's error jump: in a graph, the rows its inputs come
+from through operations and nested models. Inside a holder, as the float32
+model runs: each floating tensor a call takes, matched by identity to the row
+that returned it; one an operation made stands for every row it may come from
+(the holder's inputs' rows and each row returned before in the holder's call),
+so a jump is never overstated, at worst understated.
 
-    graph calls  from the graph: through operations (`x + y`) and nested
-                 models to the layers' rows; none for the model's inputs.
-    sublayers    as the float32 model runs, eagerly: each floating tensor the
-                 call takes (a mask or indices carry no drift) is matched by
-                 identity to the row whose call returned that very tensor (a
-                 Llama attention's query projection: the attention norm).
-                 What an operation inside the holder made (attention scores,
-                 `x + residual`, `x * silu(gate)`) leaves no trace: it stands
-                 for every row it may come from, the holder's inputs' rows
-                 and every row returned inside the holder's call before it.
-                 So a jump is never overstated, at worst understated: the
-                 holder's inputs' rows alone credited a Llama block's float32
-                 feed-forward output projection with the drift its bfloat16
-                 gate projection made (a jump of 0.0044 against the gate's
-                 0.0039, silu amplifying relative error; 0.0005 so).
-    outputs      an operation's, from the graph. A model whose call is Python
-                 code: what it returned, matched as a sublayer's inputs are
-                 (the very tensor its last layer returned: that row).
-
-Unreached, with the reason: a layer a graph model holds that its graph never
-calls; a sublayer not called inside its holder's compared call (an attention's
-softmax beside its fused attention kernel); a call not seen when the model ran.
-
-Example:
-
-    rows = ParityRows(model)
-    recorder = Recorder(model, rows)
-    with calls_wrapped(rows.watched.values(), recorder.watching):
-        returned = recorder.run(batch)
-    [rows.rows[row].path for row in recorder.in_call_order(returned)]
+Unreached, with the reason: held by a graph model but not called by its graph;
+not called inside its holder's call (an attention's softmax beside a fused
+kernel); not seen when the model ran.
 """
 
 from __future__ import annotations
@@ -73,7 +36,7 @@ import keras
 from mpt_keras import compat
 from mpt_keras.keras_bridge.layer_paths import iter_layers
 
-# A graph call: (id(layer), its call number) of each watched call from the model down to it.
+# (id(layer), call number) of each watched call from the model down to a graph call.
 Frame = tuple[tuple[int, int], ...]
 
 _NOT_IN_GRAPH = "held by {model!r} but not called by its graph"
@@ -83,7 +46,7 @@ _NOT_CALLED = "not called inside {holder!r}, which holds it, when the model ran"
 
 @dataclasses.dataclass(frozen=True)
 class UnreachedLayer:
-    """A layer forward parity did not compare, and why (see the module doc)."""
+    """A layer forward parity did not compare, and why."""
 
     path: str
     reason: str
@@ -91,12 +54,12 @@ class UnreachedLayer:
 
 @dataclasses.dataclass(frozen=True)
 class _Graph:
-    """One call of a model whose call runs its graph: where its rows' inputs come from."""
+    """One call of a graph model: where its rows' inputs come from."""
 
     model: keras.Model
     frame: Frame
     prefix: str
-    caller: _Graph | None = None  # The graph that called it, and its node there.
+    caller: _Graph | None = None  # The calling graph, and the node there.
     node: Any = None
 
 
@@ -105,16 +68,11 @@ class Row:
     """One compared call: a graph's, a sublayer's, or a model output the model returned.
 
     Attributes:
-        path: Its path.
-        layer: The layer (or operation) called.
         frame: A graph call's place in the run; None for the others.
         holder: A sublayer's: the row of the layer holding it.
-        returned: Read from what the model returned (neither a graph call nor
-            a sublayer's): that model output; None: all of them.
+        returned: A row read from what the model returned: that output's
+            index; None: all of them.
         node: A graph call's node, or the one making a model output.
-        graph: The graph `node` is in.
-        parents: The rows its inputs come from (see the module doc).
-        output: Whether it is a model output.
     """
 
     path: str
@@ -134,10 +92,9 @@ class ParityRows:
     A sublayer's parents are set as `Recorder` runs the model; the others' here.
 
     Attributes:
-        rows: The rows: a graph's in the order it runs them, each holder's
-            sublayers after it, depth first.
-        outputs: The row of each model output, in the model's order.
-        unreached: The layers no row compares, with the reason.
+        rows: A graph's in the order it runs them, each holder's sublayers
+            after it, depth first.
+        outputs: The row of each model output.
         watched: `{id(layer): layer}` of the layers whose calls are watched.
         model_row: The whole model's row when its call is Python code, else None.
     """
@@ -201,7 +158,7 @@ class ParityRows:
                 )
 
     def _add_sublayers(self, holder: int, prefix: str) -> None:
-        """A row for every layer row `holder`'s layer holds, at any depth, at its first path."""
+        """A row for every layer row `holder`'s layer holds, at its first path."""
         holders = {prefix: holder}  # By the path of a holder's sublayers: "block/" or "".
         seen = {id(self.rows[holder].layer)}
         for path, layer in iter_layers(self.rows[holder].layer, prefix):
@@ -213,7 +170,7 @@ class ParityRows:
             self.rows.append(Row(path, layer, holder=holders[path[: path.rfind("/") + 1]]))
 
     def _output_row(self, tensor: Any, graph: _Graph, index: int) -> int:
-        """The row of model output `index`, made by `tensor` of `graph`; a new one if none is."""
+        """The row of model output `index`, made by `tensor` of `graph` (a new one if none is)."""
         layer, node = compat.producing_layer(tensor), compat.producing_node(tensor)
         inner = self._graph_at.get((graph.frame, id(layer)))
         if inner is not None and inner.node is node:
@@ -266,13 +223,8 @@ class ParityRows:
 class Recorder:
     """Runs a model with its watched calls wrapped; keeps what each row's call returned.
 
-    As it runs, it sets each sublayer row's parents (see the module doc) on
-    `rows`, at the row's first call, and numbers the rows in the order their
-    calls start (`in_call_order`).
-
-    Args:
-        model: The model.
-        rows: Its rows.
+    It sets each sublayer row's parents on `rows` at its first call, and
+    numbers the rows in the order their calls start (`in_call_order`).
     """
 
     def __init__(self, model: keras.Model, rows: ParityRows):

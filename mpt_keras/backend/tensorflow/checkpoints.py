@@ -1,15 +1,7 @@
-"""Checkpoints that a rerun on the same `model_dir` resumes from.
+"""Checkpoints that a rerun on the same `model_dir` resumes from; a torn one is skipped.
 
-A checkpoint holds the model's (float32 master) weights, the optimizer's state
-(loss scale and counters included) and the number of train steps done. The data
-position needs no state of its own: the train stream is a pure function of the
-seed and the step (see `mpt_keras.data.pipeline`), so the step restores it.
-
-TensorFlow writes a checkpoint's shards to a temporary name and merges them
-into place, then records it in the `checkpoint` state file, so a process
-killed while saving leaves the previous checkpoints intact. A checkpoint that
-is torn or corrupted anyway (a truncated file, a bad disk) is skipped on
-restore with a warning, and the one before it restored.
+The model's weights, the optimizer's state and the steps done, which also
+restore the data position (`mpt_keras.data.pipeline`).
 """
 
 from __future__ import annotations
@@ -27,8 +19,7 @@ from mpt_keras.keras_bridge.callbacks import GlobalStepCallback
 
 CHECKPOINT_SUBDIR = "checkpoints"
 _PREFIX = "step"
-# What reading a torn or foreign checkpoint raises (a truncated data file:
-# IndexError from the checkpoint reader; a truncated index: DataLossError).
+# What reading a torn or foreign checkpoint raises.
 _UNREADABLE = (tf.errors.OpError, ValueError, AssertionError, IndexError, KeyError)
 _INDEX_FILE = re.compile(rf"^{_PREFIX}-(\d+)\.index$")
 _LOGGER = logging.getLogger(__name__)
@@ -38,22 +29,12 @@ class Checkpointer:
     """Saves and restores the training state under `model_dir/checkpoints`.
 
     Args:
-        model_dir: The run's directory: restores from its `checkpoints`.
-        model: The model; built, so that its variables exist.
-        optimizer: The optimizer; built on the model's trainable variables.
+        model, optimizer: Built, so that their variables exist.
         keep: How many of the latest checkpoints to keep.
-        write_dir: Where to save, if not `model_dir`: a multi-worker run's
-            non-chief workers take part in saving into a directory of their
-            own (see `distribute.worker_write_dir`).
+        write_dir: Where to save, if not `model_dir` (a non-chief worker's,
+            `workers.worker_write_dir`).
         extra_variables: More variables to save, by name (e.g. the learning
             rate scale of a divergence rollback).
-
-    Example:
-
-        checkpointer = Checkpointer(model_dir, model, model.optimizer, keep=3)
-        step = checkpointer.restore()   # 0 for a new run
-        ...
-        checkpointer.save(step)
     """
 
     def __init__(
@@ -67,11 +48,8 @@ class Checkpointer:
     ):
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         # The variables, not the objects: tf.train.Checkpoint does not track a
-        # Keras 3 model's variables (only the optimizer's references to the
-        # trainable ones), which would lose non-trainable state such as
-        # normalization statistics and dropout seeds. Listed in their (stable)
-        # creation order: their paths carry auto-generated name suffixes that
-        # depend on what else the process has built.
+        # Keras 3 model's non-trainable ones. Listed in their (stable) creation
+        # order: their paths carry name suffixes that depend on the process.
         self._checkpoint = tf.train.Checkpoint(
             model=list(model.variables),
             optimizer=list(optimizer.variables),
@@ -90,14 +68,7 @@ class Checkpointer:
         )
 
     def restore(self) -> int:
-        """Restores the latest readable checkpoint, if any.
-
-        Checkpoints are tried newest first; one that cannot be read (torn,
-        corrupted, or of another model) is skipped with a warning.
-
-        Returns:
-            The number of train steps the restored checkpoint had done; 0 if
-            there is no checkpoint.
+        """Restores the newest readable checkpoint; returns its steps done (0: none).
 
         Raises:
             UserInputError: If there are checkpoints and none can be read.
@@ -133,10 +104,9 @@ class Checkpointer:
 
 
 def checkpoint_prefixes(directory: str) -> list[str]:
-    """The checkpoints in `directory` (their path prefixes), newest first.
+    """The checkpoints in `directory` (their path prefixes), newest first, read from the files.
 
-    Read from the files themselves rather than the `checkpoint` state file, so
-    a checkpoint the state file does not list is still found.
+    Not from the `checkpoint` state file: a checkpoint it does not list is still found.
     """
     try:
         names = os.listdir(directory)
@@ -154,16 +124,11 @@ def _first_line(error: Exception) -> str:
 
 
 class SaveCheckpoints(GlobalStepCallback):
-    """Saves a checkpoint at the end of every Keras epoch of `model.fit`.
-
-    `run_training` makes one Keras epoch one checkpoint interval, so this saves
-    every `checkpoint_every` steps and at the run's last step.
+    """Saves a checkpoint at the end of every Keras epoch (one checkpoint interval) of `fit`.
 
     Args:
-        checkpointer: Where to save.
-        healthy: Whether the run is in a state worth saving; if it returns
-            False, the save is skipped (with a warning) and the previous
-            checkpoints stay the latest. `None`: always save.
+        healthy: Whether the run is worth saving now; False skips the save
+            with a warning. `None`: always save.
     """
 
     def __init__(self, checkpointer: Checkpointer, healthy: Callable[[], bool] | None = None):

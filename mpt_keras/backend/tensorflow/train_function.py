@@ -1,21 +1,13 @@
-"""The function `fit` calls for each train step, without Keras' per-step overhead.
+"""The function `fit` calls for each train step, without Keras' per-step Optional.
 
-Keras' TensorFlow trainer runs each step in a function that wraps the step's
-outputs in a `tf.experimental.Optional` (so that running out of data is not
-an error) and unwraps it with two eager ops after every step. On the 0.55 ms
-step of the reference MLP that costs 17% of the step time, and each further
-scalar the step returns about 2% more (`benchmarks.stack_ablation`'s method,
-side by side in one run, on 2 cores of an AMD EPYC).
-
-`install` gives a model compiled by `xla.compile_model` a train function that
-takes the batch with `iterator.get_next()` inside the function and returns
-the outputs as they are. Running out of data raises `tf.errors.OutOfRangeError`,
-which Keras' epoch iterator takes as the end of the epoch, as it takes the
-empty Optional. Everything else is Keras' own function: more than one step
-per execution, `run_eagerly`, batches that are not a `tf.data` or distributed
-iterator (`train_on_batch`), a multi-worker strategy (where the end of the
-data must be agreed by every worker, which the Optional does), and a model
-compiled again since.
+Keras wraps each step's outputs in a `tf.experimental.Optional` and unwraps it
+with two eager ops: 17% of the reference MLP's 0.55 ms step, about 2% more per
+further scalar (`benchmarks.stack_ablation`, 2 cores of an AMD EPYC). This one
+takes `iterator.get_next()` inside the function; the end of the data raises
+`OutOfRangeError`, which Keras' epoch iterator also takes as the epoch's end.
+Keras' own function stays for several steps per execution, `run_eagerly`,
+non-iterator batches (`train_on_batch`), multi-worker (where every worker must
+agree on the end of the data) and a model compiled again since.
 """
 
 from __future__ import annotations
@@ -29,11 +21,7 @@ from mpt_keras import compat
 
 
 def install(model: keras.Model) -> None:
-    """Makes `model.make_train_function` give the function above; call it after compiling.
-
-    Args:
-        model: A compiled model (its current compile config is the one served).
-    """
+    """Makes `model.make_train_function` give the function above; call it after compiling."""
     compiled_with = compat.compile_config(model)
     keras_make = type(model).make_train_function
 

@@ -1,0 +1,55 @@
+"""Keras 3's `fit` and `evaluate` under a multi-worker strategy, where they fail unpatched.
+
+Keras 3.15 (keras-team/keras#20585) reduces a whole (x, y) batch with
+`strategy.reduce` to build the model, and each scalar step output with
+`strategy.reduce(..., axis=0)`; both fail across workers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from mpt_keras import compat
+from mpt_keras.backend.tensorflow.multi_worker import in_multi_worker_mode
+
+
+def support_multi_worker_fit(model: keras.Model) -> None:
+    """Lets Keras' `fit` and `evaluate` run under a multi-worker strategy; call after compiling.
+
+    It builds from the first replica's batch (only shapes and dtypes count) and
+    gives the train and test steps' scalar outputs a length-1 axis, which the
+    reduction averages over the replicas back to a scalar, as on one worker. It
+    wraps the model's current steps. Under any other strategy it does nothing.
+    """
+    strategy = model.distribute_strategy
+    if not in_multi_worker_mode(strategy):
+        return
+
+    def first_replica(value: Any) -> Any:
+        if isinstance(value, tf.distribute.DistributedValues):
+            return strategy.experimental_local_results(value)[0]
+        return value
+
+    def maybe_symbolic_build(iterator: Any = None, data_batch: Any = None) -> None:
+        if iterator is not None:
+            for _, _, batches in iterator:
+                data_batch = next(batches)
+                break
+        with strategy.scope():
+            compat.symbolic_build(model, keras.tree.map_structure(first_replica, data_batch))
+
+    def with_replica_axis(step: Any) -> Any:
+        def step_with_replica_axis(data: Any) -> Any:
+            return keras.tree.map_structure(
+                lambda value: tf.reshape(value, [1]) if value.shape.rank == 0 else value,
+                step(data),
+            )
+
+        return step_with_replica_axis
+
+    compat.replace_maybe_symbolic_build(model, maybe_symbolic_build)
+    model.train_step = with_replica_axis(model.train_step)
+    model.test_step = with_replica_axis(model.test_step)

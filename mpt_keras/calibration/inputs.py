@@ -1,0 +1,107 @@
+"""What `calibrate` takes, checked: the model or its factory, the loss, and the data cut into
+`(x, y, sample_weight or None)` batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from mpt_keras.checks import check_number, refusal
+from mpt_keras.errors import UserInputError
+
+_MODEL_ALLOWED = "a keras.Model, or a function of no arguments returning one"
+_DATA_ALLOWED = (
+    "a tf.data.Dataset of (x, y) or (x, y, sample_weight) batches, or a tuple "
+    "(x, y) or (x, y, sample_weight) of arrays; x an array or a dict of arrays"
+)
+
+
+class _FunctionLoss(keras.losses.Loss):
+    """A function `loss(y_true, y_pred)` as a Keras loss, which weighs and reduces."""
+
+    def __init__(self, function: Callable[[Any, Any], Any]):
+        super().__init__(name=getattr(function, "__name__", "loss"))
+        self.function = function
+
+    def call(self, y_true, y_pred):
+        return self.function(y_true, y_pred)
+
+
+def as_loss(loss: Any) -> keras.losses.Loss:
+    """`loss`, a function of `(y_true, y_pred)` wrapped as a Keras loss."""
+    if isinstance(loss, keras.losses.Loss):
+        return loss
+    if callable(loss):
+        return _FunctionLoss(loss)
+    raise refusal(
+        "loss", type(loss).__name__, "a keras.losses.Loss or a function loss(y_true, y_pred)"
+    )
+
+
+def as_model(model_or_factory: Any) -> keras.Model:
+    """The model, or the one its factory returns."""
+    if isinstance(model_or_factory, keras.Model):
+        return model_or_factory
+    if not callable(model_or_factory):
+        raise refusal("model_or_factory", type(model_or_factory).__name__, _MODEL_ALLOWED)
+    model = model_or_factory()
+    if not isinstance(model, keras.Model):
+        raise UserInputError(
+            f"model_or_factory: the factory returned {type(model).__name__}. "
+            f"Allowed: {_MODEL_ALLOWED}"
+        )
+    return model
+
+
+def batches(data: Any, steps: int, seed: int, batch_size: int) -> Iterator[tuple[Any, Any, Any]]:
+    """`(x, y, sample_weight or None)` for each of `steps` batches; see `calibrate`'s `data`."""
+    if isinstance(data, tf.data.Dataset):
+        yield from _dataset_batches(data, steps)
+        return
+    if not (isinstance(data, tuple) and len(data) in (2, 3)):
+        raise refusal("data", type(data).__name__, _DATA_ALLOWED)
+    check_number("batch_size", batch_size, minimum=1, integer=True)
+    arrays = keras.tree.map_structure(np.asarray, data)
+    features, labels, *weights = arrays
+    examples = {len(array) for array in keras.tree.flatten(features)}
+    if len(examples) != 1:
+        raise UserInputError(
+            f"data: the arrays of x hold {' and '.join(map(str, sorted(examples)))} examples. "
+            "Allowed: as many in each"
+        )
+    (count,) = examples
+    if not count or count != len(labels):
+        raise refusal(
+            "data",
+            f"{count} examples and {len(labels)} labels",
+            "as many labels as examples, at least one",
+        )
+    if weights and len(weights[0]) != count:
+        raise refusal(
+            "data",
+            f"{count} examples and {len(weights[0])} sample weights",
+            "one weight per example",
+        )
+    order = np.random.default_rng(seed).permutation(count)
+    # Wrapped around when the arrays hold fewer than steps * batch_size examples.
+    indices = np.resize(order, steps * batch_size).reshape(steps, batch_size)
+    for batch in indices:
+        yield (*keras.tree.map_structure(lambda array: array[batch], arrays), None)[:3]
+
+
+def _dataset_batches(data: tf.data.Dataset, steps: int) -> Iterator[tuple[Any, Any, Any]]:
+    spec = data.element_spec
+    if not (isinstance(spec, tuple) and len(spec) in (2, 3)):
+        shape = f"{len(spec)}-tuples" if isinstance(spec, tuple) else type(spec).__name__
+        raise UserInputError(f"data: the dataset yields {shape}. Allowed: {_DATA_ALLOWED}")
+    count = 0
+    for element in data.take(steps):
+        count += 1
+        yield (*element, None)[:3]
+    if not count:
+        raise UserInputError(f"data: the dataset yielded no batch. Allowed: {_DATA_ALLOWED}")

@@ -1,0 +1,76 @@
+"""Checks of user input: one message form for every number and choice the toolkit takes.
+
+Every refusal reads `{what}: received {value}. Allowed: {allowed}`, so a user
+learns one form and a test pins one form. `what` names the flag, key or
+argument as the user wrote it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Collection
+from typing import Any
+
+from mpt_keras.errors import UserInputError
+
+
+def refusal(what: str, received: str, allowed: str) -> UserInputError:
+    """The one message of bad input; `received` is already written as the user wrote it."""
+    return UserInputError(f"{what}: received {received}. Allowed: {allowed}")
+
+
+def check_number(
+    what: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    above: float | None = None,
+    integer: bool = False,
+    show: Callable[[Any], str] = repr,
+) -> Any:
+    """Returns `value` if it is a finite number (an int if `integer`) in range.
+
+    Args:
+        minimum, maximum: Inclusive bounds; `above`: an exclusive lower bound.
+        show: How the received value is written (`json.dumps` for JSON keys).
+
+    Raises:
+        UserInputError: Naming `what`, the value and the allowed range.
+    """
+    kind = "an integer" if integer else "a number"
+    bounds = [
+        *([f">= {minimum:g}"] if minimum is not None else []),
+        *([f"> {above:g}"] if above is not None else []),
+        *([f"<= {maximum:g}"] if maximum is not None else []),
+    ]
+    allowed = kind + (" " + " and ".join(bounds) if bounds else "")
+    numeric = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if (
+        isinstance(value, bool)
+        or not numeric
+        or not math.isfinite(value)
+        or (minimum is not None and value < minimum)
+        or (above is not None and value <= above)
+        or (maximum is not None and value > maximum)
+    ):
+        raise refusal(what, show(value), allowed)
+    return value
+
+
+def check_choice(
+    what: str, value: Any, choices: Collection[str], show: Callable[[Any], str] = repr
+) -> Any:
+    """Returns `value` if it is one of `choices`; else refuses, listing them."""
+    if not isinstance(value, str) or value not in choices:
+        raise refusal(what, show(value), ", ".join(choices))
+    return value
+
+
+def as_json(value: Any) -> str:
+    """A received value as it is written in JSON (`show=` for config keys)."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)

@@ -1,0 +1,87 @@
+"""Keras' TensorFlow train step rebuilt in two parts, so XLA can take the first or both.
+
+The forward and backward pass, then `optimizer.apply` (all-reduce, verdict,
+update), the loss tracker and the metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from mpt_keras import compat
+from mpt_keras.scaling.hand_over import state_before
+from mpt_keras.scaling.optimizer import LossScaleOptimizer
+
+ForwardBackward = Callable[[Any, Any, Any], tuple[Any, Any, Any]]
+
+
+def make_forward_backward(model: keras.Model) -> ForwardBackward:
+    """`(x, y, sample_weight) -> (loss, y_pred, gradients of optimizer.scale_loss(loss))`."""
+
+    def replica_forward_backward(x: Any, y: Any, sample_weight: Any) -> tuple[Any, Any, Any]:
+        # As Keras' own train step: `training` only for models whose call
+        # takes it, and `compute_loss` also for overrides without it.
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True) if compat.call_has_training_arg(model) else model(x)
+            loss = compat.compute_loss(
+                model, x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+            )
+            scaled_loss = model.optimizer.scale_loss(loss)
+        return loss, y_pred, tape.gradient(scaled_loss, model.trainable_weights)
+
+    return replica_forward_backward
+
+
+def make_step(
+    model: keras.Model, forward_backward: ForwardBackward
+) -> Callable[[Any, Any, Any], dict[str, Any]]:
+    """The whole step on `(x, y, sample_weight)`; returns the logs.
+
+    With a `mpt_keras.LossScaleOptimizer`, a batch holding a NaN or Inf is
+    skipped as bad data, and counts in neither the loss nor any metric.
+    """
+
+    def replica_train_step(x: Any, y: Any, sample_weight: Any) -> dict[str, Any]:
+        optimizer = model.optimizer
+        checked = isinstance(optimizer, LossScaleOptimizer)
+        # Batch-norm statistics as before the step: a skipped step puts them back.
+        state = state_before(model.non_trainable_variables) if checked else []
+        loss, y_pred, gradients = forward_backward(x, y, sample_weight)
+        batch_size = tf.shape(next(i for i in keras.tree.flatten(x) if i is not None))[0]
+        if checked:
+            # Handed over explicitly: the loss given to `scale_loss` may live
+            # in a nested XLA function's graph.
+            bad = optimizer.apply(
+                gradients,
+                model.trainable_weights,
+                loss=loss,
+                batch=(x, y, sample_weight),
+                state=state,
+            )
+        else:
+            optimizer.apply(gradients, model.trainable_weights)
+        # A skipped bad batch would make the epoch's mean loss NaN, and what it
+        # predicted is undefined (XLA's and TensorFlow's argmax of a NaN row
+        # differ): the metrics take it, then get their values back. (`fit` has
+        # built them before this traces.)
+        variables = [v for metric in model.metrics for v in metric.variables] if checked else []
+        before = [tf.convert_to_tensor(variable) for variable in variables]
+        compat.loss_tracker(model).update_state(
+            compat.unscale_loss_for_distribution(loss), sample_weight=batch_size
+        )
+        logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        if not checked:
+            return logs
+
+        def restore() -> None:
+            for variable, value in zip(variables, before):
+                variable.assign(value)
+
+        compat.called_cond(bad, restore, lambda: None)
+        return {**model.get_metrics_result(), **optimizer.step_logs()}
+
+    return replica_train_step

@@ -1,0 +1,122 @@
+"""Setting a manifest's decisions on a model's layers so that they survive saving and building.
+
+Each top-level layer whose sublayers differ from it gets a `DTypePolicyMap`; unbuilt layers decide
+their future sublayers when built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Iterator
+
+import keras
+
+from mpt_keras import compat
+from mpt_keras.keras_bridge.layer_paths import LayerPath, iter_layers
+from mpt_keras.precision.decisions import Decider, Decision
+from mpt_keras.precision.float8 import check_float8_layer, is_float8
+from mpt_keras.precision.names import FLOAT8
+
+
+@dataclasses.dataclass(frozen=True)
+class Unit:
+    """A layer whose config its model stores, with the layers under it."""
+
+    entry: LayerPath
+
+    @property
+    def model_prefix(self) -> str:
+        """The path (with "/") of the model holding its config, which Keras
+        leaves out of the paths of a loaded model's layers."""
+        model_path = self.entry.models[-1][0]
+        return model_path + "/" if model_path else ""
+
+    def members(self) -> Iterator[LayerPath]:
+        """The unit and, unless it is a model (whose layers are units), the layers under it."""
+        yield self.entry
+        if not isinstance(self.entry.layer, keras.Model):
+            for path, layer in iter_layers(self.entry.layer, prefix=self.entry.path + "/"):
+                yield LayerPath(path, layer, self.entry.models)
+
+
+def units(entries: list[LayerPath]) -> Iterator[Unit]:
+    """The layers of a model, and of the models among them, recursively."""
+    model_paths = {""}
+    for entry in entries:
+        if entry.path.rpartition("/")[0] in model_paths:
+            yield Unit(entry)
+            if isinstance(entry.layer, keras.Model):
+                model_paths.add(entry.path)
+
+
+class Application:
+    """Decides and sets policies for one `apply`; build hooks keep it alive."""
+
+    def __init__(self, decider: Decider, default: str):
+        """Args: `default`, the manifest's default (a float8 layer computes in it)."""
+        self.decider = decider
+        self._default = default
+
+    def apply_to_unit(self, unit: Unit) -> dict[str, Decision]:
+        """Sets the policies of `unit`'s members; returns `{path: decision}`."""
+        decisions = {}
+        policies = {}
+        for entry in unit.members():
+            layer = entry.layer
+            decision = self.decider.decide(entry)
+            policies[entry.path] = policy = self._policy(entry, decision)
+            compat.replace_dtype_policy(layer, policy)
+            if not layer.built:
+                call_after_build(layer, functools.partial(self.apply_to_unit, unit))
+            decisions[entry.path] = decision
+        unit_policy = policies[unit.entry.path]
+        # Keyed by the path Keras gives each layer when its model is loaded.
+        policy_map = {
+            entry.path.removeprefix(unit.model_prefix): policies[entry.path]
+            for entry in unit.members()
+            if not (entry.layer.built and entry.layer.path is None)
+        }
+        if any(policy.name != unit_policy.name for policy in policy_map.values()):
+            compat.replace_dtype_policy(
+                unit.entry.layer,
+                keras.dtype_policies.DTypePolicyMap(
+                    default_policy=unit_policy, policy_map=policy_map
+                ),
+            )
+        return decisions
+
+    def _policy(self, entry: LayerPath, decision: Decision) -> keras.DTypePolicy:
+        """The policy object a decision gives the layer at `entry`.
+
+        A float8 layer keeps the one Keras' quantization gave it
+        (`float8_from_<default>`, holding its float8 state); one not yet in
+        float8 gets the default, which `apply` then quantizes.
+        """
+        if decision.policy != FLOAT8:
+            return keras.DTypePolicy(decision.policy)
+        check_float8_layer(entry.path, entry.layer)
+        if is_float8(entry.layer):
+            return entry.layer.dtype_policy
+        return keras.DTypePolicy(self._default)
+
+
+def call_after_build(layer: keras.layers.Layer, callback: Callable[[], object]) -> None:
+    """Calls `callback()` once `layer` is built; a later call replaces `callback`.
+
+    Keras has no hook after `build`, which creates some layers' sublayers
+    (MultiHeadAttention's projections), so the layer's `build` is wrapped.
+    """
+    if hasattr(layer.build, "after_build"):
+        layer.build.after_build = callback
+        return
+    build = layer.build
+
+    @functools.wraps(build)
+    def build_then_call_back(*args, **kwargs):
+        build(*args, **kwargs)
+        layer.build = build
+        build_then_call_back.after_build()
+
+    build_then_call_back.after_build = callback
+    layer.build = build_then_call_back

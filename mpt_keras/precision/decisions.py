@@ -1,0 +1,118 @@
+"""Which policy a manifest gives each layer, and why: first matching rule, safe default, default.
+
+Also the float8 check, made whole before `apply` sets any policy so that an error changes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+
+import keras
+
+from mpt_keras import compat
+from mpt_keras.errors import UserInputError
+from mpt_keras.keras_bridge.layer_paths import LayerPath
+from mpt_keras.precision.float8 import check_float8_layer
+from mpt_keras.precision.names import FLOAT8
+from mpt_keras.precision.rules import Rule, rule_label
+
+SAFE_DEFAULTS = {
+    "normalization": "mean and variance round badly in float16/bfloat16",
+    "model output": "feeds the loss: softmax and log over- or underflow in low precision",
+}
+
+_NORMALIZATION_CLASS = re.compile(r".*Norm(alization)?|RMSNorm.*")
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """A layer's policy name, what decided it and why; `matched`: every rule matching it."""
+
+    policy: str
+    decided_by: str
+    reason: str | None = None
+    matched: tuple[int, ...] = ()
+
+
+class Decider:
+    """Decides the layers of one model by a manifest's rules, safe defaults and default."""
+
+    def __init__(
+        self,
+        rules: Sequence[Rule],
+        default: str,
+        safe_defaults: bool,
+        model: keras.Model,
+        entries: Sequence[LayerPath],
+    ):
+        """Args: `entries`, every layer of `model` at each of its paths."""
+        self._rules = tuple(rules)
+        self._default = default
+        self._safe_defaults = safe_defaults
+        self._output_layers = output_layers(model)
+        # A layer found at several paths is tried in the forms of all of them: one policy.
+        self._forms: dict[int, tuple[str, ...]] = {}
+        for entry in entries:
+            self._forms[id(entry.layer)] = (*self._forms.get(id(entry.layer), ()), *entry.forms)
+
+    def decide(self, entry: LayerPath) -> Decision:
+        """The first matching rule's policy; else a safe default; else the default."""
+        layer = entry.layer
+        forms = self._forms.get(id(layer)) or entry.forms
+        matched = tuple(
+            index for index, rule in enumerate(self._rules) if rule.matches(forms, layer)
+        )
+        if matched:
+            rule = self._rules[matched[0]]
+            return Decision(rule.policy, rule_label(matched[0], rule), rule.reason, matched)
+        if self._safe_defaults:
+            if any(_NORMALIZATION_CLASS.fullmatch(cls.__name__) for cls in type(layer).__mro__):
+                return _safe_default("normalization")
+            if any(layer is output for output in self._output_layers):
+                return _safe_default("model output")
+        return Decision(self._default, "default")
+
+    def check_float8(self, entries: Sequence[LayerPath]) -> None:
+        """Raises unless every layer a float8 rule decides can train in float8 now.
+
+        Every layer must be built: one not built yet may create the layers a
+        float8 rule is meant for (an attention's projections) only later.
+
+        Raises:
+            UserInputError: Naming the first layer not built or not float8-able.
+        """
+        for entry in entries:
+            if not entry.layer.built:
+                raise UserInputError(
+                    f"layer '{entry.path}': not built, and the manifest has float8 rules, "
+                    "which need every layer built (a layer creates some of its sublayers "
+                    "when it is built). Build the model (call it on a batch) before "
+                    "applying the manifest"
+                )
+            if self.decide(entry).policy == FLOAT8:
+                check_float8_layer(entry.path, entry.layer)
+
+
+def _safe_default(kind: str) -> Decision:
+    return Decision("float32", f"safe default: {kind}", SAFE_DEFAULTS[kind])
+
+
+def output_layers(model: keras.Model) -> list[keras.layers.Layer]:
+    """The layers whose outputs are `model`'s outputs, through nested models.
+
+    A functional model's from its outputs, a Sequential's last layer, a
+    subclassed model's last own layer that has weights or is not built yet.
+    """
+    if isinstance(model, keras.Sequential):
+        producers = model.layers[-1:]
+    elif getattr(model, "outputs", None):
+        outputs = keras.tree.flatten(model.outputs)
+        producers = [compat.producing_layer(output) for output in outputs]
+    else:
+        producers = [layer for layer in model.layers if layer.weights or not layer.built][-1:]
+    layers = []
+    for producer in producers:
+        layers.extend(output_layers(producer) if isinstance(producer, keras.Model) else [producer])
+    return layers

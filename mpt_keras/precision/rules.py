@@ -1,0 +1,138 @@
+"""A manifest's rules: `Rule` (which layers, what policy) and strict parsing of its JSON form.
+
+Errors name the key where the rule was (`rules[2].policy`); the manifest adds the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import keras
+
+from mpt_keras.checks import as_json, refusal
+from mpt_keras.errors import UserInputError
+from mpt_keras.precision.names import RULE_POLICIES, check_policy_name
+
+RULE_KEYS = ("match", "policy", "reason")
+MATCH_KEYS = ("path", "class")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One manifest rule: which layers it matches and the policy they take.
+
+    Attributes:
+        policy: The policy name the matching layers take.
+        path: A layer path, or a regex that matches whole paths; `None`: any.
+        layer_class: A class name the layer's class is or derives from
+            (`"class"` in JSON); `None`: any.
+        reason: Why, for the report; optional.
+
+    Example:
+
+        rule = Rule(policy="float32", layer_class="LayerNormalization")
+        rule.matches("final_norm", keras.layers.LayerNormalization())  # True
+    """
+
+    policy: str
+    path: str | None = None
+    layer_class: str | None = None
+    reason: str | None = None
+
+    def __post_init__(self):
+        check_policy_name(self.policy, "policy", RULE_POLICIES, show=as_json)
+        if self.path is None and self.layer_class is None:
+            raise UserInputError("match: empty. Allowed keys: path, class (one or both)")
+        for key, value in (("path", self.path), ("class", self.layer_class)):
+            if value is not None and not (isinstance(value, str) and value):
+                raise refusal(f"match.{key}", as_json(value), "a non-empty string")
+        if self.path is not None:
+            try:
+                re.compile(self.path)
+            except (re.error, OverflowError) as error:  # Overflow: a repeat count > 2**32.
+                raise UserInputError(f"match.path: bad regex '{self.path}': {error}") from None
+            except RecursionError:
+                raise UserInputError(
+                    f"match.path: bad regex '{self.path}': groups nested too deeply"
+                ) from None
+        if self.reason is not None and not isinstance(self.reason, str):
+            raise refusal("reason", as_json(self.reason), "a string")
+
+    @property
+    def match_text(self) -> str:
+        """What the rule matches, e.g. `path 'logits', class 'Dense'`."""
+        parts = [f"path '{self.path}'"] if self.path is not None else []
+        if self.layer_class is not None:
+            parts.append(f"class '{self.layer_class}'")
+        return ", ".join(parts)
+
+    def matches(self, path: str | Iterable[str], layer: keras.layers.Layer) -> bool:
+        """Whether `layer` matches.
+
+        `path` is the layer's path or every form of it (`LayerPath.forms`); the
+        rule's `path` matches a form equal to it, or else one it matches whole
+        (`re.fullmatch`), as Keras' `DTypePolicyMap` does. `class` matches the
+        layer's class or any base class by name.
+        """
+        forms = (path,) if isinstance(path, str) else tuple(path)
+        if self.path is not None and self.path not in forms:
+            if not any(re.fullmatch(self.path, form) for form in forms):
+                return False
+        return self.layer_class is None or any(
+            cls.__name__ == self.layer_class for cls in type(layer).__mro__
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The rule as in a manifest file."""
+        match = {"path": self.path, "class": self.layer_class}
+        values = {
+            "match": {key: value for key, value in match.items() if value is not None},
+            "policy": self.policy,
+        }
+        if self.reason is not None:
+            values["reason"] = self.reason
+        return values
+
+
+def rule_label(index: int, rule: Rule) -> str:
+    """How reports name a rule: `rules[<i>] (<match>)`."""
+    return f"rules[{index}] ({rule.match_text})"
+
+
+def check_keys(values: Any, allowed: tuple[str, ...], required: tuple[str, ...], where: str):
+    """Checks that `values` is a JSON object with only `allowed` and all `required` keys.
+
+    Args:
+        where: The key holding `values` (`rules[0].match`); "" for the top level.
+    """
+    if not isinstance(values, Mapping):
+        raise refusal(where, as_json(values), "a JSON object")
+    prefix, scope = (f"{where}.", f" in {where}") if where else ("", "")
+    for key in values:
+        if key not in allowed:
+            raise UserInputError(
+                f"unknown key '{prefix}{key}'. Allowed keys{scope}: {', '.join(allowed)}"
+            )
+    for key in required:
+        if key not in values:
+            raise UserInputError(
+                f"missing key '{prefix}{key}'. Required keys{scope}: {', '.join(required)}"
+            )
+
+
+def parse_rule(values: Any, where: str) -> Rule:
+    """The rule at key `where` (`rules[0]`) of a manifest; errors name `where`."""
+    check_keys(values, RULE_KEYS, ("match", "policy"), where)
+    check_keys(values["match"], MATCH_KEYS, (), f"{where}.match")
+    try:
+        return Rule(
+            policy=values["policy"],
+            path=values["match"].get("path"),
+            layer_class=values["match"].get("class"),
+            reason=values.get("reason"),
+        )
+    except UserInputError as error:
+        raise UserInputError(f"{where}.{error}") from None

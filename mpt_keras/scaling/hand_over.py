@@ -1,0 +1,50 @@
+"""What a train step hands the optimizer before `apply`: the loss, the batch, the state.
+
+Keras' train step calls `scale_loss` but never passes the loss (or batch) to
+`apply`; kept per replica and per trace, they let `apply` tell bad data from an overflow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from mpt_keras.scaling.cross_replica import current_graph, replica_trace_key, tf_variable
+
+# The handed-over values that are tensors of the trace they were handed over in.
+_TENSORS = ("loss", "batch", "state")
+
+
+class HandOvers:
+    """The values each replica's trace handed over, until its `apply` takes them."""
+
+    def __init__(self) -> None:
+        self._by_trace: dict[tuple[int, int], dict[str, Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_trace)
+
+    def put(self, **values: Any) -> None:
+        key = replica_trace_key()
+        if any(other[0] != key[0] for other in self._by_trace):
+            # Left by a trace that never reached `apply` (a `scale_loss` alone).
+            self._by_trace = {k: v for k, v in self._by_trace.items() if k[0] == key[0]}
+        self._by_trace.setdefault(key, {}).update(values)
+
+    def take(self) -> dict[str, Any]:
+        """This replica's values in this trace (none from another graph's trace)."""
+        values = self._by_trace.pop(replica_trace_key(), {})
+        graph = current_graph()
+        for name in _TENSORS:
+            tensors = keras.tree.flatten(values.get(name))
+            if any(getattr(t, "graph", graph) is not graph for t in tensors):
+                values.pop(name)  # From a nested function's graph.
+        return values
+
+
+def state_before(variables: Sequence[keras.Variable]) -> list[tuple[keras.Variable, tf.Tensor]]:
+    """The floating `variables` with a copy of their values now, for `apply(state=...)`."""
+    return [(v, tf.identity(tf_variable(v))) for v in variables if tf.as_dtype(v.dtype).is_floating]

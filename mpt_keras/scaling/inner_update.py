@@ -1,0 +1,110 @@
+"""The inner optimizer's update: run on the summed gradients, undone if it overflowed, or skipped.
+
+With float16 or bfloat16 variables a finite gradient can still write an Inf; that update is undone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+from mpt_keras import compat
+from mpt_keras.precision.float8 import is_float8_state
+from mpt_keras.scaling.cross_replica import Writer, tf_variable
+from mpt_keras.scaling.verdict import spread_over
+
+_FULL_PRECISION = ("float32", "float64")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelVariables:
+    """The model variables the optimizer was built on, and those an update is checked on.
+
+    One object, not list attributes: Keras' tracker takes an optimizer's list
+    attributes' variables for its own, to be saved and loaded by position.
+    """
+
+    variables: tuple[keras.Variable, ...]  # In `build`'s order.
+    positions: dict[int, int] = dataclasses.field(compare=False)  # id -> per-variable state row.
+    update_checked: tuple[keras.Variable, ...]  # Low precision: an update may overflow them.
+    update_restored: tuple[keras.Variable, ...]  # Those, float8 state, inner slots: undone.
+
+    @classmethod
+    def of(
+        cls,
+        var_list: Sequence[keras.Variable],
+        in_state_order: Sequence[keras.Variable],
+        inner: Any,
+    ) -> ModelVariables:
+        """`var_list` with its per-variable state in `in_state_order`, for `inner` (built)."""
+        low_precision = [v for v in var_list if v.dtype not in _FULL_PRECISION]
+        return cls(
+            variables=tuple(var_list),
+            positions={id(v): i for i, v in enumerate(in_state_order)},
+            update_checked=tuple(low_precision),
+            update_restored=tuple(
+                low_precision
+                and [
+                    *low_precision,
+                    *(v for v in var_list if is_float8_state(v)),
+                    *(v for v in inner.variables if v.dtype not in ("int32", "int64")),
+                ]
+            ),
+        )
+
+    def position(self, variable: keras.Variable) -> int:
+        return self.positions[id(variable)]
+
+
+def apply_inner(
+    distribution: tf.distribute.Strategy,
+    inner: keras.optimizers.Optimizer,
+    grads: list[Any],
+    variables: list[keras.Variable],
+    model: ModelVariables,
+) -> tf.Tensor | None:
+    """Runs `inner.apply()` in the cross-replica context.
+
+    Returns:
+        With low-precision variables, per built variable whether the update
+        went non-finite (and was undone; a slot's overflow is blamed on every
+        checked variable); else `None`.
+    """
+    restored = model.update_restored
+    # tf.identity reads a copy; ops.convert_to_tensor gives the variable back.
+    before = [tf.identity(tf_variable(v)) for v in restored] if restored else []
+    with compat.gradients_already_reduced():
+        if tf.distribute.in_cross_replica_context():
+            distribution.extended.call_for_each_replica(inner.apply, args=(grads, variables))
+        else:  # No strategy: maybe_merge_call stayed in the replica context.
+            inner.apply(grads, variables)
+    if not restored:
+        return None
+    checked_variables = model.update_checked
+    checked = ops.stack([~ops.all(ops.isfinite(v)) for v in checked_variables])
+    slots = restored[len(checked_variables) :]
+    slots_nonfinite = ops.any(ops.stack([~ops.all(ops.isfinite(v)) for v in slots] or [False]))
+    positions = [model.position(v) for v in checked_variables]
+    per_variable = spread_over(checked | slots_nonfinite, positions, len(model.variables))
+    write = Writer(distribution)
+
+    def restore() -> None:
+        for variable, value in zip(restored, before):
+            write.assign(variable, value)
+
+    ops.cond(ops.any(per_variable), restore, lambda: None)
+    return per_variable
+
+
+def skip_inner(write: Writer, inner: keras.optimizers.Optimizer, step_ends: tf.Tensor) -> None:
+    """Advances the inner optimizers' `iterations` as their `apply()` would (at a window's end)."""
+    counters = [inner.iterations] + [
+        sub.iterations for sub in getattr(inner, "optimizers", ()) if sub.built
+    ]
+    for counter in counters:
+        write.add(counter, ops.cast(step_ends, counter.dtype))

@@ -1,0 +1,45 @@
+"""One replica's step, handed from its replica context to the cross-replica write.
+
+A NamedTuple, not a dataclass: `merge_call` regroups a NamedTuple's fields over the replicas.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import tensorflow as tf
+
+from mpt_keras.scaling.cross_replica import first_replica
+
+
+class StepRecord(NamedTuple):
+    """What the write of one step needs.
+
+    `grads`, `accumulated` and `state` are each replica's own values; the
+    rest, computed from all-reduced values, is alike on every replica.
+    """
+
+    grads: list[Any]  # For the inner apply: unscaled, all-reduced (a window's mean).
+    accumulated: list[Any]  # New values of the accumulation variables.
+    state: list[Any]  # The forward pass's state before it: put back on a skip.
+    should_apply: tf.Tensor
+    step_ends: tf.Tensor  # The inner optimizer's step (with accumulation, the window) ends.
+    finite: tf.Tensor  # The rest as in `verdict.GradientVerdict`.
+    halves: list[tf.Tensor]
+    new_values_finite: list[tf.Tensor]
+    bad_batch: tf.Tensor
+    loss: tf.Tensor  # The global loss (0 when none was handed over).
+    half_total: tf.Tensor
+
+    def shared(self, distribution: tf.distribute.Strategy) -> StepRecord:
+        """This record in the cross-replica context: the first replica's verdict speaks for all."""
+        return self._replace(
+            **{
+                name: first_replica(distribution, getattr(self, name))
+                for name in self._fields
+                if name not in _PER_REPLICA
+            }
+        )
+
+
+_PER_REPLICA = ("grads", "accumulated", "state")

@@ -1,0 +1,48 @@
+"""What an interval's overflows touched: the variables with new non-finite gradients, in words.
+
+The monitor logs the line and writes the table as TensorBoard text, so a user sees
+which layers overflowed without reading the per-variable counts.
+"""
+
+from __future__ import annotations
+
+
+def new_nonfinite(before: dict[str, int], counts: dict[str, int]) -> dict[str, int]:
+    """Per variable path, the non-finite steps counted since `before` (only those with some)."""
+    return {
+        path: count - before.get(path, 0)
+        for path, count in counts.items()
+        if count > before.get(path, 0)
+    }
+
+
+def describe_overflow(
+    new: dict[str, int], counts: dict[str, int], skipped: int, first: int, last: int
+) -> tuple[str, str]:
+    """The log line and the Markdown report of `skipped` overflows in steps `first`-`last`.
+
+    Args:
+        new: `new_nonfinite` of the interval.
+        counts: The run's non-finite steps per variable path so far.
+    """
+    layers = ", ".join(sorted({_layer_of(path) for path in new}))
+    line = (
+        f"Step {last}: {skipped} of steps {first}-{last} skipped for non-finite gradients; "
+        f"layers: {layers}; variables: {', '.join(sorted(new))}"
+    )
+    report = [
+        f"**Step {last}**: {skipped} of steps {first}-{last} skipped for non-finite "
+        f"gradients, in layers {layers}.",
+        "",
+        "| layer | variable | non-finite steps in the interval | in total |",
+        "|---|---|---|---|",
+        *(
+            f"| {_layer_of(path)} | {path} | {count} | {counts[path]} |"
+            for path, count in sorted(new.items())
+        ),
+    ]
+    return line, "\n".join(report)
+
+
+def _layer_of(variable_path: str) -> str:
+    return variable_path.rpartition("/")[0] or variable_path
