@@ -28,12 +28,14 @@ def check_number(
     maximum: float | None = None,
     above: float | None = None,
     integer: bool = False,
+    unbounded: bool = False,
     show: Callable[[Any], str] = repr,
 ) -> Any:
     """Returns `value` if it is a finite number (an int if `integer`) in range.
 
     Args:
         minimum, maximum: Inclusive bounds; `above`: an exclusive lower bound.
+        unbounded: Also take `inf`, a limit that never binds (a threshold off).
         show: How the received value is written (`json.dumps` for JSON keys).
 
     Raises:
@@ -46,11 +48,14 @@ def check_number(
         *([f"<= {maximum:g}"] if maximum is not None else []),
     ]
     allowed = kind + (" " + " and ".join(bounds) if bounds else "")
+    if unbounded:
+        allowed += " (inf: no limit)"
     numeric = isinstance(value, int) if integer else isinstance(value, (int, float))
     if (
         isinstance(value, bool)
         or not numeric
-        or not math.isfinite(value)
+        or math.isnan(value)
+        or (math.isinf(value) and not (unbounded and value > 0))
         or (minimum is not None and value < minimum)
         or (above is not None and value <= above)
         or (maximum is not None and value > maximum)

@@ -18,6 +18,11 @@ from mpt_keras.errors import UserInputError
         (float("inf"), {"minimum": 0}, "every: received inf. Allowed: a number >= 0"),
         (0.0, {"above": 0, "maximum": 1}, "every: received 0.0. Allowed: a number > 0 and <= 1"),
         ("2", {}, "every: received '2'. Allowed: a number"),
+        (
+            float("-inf"),
+            {"minimum": 0, "unbounded": True},
+            "every: received -inf. Allowed: a number >= 0 (inf: no limit)",
+        ),
     ],
 )
 def test_a_bad_number_is_refused_naming_what_and_the_range(value, options, message):
@@ -29,6 +34,7 @@ def test_a_bad_number_is_refused_naming_what_and_the_range(value, options, messa
 def test_a_good_number_is_returned_unchanged():
     assert check_number("every", 3, minimum=1, integer=True) == 3
     assert check_number("factor", 0.5, above=0, maximum=1) == 0.5
+    assert check_number("max_kl", float("inf"), minimum=0, unbounded=True) == float("inf")
 
 
 def test_a_choice_lists_what_is_allowed_and_shows_json_when_asked():

@@ -31,8 +31,18 @@ def test_check_describes_itself_in_one_line():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"output_rtol": -1.0}, "threshold output_rtol: received -1.0. Allowed: a number >= 0"),
-        ({"max_kl": "big"}, "threshold max_kl: received 'big'. Allowed: a number >= 0"),
+        (
+            {"output_rtol": -1.0},
+            "threshold output_rtol: received -1.0. Allowed: a number >= 0 (inf: no limit)",
+        ),
+        (
+            {"max_kl": "big"},
+            "threshold max_kl: received 'big'. Allowed: a number >= 0 (inf: no limit)",
+        ),
+        (
+            {"max_kl": float("nan")},
+            "threshold max_kl: received nan. Allowed: a number >= 0 (inf: no limit)",
+        ),
         (
             {"min_top1_agreement": 2.0},
             "threshold min_top1_agreement: received 2.0. Allowed: a number >= 0 and <= 1",
@@ -43,3 +53,8 @@ def test_bad_thresholds_are_user_errors(kwargs, message):
     with pytest.raises(mpt_keras.UserInputError) as error:
         Thresholds(**kwargs)
     assert str(error.value) == message
+
+
+def test_an_infinite_threshold_switches_its_check_off():
+    thresholds = Thresholds(max_kl=float("inf"), max_loss_gap=float("inf"))
+    assert thresholds.max_kl == float("inf")

@@ -33,9 +33,13 @@ class Thresholds:
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
-            maximum = 1 if field.name == "min_top1_agreement" else None
+            fraction = field.name == "min_top1_agreement"
             check_number(
-                f"threshold {field.name}", getattr(self, field.name), minimum=0, maximum=maximum
+                f"threshold {field.name}",
+                getattr(self, field.name),
+                minimum=0,
+                maximum=1 if fraction else None,
+                unbounded=not fraction,  # inf: that check never fails
             )
 
 
