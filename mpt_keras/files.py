@@ -1,4 +1,6 @@
-"""Atomic writes: a file in `model_dir` is either its old or its new version.
+"""Files: atomic writes, output directories checked before use, and strict JSON reads.
+
+A file in `model_dir` is either its old or its new version.
 
 A writer that is killed half-way leaves a temporary file beside the target,
 never a torn target; `os.replace` is atomic on POSIX file systems. JSON

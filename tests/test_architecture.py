@@ -106,7 +106,7 @@ def private_reaches(path: str, repo: str = REPO) -> list[str]:
                 if _is_private(alias.name):
                     reaches.append(f"{node.module}.{alias.name}")
                 else:
-                    # `from mpt_keras import keras_compat as compat`: a module, maybe.
+                    # `from mpt_keras.backend import tensorflow as tf_backend`: a module, maybe.
                     aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and _is_private(node.attr):

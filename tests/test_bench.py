@@ -700,3 +700,17 @@ def test_profiled_low_precision_is_compared_with_float32_and_peak_matmuls():
         )
         is None
     )
+
+
+def test_an_output_dir_that_cannot_be_made_is_refused_before_measuring(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    measured = []
+    monkeypatch.setattr(suite, "measure", lambda *args: measured.append(args))
+    with pytest.raises(UserInputError) as raised:
+        suite.run(suite_settings.Settings(), output_dir=str(blocker / "out"))
+    assert str(raised.value) == (
+        f"output: received {blocker / 'out'} (cannot be created: Not a directory). "
+        "Allowed: a directory that can be created and written"
+    )
+    assert measured == []

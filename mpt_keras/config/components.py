@@ -81,16 +81,21 @@ def import_modules(modules: Iterable[str], key: str = "imports") -> None:
         _import(module, f"{key}[{index}]")
 
 
+def check_factory_syntax(reference: Any, key: str) -> None:
+    """Refuses a factory reference of config key `key` that is not `package.module:attribute`."""
+    if not isinstance(reference, str) or not FACTORY_SYNTAX.fullmatch(reference):
+        raise checks.refusal(
+            f"key '{key}'", checks.as_json(reference), "'package.module:attribute'"
+        )
+
+
 def resolve_factory(reference: str, key: str) -> Callable[..., Any]:
     """Imports `package.module:attribute` (named by config key `key`) and returns it.
 
     Raises:
         UserInputError: Bad syntax, a failing import, a missing or uncallable attribute.
     """
-    if not FACTORY_SYNTAX.fullmatch(reference):
-        raise checks.refusal(
-            f"key '{key}'", checks.as_json(reference), "'package.module:attribute'"
-        )
+    check_factory_syntax(reference, key)
     module_name, _, attribute = reference.partition(":")
     value: Any = _import(module_name, key)
     for part in attribute.split("."):

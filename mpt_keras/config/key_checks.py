@@ -8,7 +8,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from mpt_keras import checks
-from mpt_keras.config.components import FACTORY_SYNTAX
+from mpt_keras.config.components import check_factory_syntax
 
 
 def key(name: str) -> str:
@@ -44,12 +44,8 @@ def one_source(config: Any, section: str, keys: tuple[str, ...]) -> None:
         raise checks.refusal(
             what, received, f"exactly one of {', '.join(repr(name) for name in keys)}"
         )
-    require(
-        config.factory is None or FACTORY_SYNTAX.fullmatch(config.factory) is not None,
-        f"{section}.factory" if section else "factory",
-        "'package.module:attribute'",
-        config.factory,
-    )
+    if config.factory is not None:
+        check_factory_syntax(config.factory, f"{section}.factory" if section else "factory")
 
 
 def is_feature_map(features: Mapping[str, Any]) -> bool:
