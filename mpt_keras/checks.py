@@ -1,8 +1,7 @@
 """Checks of user input: one message form for every number and choice the toolkit takes.
 
-Every refusal reads `{what}: received {value}. Allowed: {allowed}`, so a user
-learns one form and a test pins one form. `what` names the flag, key or
-argument as the user wrote it.
+Every refusal reads `{what}: received {value}. Allowed: {allowed}`, so a user learns one form
+and a test pins one; `what` names the flag, key or argument as the user wrote it.
 """
 
 from __future__ import annotations
@@ -31,15 +30,10 @@ def check_number(
     unbounded: bool = False,
     show: Callable[[Any], str] = repr,
 ) -> Any:
-    """Returns `value` if it is a finite number (an int if `integer`) in range.
+    """Returns `value` if it is a finite number (an int if `integer`) in range; else refuses.
 
-    Args:
-        minimum, maximum: Inclusive bounds; `above`: an exclusive lower bound.
-        unbounded: Also take `inf`, a limit that never binds (a threshold off).
-        show: How the received value is written (`json.dumps` for JSON keys).
-
-    Raises:
-        UserInputError: Naming `what`, the value and the allowed range.
+    `minimum`, `maximum` are inclusive, `above` exclusive; `unbounded` also takes `inf`, a
+    limit that never binds (a threshold off); `show` writes the value (`as_json` for JSON).
     """
     kind = "an integer" if integer else "a number"
     bounds = [

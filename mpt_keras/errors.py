@@ -12,13 +12,9 @@ import traceback
 class UserInputError(ValueError):
     """Bad input from the user: a flag, a config or manifest file, or data.
 
-    The message names what was wrong (the flag, file, key or value received) and
-    what is allowed instead, in one line: the user's text quoted in it (a key, a
-    path, a regex) may hold line breaks, so unprintable characters are escaped.
-
-    Example:
-
-        str(UserInputError("unknown key 'a" + chr(10) + "b'"))  # one line: a, backslash, n, b
+    The message names what was wrong (the flag, file, key or value received) and what is
+    allowed instead, in one line: unprintable characters (of a key, path or regex quoted in
+    it) are escaped (`printable`).
     """
 
     def __init__(self, message: str):
@@ -28,28 +24,24 @@ class UserInputError(ValueError):
 class RunStoppedError(UserInputError):
     """A guard stopped training: too much bad data, or a divergence it cannot mend.
 
-    Reported like bad input (one line, exit status 2): the data or the config
-    must change before a rerun. The checkpoints already saved are kept.
+    Reported like bad input (one line, exit status 2): the data or the config must change
+    before a rerun. The saved checkpoints are kept.
     """
 
 
 class PeerFailedError(RuntimeError):
-    """A multi-worker run lost a peer worker, so this worker cannot go on.
-
-    The peer stopped answering (it crashed, was killed or preempted) and
-    TensorFlow aborted this worker's collectives. Nothing is wrong with the
-    input and the checkpoints already saved are complete: rerunning every
-    worker with the same `model_dir` resumes from the last one. The message
-    names the peer, what TensorFlow reported and the `model_dir`, in one line.
+    """A multi-worker run lost a peer worker (crashed, killed or preempted), and TensorFlow
+    aborted this worker's collectives. The input is fine and the saved checkpoints complete:
+    rerunning every worker with the same `model_dir` resumes. The one-line message names the
+    peer, what TensorFlow reported and the `model_dir`.
     """
 
 
 def printable(text: str) -> str:
     """`text` with each unprintable character escaped as in Python literals.
 
-    Line breaks (`\\n`, `\\r`, `\\u2028`, ...), tabs, other control characters
-    and lone surrogates become `\\n`, `\\t`, `\\x85`, `\\ud800`; printable text,
-    backslashes included, is unchanged, so applying it twice changes nothing.
+    Line breaks, tabs, other control characters and lone surrogates become `\\n`, `\\t`,
+    `\\x85`, `\\ud800`; printable text, backslashes included, is unchanged (so twice is once).
     """
     if text.isprintable():
         return text
@@ -60,10 +52,8 @@ def printable(text: str) -> str:
 
 
 def describe_error(error: BaseException) -> str:
-    """`Type: message (file, line N)`: an error of the user's code, in one line.
-
-    The file and line are where it was raised (a syntax error's own position).
-    """
+    """`Type: message (file, line N)`: an error of the user's code, in one line, where it was
+    raised (a syntax error's own position)."""
     if isinstance(error, SyntaxError) and error.filename:
         return f"{type(error).__name__}: {error.msg} ({error.filename}, line {error.lineno})"
     frames = traceback.extract_tb(error.__traceback__)

@@ -1,12 +1,9 @@
 """Files: atomic writes, output directories checked before use, and strict JSON reads.
 
-A file in `model_dir` is either its old or its new version.
-
-A writer that is killed half-way leaves a temporary file beside the target,
-never a torn target; `os.replace` is atomic on POSIX file systems. JSON
-files hold non-finite numbers as strings (`json_safe`).
-`check_writable_dir` refuses, before anything is written, an output directory
-that could not be.
+A writer killed half-way leaves a temporary file beside the target, never a torn one
+(`os.replace` is atomic on POSIX), so a file in `model_dir` is its old or new version. JSON
+files hold non-finite numbers as strings (`json_safe`). `check_writable_dir` refuses, before
+anything is written, an output directory that could not be.
 """
 
 from __future__ import annotations
@@ -47,13 +44,9 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 
 def json_safe(value: Any) -> Any:
-    """`value` with each non-finite float as the string `"inf"`, `"-inf"` or `"nan"`.
-
-    The one form every JSON file of a run writes them in: JSON has no
-    Infinity or NaN (Python writes them, other readers refuse them), and a
-    diverged run's loss or perplexity must still be written and read back.
-    `float()` reads the strings back.
-    """
+    """`value` with each non-finite float as the string `"inf"`, `"-inf"` or `"nan"` (which
+    `float()` reads back): JSON has no Infinity or NaN (Python writes them, other readers
+    refuse them), and a diverged run's loss must still be written and read back."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, Mapping):
@@ -69,8 +62,7 @@ def write_json_atomic(path: str | os.PathLike, value: Any) -> None:
     write_text_atomic(path, text + "\n")
 
 
-# A run writes checkpoints, logs and a saved model: refuse to start one that
-# would fail on its first checkpoint. The digits models' run takes a few MiB.
+# Refuse a run that would fail on its first checkpoint; the digits models' run takes a few MiB.
 MIN_FREE_BYTES = 64 * 2**20
 _PROBE_PREFIX = ".write_probe."
 
@@ -78,15 +70,10 @@ _PROBE_PREFIX = ".write_probe."
 def check_writable_dir(
     path: str | os.PathLike, what: str = "directory", min_free_bytes: int = MIN_FREE_BYTES
 ) -> None:
-    """Creates directory `path` and checks that files can be written in it.
-
-    The one check of every output directory (`model_dir`, a report's). A probe
-    file is written, fsynced and removed, since `os.access` says yes to root
-    on a read-only or full file system; then `min_free_bytes` must be free.
-
-    Raises:
-        UserInputError: `<what>: received <path> (<why>). Allowed: ...`.
-    """
+    """Creates directory `path` and checks that files can be written in it (every output
+    directory's check). A probe file is written, fsynced and removed (`os.access` says yes to
+    root on a read-only or full file system); then `min_free_bytes` must be free. Raises
+    `UserInputError`: `<what>: received <path> (<why>). Allowed: ...`."""
     path = os.fspath(path)
     try:
         os.makedirs(path, exist_ok=True)
@@ -100,8 +87,8 @@ def check_creatable_dir(
 ) -> None:
     """As `check_writable_dir`, creating nothing: probes `path` or the nearest existing parent.
 
-    So a run can check its `model_dir` before its config is known good, and a
-    bad config leaves no directory behind.
+    So a run can check its `model_dir` before its config is known good, and a bad config
+    leaves no directory behind.
     """
     path = os.fspath(path)
     existing = os.path.abspath(path)
@@ -139,12 +126,8 @@ def _refusal(what: str, path: str, why: str, min_free_bytes: int) -> UserInputEr
 
 
 def read_json_object(path: str | os.PathLike) -> dict[str, Any]:
-    """Reads a JSON file holding one object.
-
-    Raises:
-        UserInputError: When the file is missing, unreadable, not JSON (naming
-            the line and column) or not an object.
-    """
+    """Reads a JSON file holding one object; `UserInputError` if it is missing, unreadable,
+    not JSON (naming the line and column) or not an object."""
     path = os.fspath(path)
     try:
         with open(path, encoding="utf-8") as file:

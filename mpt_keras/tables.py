@@ -6,10 +6,7 @@ from collections.abc import Sequence
 
 
 def aligned(rows: Sequence[Sequence[str]], indent: str = "") -> list[str]:
-    """Each row as one line, every column as wide as its widest cell.
-
-    Trailing spaces are dropped, so a short last cell leaves no padding.
-    """
+    """Each row as one line, every column as wide as its widest cell; no trailing spaces."""
     widths = (
         [max(len(row[column]) for row in rows) for column in range(len(rows[0]))] if rows else []
     )

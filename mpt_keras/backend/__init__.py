@@ -1,5 +1,5 @@
 """What only one Keras backend can do, one folder per backend.
 
 names.py     the strategy names, importable without any backend
-tensorflow/  tf.distribute strategies, the tf.function train step, tf.train checkpoints
+tensorflow/  tf.distribute strategies, the train step function, checkpoints
 """

@@ -1,4 +1,4 @@
-"""The strategy names each Keras backend serves; imports no backend, so a config checks them."""
+"""The strategy names each backend serves; imports no backend, so a config can check them."""
 
-# tf.distribute strategies by name (`backend.tensorflow.distribute`).
+# `backend.tensorflow.distribute`.
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")

@@ -1,10 +1,7 @@
-"""Calibration: measure a model in float32 on real batches, then decide each layer's precision.
-
-Each layer (`sites`) is measured on its real calls as the model runs, then
-alone on the inputs recorded for it in each low precision, every other layer
-float32: about `2 * steps` forward passes per level of nesting, with
-`training=False`. The manifest's default is the policy most layers got; safe
-defaults (model outputs, normalization) stay float32.
+"""`calibrate`: each site is recorded as the model runs in float32 on real batches, then run
+alone on its recorded inputs in each low precision, the rest float32: about `2 * steps` passes
+per nesting level, `training=False`. The default is the policy most layers got; safe defaults
+(outputs, normalization) stay float32.
 
 Example:
 
@@ -68,18 +65,17 @@ def calibrate(
     """Measures a model in float32 on `steps` batches and decides a manifest.
 
     Args:
-        model_or_factory: A model with float32 variables (built on the first
-            batch if not built), or a function of no arguments returning one.
-        data: A `tf.data.Dataset` of `(x, y[, sample_weight])` batches, or a
-            tuple of arrays, shuffled with `seed` and cut into `steps` batches
-            of `batch_size`. `x` is an array or a dict of arrays.
+        model_or_factory: A float32 model (built on the first batch if needed), or a
+            no-argument function returning one.
+        data: A `tf.data.Dataset` of `(x, y[, sample_weight])` batches, or a tuple of arrays
+            (`x` an array or dict of arrays) shuffled with `seed` into `steps` x `batch_size`.
         loss: A `keras.losses.Loss`, or `loss(y_true, y_pred)` per example.
         initial_scale: The loss scale a float16 run starts with.
-        float8: Give recommended Dense and EinsumDense layers a float8 rule
-            (emulated, and slower, without float8 units).
+        float8: Give recommended Dense/EinsumDense a float8 rule (emulated, slower, without
+            float8 units).
 
     Returns:
-        The statistics and the manifest; the same data and seed give the same.
+        The statistics and manifest; deterministic in data and seed.
 
     Raises:
         UserInputError: For bad arguments or data, or float32 outputs not finite.
@@ -105,8 +101,6 @@ def calibrate(
 
 
 class _Calibration:
-    """One `calibrate` call."""
-
     def __init__(
         self,
         model: keras.Model,
@@ -126,14 +120,13 @@ class _Calibration:
             for layer in float32_report.layers
             if layer.decided_by.startswith("safe default")
         }
-        # The sites the safe defaults keep float32, and why.
+        # Per site a safe default keeps float32: why.
         self._kept = {
             site.path: self._safe_defaults[site.path].reason
             for site in sites.sites
             if site.path in self._safe_defaults
         }
         self._decider = Decider(thresholds, initial_scale, self._kept)
-        # Each built Dense and EinsumDense, at its first path.
         self._float8_candidates = {
             site.path: site.layer
             for site in sites.sites
@@ -189,7 +182,7 @@ class _Calibration:
     def _decide_groups(
         self, values: dict[str, np.ndarray], gradients: dict[str, VariableGradients]
     ) -> tuple[str, dict[str, Decision], dict[str, OutputErrors]]:
-        """The default, each site's decision, and each measured group's errors by its lead."""
+        """The default, each site's decision, each measured group's errors (by lead)."""
         groups = self._sites.groups()
         decided: dict[str, Decision] = {}
         figures: dict[str, GroupFigures] = {}

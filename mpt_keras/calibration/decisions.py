@@ -1,6 +1,4 @@
-"""Calibration's decision per layer or tied group: a policy and a reason naming the figures,
-under `CalibrationThresholds`.
-"""
+"""Calibration's decision per layer or tied group: a policy, and a reason naming the figures."""
 
 from __future__ import annotations
 
@@ -18,23 +16,20 @@ from mpt_keras.precision.limits import FLOAT16_MAX, FLOAT16_SMALLEST_SUBNORMAL
 class CalibrationThresholds:
     """When a layer may compute in float16 or bfloat16, or a Dense or EinsumDense in float8.
 
-    A layer (or tied group, on all its members' figures) gets `mixed_float16`
-    if its activation max <= `FLOAT16_MAX` / `float16_headroom`, float16
-    flushes at most `max_flushed_norm_fraction` of the norm of its activations
-    and of its gradient times the initial loss scale, and its float16 error is
-    <= `max_float16_error`; else `mixed_bfloat16` if its bfloat16 error is
-    <= `max_bfloat16_error`; else `float32`.
+    A layer (or group, on all members' figures) gets `mixed_float16` if its activation max
+    <= `FLOAT16_MAX` / `float16_headroom`, float16 flushes <= `max_flushed_norm_fraction` of
+    the norm of its activations and of its gradient x initial scale, and its float16 error <=
+    `max_float16_error`; else `mixed_bfloat16` if its bfloat16 error <= `max_bfloat16_error`;
+    else `float32`.
 
     Attributes:
         float16_headroom: Unseen batches run larger than the few calibrated.
-        max_float16_error: float16's rounding unit is 4.9e-4: 1e-2 allows a
-            20-fold amplification (bfloat16's, 3.9e-3).
-        max_float8_saturated_fraction: Of each of its inputs, kernel and
-            output gradient at the delayed scale (`calibration.float8`):
-            0.1% allows a few outliers and refuses an amax that keeps jumping.
+        max_float16_error: float16's rounding unit is 4.9e-4: 1e-2 allows 20-fold amplification.
+        max_float8_saturated_fraction: Of each input, kernel and output gradient at the delayed
+            scale (`calibration.float8`): 0.1% allows outliers, refuses a jumping amax.
 
     Raises:
-        UserInputError: For a value not > 0, a fraction > 1, a headroom < 1.
+        UserInputError: For a value <= 0, a fraction > 1, a headroom < 1.
     """
 
     float16_headroom: float = 8.0
@@ -63,7 +58,7 @@ class Decision(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class GroupFigures:
-    """What a group is decided on: all its members' figures; `errors` None when not measured."""
+    """All a group's members' figures; `errors` None when not measured."""
 
     activations: ActivationStatistics
     gradients: LayerGradients
@@ -71,11 +66,7 @@ class GroupFigures:
 
 
 class Decider:
-    """Decides groups by `thresholds`.
-
-    `safe_defaults`: per site the manifest's safe defaults keep float32, why;
-    a group holding one stays float32.
-    """
+    """Decides groups by `thresholds`; `safe_defaults` (site path -> why) keep a group float32."""
 
     def __init__(
         self,
@@ -88,13 +79,13 @@ class Decider:
         self._safe_defaults = safe_defaults
 
     def measured(self, group: Group, figures: GroupFigures, holds_sites: bool) -> Decision:
-        """A measured group's decision; `holds_sites`: its lead is a container."""
+        """`holds_sites`: the lead is a container."""
         safe_default = self._safe_default(group)
         if safe_default is not None:
             return Decision("float32", safe_default)
         limits = self._limits
         problems = self._range_problems(figures)
-        # What the measurement covered: a block's own ops, its sublayers apart.
+        # A block's measurement covers its own ops, its sublayers apart.
         parts = ["own ops"] if holds_sites else []
         tied = [member.path.removeprefix(group.lead.path + "/") for member in group.members[1:]]
         parts += [f"with tied {', '.join(tied)}"] if tied else []
@@ -139,7 +130,7 @@ class Decider:
         return None
 
     def _range_problems(self, figures: GroupFigures) -> list[str]:
-        """What rules float16 out in the activations' range and the flushed norms."""
+        """What rules float16 out: the activations' range, the flushed norms."""
         limits = self._limits
         fits = FLOAT16_MAX / limits.float16_headroom
         flushed_limit = format_share(limits.max_flushed_norm_fraction)
@@ -150,7 +141,7 @@ class Decider:
                 f"activation max {figures.activations.max:.3g} > {fits:.0f} "
                 f"(float16 max {FLOAT16_MAX:g} / headroom {limits.float16_headroom:g})"
             )
-        # nan (a norm not finite in float32, which no precision mends) compares False.
+        # nan (a norm not finite in float32: no precision mends it) compares False.
         flushed = figures.activations.flushed_norm_fraction
         if flushed > limits.max_flushed_norm_fraction:
             problems.append(
@@ -167,7 +158,7 @@ class Decider:
 
 
 def unmeasured_reason(group: Group) -> str | None:
-    """Why a group is not measured (not called, or passing its inputs on), or None."""
+    """Why a group is not measured (not called, or passes its inputs on), or None."""
     if not group.called.calls:
         return "not called on the calibration batches"
     passes_through = pass_through_reason(group.lead.layer) if len(group.members) == 1 else None
@@ -175,7 +166,6 @@ def unmeasured_reason(group: Group) -> str | None:
 
 
 def tied_reason(lead: str, policy: str) -> str:
-    """The reason of a member following its group's lead."""
     return f"tied to {lead} (they meet in an op of one dtype) -> {policy}"
 
 
@@ -185,5 +175,5 @@ def format_share(fraction: float) -> str:
 
 
 def _nan_as_inf(error: float) -> float:
-    # A nan error (the low-precision output was not finite) reads as inf.
+    # nan: the low-precision output was not finite.
     return math.inf if math.isnan(error) else error

@@ -1,12 +1,9 @@
 """Calibration's float8 figures: what Keras' float8 would lose in each Dense and EinsumDense.
 
-Recorded in `calibrate`'s float32 backward pass, per tensor Keras quantizes
-(`QUANTIZED_TENSORS`; the output gradient at the matmul output): its amax and
-the shares that saturate and underflow (`float8_shares`) at Keras' delayed
-scale, emulated: each batch at the largest amax of the batches before it, the
-first at its own, the kernel at its own. This measures the scaling a run
-settles into (Keras' first two steps left out). The output gradient is
-unscaled: a power-of-two loss scale changes its amax, not its shares.
+Per tensor Keras quantizes (`QUANTIZED_TENSORS`), in the float32 backward pass: amax, and the
+shares saturating and underflowing at Keras' delayed scale, emulated (each batch at the largest
+earlier amax; the first batch and kernel at their own), as a settled run scales. The output
+gradient is unscaled: a power-of-two loss scale changes its amax, not its shares.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ from mpt_keras.keras_bridge.layer_calls import calls_wrapped
 from mpt_keras.precision.float8 import QUANTIZED_TENSORS, float8_shares, format_max
 from mpt_keras.precision.names import LOW_PRECISION_POLICIES
 
-# How reasons name each tensor, and the ending of a verb after it.
+# Each tensor's name in reasons, and its verb ending.
 _LABELS = {
     "inputs": ("inputs", ""),
     "kernel": ("kernel", "s"),
@@ -36,7 +33,7 @@ _LABELS = {
 
 @dataclasses.dataclass(frozen=True)
 class TensorFigures:
-    """One quantized tensor of a layer; a value not finite: `amax` inf or nan, shares nan."""
+    """One quantized tensor of a layer; if not finite: `amax` inf or nan, shares nan."""
 
     float8_format: str
     amax: float
@@ -54,7 +51,7 @@ class TensorFigures:
 
 @dataclasses.dataclass(frozen=True)
 class Float8Figures:
-    """A Dense or EinsumDense's calls over all batches, and each quantized tensor's figures."""
+    """A Dense or EinsumDense's call count and each quantized tensor's figures."""
 
     class_name: str
     calls: int
@@ -72,7 +69,7 @@ class Float8Figures:
 
 @dataclasses.dataclass(frozen=True)
 class Float8Layer:
-    """A layer's float8 figures and decision; `policy` is the one in the manifest."""
+    """A layer's float8 figures and decision; `policy`: the manifest's."""
 
     figures: Float8Figures
     policy: str
@@ -90,8 +87,6 @@ class Float8Layer:
 
 @dataclasses.dataclass
 class _TensorHistory:
-    """One quantized tensor of one layer, batch by batch."""
-
     float8_format: str
     amaxes: list[float] = dataclasses.field(default_factory=list)
     saturated: int = 0
@@ -134,8 +129,8 @@ def _delayed_scale(amax: float, float8_format: str) -> float:
     largest = np.float32(format_max(float8_format))
     amax = np.float32(amax)
     scale = amax / largest
-    # Rounded up where the amax would land a rounding above the largest value:
-    # Keras' clip changes it by less than its own rounding, no saturation.
+    # Rounded up where amax / scale lands a rounding above the largest value (Keras' clip
+    # absorbs that rounding: no saturation).
     if amax / scale > largest:
         scale = np.nextafter(scale, np.float32(np.inf))
     return float(scale)
@@ -144,16 +139,8 @@ def _delayed_scale(amax: float, float8_format: str) -> float:
 class Float8Recorder:
     """Records the float8 figures of Dense and EinsumDense layers as a model runs.
 
-    Args:
-        layers: `(path, layer)` of each layer to measure, built, each once.
-
-    Example:
-
-        recorder = Float8Recorder([("dense", dense)])
-        with tf.GradientTape() as tape, recorder.recording(tape):
-            loss = keras.ops.mean(model(features))
-        recorder.add_batch(tape.gradient(loss, recorder.outputs))
-        recorder.figures()["dense"].inputs.amax
+    `layers`: `(path, layer)` of each built layer, each once. Per batch: run the model under
+    `recording(tape)`, then `add_batch(tape.gradient(loss, recorder.outputs))`.
     """
 
     def __init__(self, layers: Sequence[tuple[str, keras.layers.Layer]]):
@@ -168,11 +155,11 @@ class Float8Recorder:
 
     @property
     def outputs(self) -> list[tf.Tensor]:
-        """The matmul output of each call of this batch, to take gradients for."""
+        """This batch's matmul outputs, to take gradients for."""
         return [output for _, _, output in self._batch]
 
     def recording(self, tape: tf.GradientTape) -> contextlib.AbstractContextManager:
-        """Records each call of the layers while the model runs one batch under `tape`."""
+        """Records the layers' calls while the model runs one batch under `tape`."""
         paths = {id(layer): path for path, layer in self._layers}
         return calls_wrapped(
             (layer for _, layer in self._layers),
@@ -180,12 +167,12 @@ class Float8Recorder:
         )
 
     def add_batch(self, output_gradients: Sequence[tf.Tensor | None]) -> None:
-        """Adds the batch recorded, given the gradients of the loss at `outputs`."""
+        """Adds the recorded batch, given the loss's gradients at `outputs`."""
         pieces = {path: {"inputs": [], "outputs_grad": []} for path in self._tensors}
         for (path, inputs, output), gradient in zip(self._batch, output_gradients, strict=True):
             self._calls[path] += 1
             pieces[path]["inputs"].append(_flat(inputs))
-            # None: the loss does not depend on this output.
+            # None: the loss does not depend on it.
             pieces[path]["outputs_grad"].append(
                 _flat(tf.zeros_like(output) if gradient is None else gradient)
             )
@@ -215,10 +202,10 @@ class Float8Recorder:
         tape: tf.GradientTape,
         call: Callable[..., Any],
     ) -> Callable[..., Any]:
-        """`call`, recording its inputs and its output before the activation.
+        """`call`, recording its inputs and its pre-activation output.
 
-        Dense and EinsumDense apply `self.activation` last: swapped, for the
-        call, for one watching and recording what it is given.
+        Dense and EinsumDense apply `self.activation` last: swapped for the call with one
+        that watches and records its input.
         """
 
         def recording_call(*args, **kwargs):
@@ -252,10 +239,9 @@ def decide_float8(
 ) -> tuple[bool, str]:
     """`(recommended, reason)`: whether a layer should train in float8, and why.
 
-    A float8 layer computes in the manifest's `default` outside its matmuls: so
-    only a layer whose own decision (`policy`) is that default, a low
-    precision, with every share within the limits. `why`: why a float32
-    `policy` (`safe default: model output`, `follows block_0`).
+    A float8 layer computes in the manifest's `default` outside its matmuls, so only a layer
+    whose `policy` is that (low-precision) default, every share within limits. `why`: why a
+    float32 `policy` (`safe default: model output`, `follows block_0`).
     """
     problems = []
     if policy not in LOW_PRECISION_POLICIES:

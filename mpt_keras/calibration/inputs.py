@@ -1,6 +1,5 @@
-"""What `calibrate` takes, checked: the model or its factory, the loss, and the data cut into
-`(x, y, sample_weight or None)` batches.
-"""
+"""`calibrate`'s inputs, checked: the model or factory, the loss, the data as
+`(x, y, sample_weight or None)` batches."""
 
 from __future__ import annotations
 
@@ -33,7 +32,7 @@ class _FunctionLoss(keras.losses.Loss):
 
 
 def as_loss(loss: Any) -> keras.losses.Loss:
-    """`loss`, a function of `(y_true, y_pred)` wrapped as a Keras loss."""
+    """`loss`, a function wrapped as a Keras loss."""
     if isinstance(loss, keras.losses.Loss):
         return loss
     if callable(loss):
@@ -88,7 +87,7 @@ def batches(data: Any, steps: int, seed: int, batch_size: int) -> Iterator[tuple
             "one weight per example",
         )
     order = np.random.default_rng(seed).permutation(count)
-    # Wrapped around when the arrays hold fewer than steps * batch_size examples.
+    # Wraps around when there are fewer than steps * batch_size examples.
     indices = np.resize(order, steps * batch_size).reshape(steps, batch_size)
     for batch in indices:
         yield (*keras.tree.map_structure(lambda array: array[batch], arrays), None)[:3]

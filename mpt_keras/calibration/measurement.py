@@ -1,5 +1,5 @@
-"""Calibration's passes over the model after its recording forward pass: the gradients,
-each group's output errors in low precision, and the diagnosis of a batch not finite.
+"""Calibration's passes after the recording pass: gradients, each group's low-precision
+output errors, and the diagnosis of a non-finite batch.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def gradient_statistics(
     for site in reversed(sites.sites):  # A variable's owner is its innermost site.
         for variable in site.layer.trainable_variables:
             owners.setdefault(id(variable), site.path)
-    # A float8 layer's scales and amax histories have no gradient: a step overwrites them.
+    # A float8 layer's scales and amax histories have no gradient (a step overwrites them).
     variables = [v for v in model.trainable_variables if not is_float8_state(v)]
     pieces = [[] for _ in variables]
     for features, labels, sample_weight in batches:
@@ -60,7 +60,7 @@ def gradient_statistics(
 
 
 def output_errors(group: Group) -> OutputErrors:
-    """The group's output errors, its members alone in each low precision; see `OutputErrors`."""
+    """The group's `OutputErrors`, its members alone in each low precision."""
     references = group.called.outputs()
     return OutputErrors(
         **{policy: _error(group, policy, references) for policy in LOW_PRECISION_POLICIES}
@@ -68,7 +68,7 @@ def output_errors(group: Group) -> OutputErrors:
 
 
 def _error(group: Group, policy: str, references: list[np.ndarray]) -> float:
-    # Every other layer is float32 already (the caller applied a float32 manifest).
+    # The rest is float32 already (the caller applied a float32 manifest).
     members = [member.layer for member in group.members]
     for layer in members:
         layer.dtype_policy = policy
@@ -93,11 +93,10 @@ def diagnosis(
     loss: Callable[..., Any],
     gradients: dict[str, VariableGradients],
 ) -> str | None:
-    """Where the first batch whose gradients were not finite in float32 stopped being finite.
+    """Where the first batch with non-finite float32 gradients stopped being finite.
 
-    Returns:
-        `statistics batch <n> of <steps>: first non-finite gradient: <path>`
-        (`diagnose_nonfinite`), or None when every gradient was finite.
+    Returns `statistics batch <n> of <steps>: first non-finite gradient: <path>`
+    (`diagnose_nonfinite`), or None when all were finite.
 
     Raises:
         UserInputError: If a layer's output was not finite: no precision mends it.

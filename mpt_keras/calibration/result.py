@@ -1,6 +1,5 @@
-"""What `calibrate` returns: its statistics as typed records, their JSON (non-finite numbers
-as `files.json_safe` writes them) and table, and the manifest decided.
-"""
+"""What `calibrate` returns: typed statistics, their JSON (`files.json_safe`) and table, the
+manifest."""
 
 from __future__ import annotations
 
@@ -52,10 +51,9 @@ class LayerStatistics:
 
 @dataclasses.dataclass(frozen=True)
 class CalibrationStatistics:
-    """Everything one `calibrate` call measured and decided; `float8`: rules asked for.
+    """All one `calibrate` call measured and decided; `float8`: rules asked for.
 
-    `diagnosis`: where the first batch whose gradients were not finite stopped
-    being finite, or None.
+    `diagnosis`: where the first batch with non-finite gradients stopped being finite, or None.
     """
 
     model: str
@@ -92,36 +90,23 @@ class CalibrationStatistics:
 
 @dataclasses.dataclass(frozen=True)
 class CalibrationResult:
-    """What `calibrate` measured and the manifest it decided.
-
-    Attributes:
-        statistics: `CalibrationStatistics.to_json`, JSON values: `layers`
-            per layer path, `gradients` per variable path, `float8_layers` per
-            Dense or EinsumDense path; non-finite numbers as `"inf"`,
-            `"-inf"`, `"nan"` (`files.json_safe`).
-        manifest: The decided precision manifest, a reason on every rule.
-
-    Example:
-
-        result = calibrate(model, data, loss, steps=4)
-        result.manifest.apply(model)
-        open("stats.json", "w").write(result.to_json())
-    """
+    """`statistics`: `CalibrationStatistics.to_json` (`layers`, `float8_layers` by layer path,
+    `gradients` by variable path; non-finite as `"inf"`, `"-inf"`, `"nan"`); `manifest`: the
+    decided manifest, a reason on every rule."""
 
     statistics: dict[str, Any]
     manifest: PrecisionManifest
 
     def to_json(self) -> str:
-        """The statistics as indented JSON text."""
         return json.dumps(self.statistics, indent=2, allow_nan=False) + "\n"
 
 
 def format_calibration_table(statistics: dict[str, Any]) -> str:
-    """`CalibrationResult.statistics` as a table: a row per layer; after an empty line,
-    with float8 rules asked for, a row per Dense and EinsumDense; the `diagnosis`, if any."""
+    """`CalibrationResult.statistics` as a table: a row per layer; if float8 rules were asked
+    for, a blank line and a row per Dense/EinsumDense; the `diagnosis`, if any."""
     rows = [_COLUMNS]
     for path, layer in statistics["layers"].items():
-        errors = layer["errors"]  # None: "-", not measured alone.
+        errors = layer["errors"]  # None: not measured alone.
         rows.append(
             (
                 path,
@@ -142,7 +127,7 @@ def format_calibration_table(statistics: dict[str, Any]) -> str:
 
 
 def format_figure(value: float | str) -> str:
-    """A figure as the tables write it: `4.34`, or `nonfinite` (a float or a JSON string)."""
+    """A figure (float or JSON string) as tables write it: `4.34`, or `nonfinite`."""
     number = float(value)
     return f"{number:.3g}" if math.isfinite(number) else "nonfinite"
 

@@ -1,5 +1,5 @@
-"""The manifest calibration writes from its decisions: an exact-path rule per layer off the
-default, float8 rules first, and the model's name in front where a rule would catch another layer.
+"""Calibration's manifest: an exact-path rule per layer off the default, float8 rules first,
+the model's name in front where a rule would catch another layer.
 """
 
 from __future__ import annotations
@@ -31,15 +31,10 @@ def calibrated_manifest(
     float8_layers: dict[str, Float8Layer],
     float8_candidates: dict[str, keras.layers.Layer],
 ) -> PrecisionManifest:
-    """The manifest giving each layer its decision.
+    """The manifest giving each layer its decision (dicts by path).
 
-    Args:
-        decisions: Per site path, its decision.
-        safe_defaults: Per layer path the safe defaults keep float32, its rule;
-            those sites need no rule of their own.
-        float8_layers: Per Dense or EinsumDense path, its float8 decision; a
-            float8 `policy` gets a float8 rule.
-        float8_candidates: Their layers, by path.
+    `safe_defaults`: their float32 rules (those sites need no rule of their own). A float8
+    policy in `float8_layers` gets a float8 rule; `float8_candidates`: those layers.
     """
     rules = tuple(
         exact_rule(decision.policy, path, decision.reason)
@@ -66,10 +61,9 @@ def _uncaught(
 ) -> PrecisionManifest:
     """`manifest`, with a first rule for each layer a rule meant for another catches.
 
-    A rule for the model's own `dense` also matches a nested model's
-    `backbone/dense`: the rules added put the model's name in front, a form
-    of the path no other layer has. The float8 layers, whose rules go first
-    and match them alone, are not checked: `apply` would turn them to float8.
+    A rule for the model's own `dense` also matches a nested `backbone/dense`: the added rules
+    prefix the model's name, a path form no other layer has. Float8 layers (their rules go first
+    and match them alone) are skipped: `apply` would turn them to float8.
     """
     decided = [*safe_defaults.items()] + [
         (path, exact_rule(decision.policy, path, decision.reason))
@@ -93,8 +87,7 @@ def _float8_rules(
 ) -> tuple[Rule, ...]:
     """A float8 rule for each layer whose `policy` is float8, matching it alone.
 
-    Checked on the path forms of every layer, not by `apply`, which would turn
-    the layers to float8 for good.
+    Checked on every layer's path forms, not by `apply`, which would turn them float8 for good.
     """
     chosen = [path for path, layer in float8_layers.items() if layer.policy == FLOAT8]
     entries = list(iter_layer_paths(model)) if chosen else []

@@ -1,16 +1,10 @@
-"""Calibration sites: which layers `calibrate` measures and decides, and which decide together.
+"""Calibration sites: each layer a rule can name (`layer_paths`), at its first path, keras_hub
+blocks' own sublayers included; functional and Sequential models only run layers and are none.
+A container's decision covers only its own ops: Keras never passes a policy to a built sublayer.
 
-Sites: every layer a manifest rule can name (`layer_paths`), at its first
-path, down to the sublayers a keras_hub block makes for itself; a functional
-or Sequential model (calibrated or nested) only runs its layers and is none.
-Keras never passes a policy on to a built sublayer, so a container's own
-decision covers only what its `call` computes outside its sublayers.
-
-Ties (`Group`): a block adding a sublayer's output to its residual stream
-with TensorFlow's `+`, which takes one dtype, must compute in that
-sublayer's dtype or the model does not run. Found by trial: the container is
-called with the sublayer alone in float16; if that raises, they are tied.
-Tied layers, transitively, are measured and decided as one.
+Ties (`Group`): a block adding a sublayer's output to its residual with TF's one-dtype `+` must
+compute in that sublayer's dtype. Found by trial: the container is called with the sublayer
+alone in float16; if that raises, they are tied, and (transitively) measured and decided as one.
 """
 
 from __future__ import annotations
@@ -50,16 +44,14 @@ _MOVES_DATA = (
     keras.layers.ZeroPadding2D,
     keras.layers.ZeroPadding3D,
 )
-# What a container raises when a sublayer's output meets its own tensors in an op of one dtype.
+# Raised where a sublayer's output meets the container's tensors in a one-dtype op.
 _DTYPE_ERRORS = (tf.errors.OpError, TypeError, ValueError)
 
 
 @dataclasses.dataclass(eq=False)
 class Site:
-    """A layer calibration decides, and `(args, kwargs, outputs)` of each of its calls.
-
-    `path` is "" for a subclassed model calibrated: a site only for its sublayers' ties.
-    """
+    """A decided layer and each call's `(args, kwargs, outputs)`; `path` "" for a calibrated
+    subclassed model (a site only for its sublayers' ties)."""
 
     path: str
     layer: keras.layers.Layer
@@ -72,12 +64,9 @@ class Site:
 
 @dataclasses.dataclass(frozen=True)
 class Group:
-    """Sites that compute in one dtype or the model does not run; a site tied to none alone.
+    """Sites that must compute in one dtype (an untied site alone); `members` in site order.
 
-    Attributes:
-        called: The outermost, called to measure the group with every
-            member's policy low (maybe the subclassed model calibrated).
-        members: The sites the group decides, in site order.
+    `called`: the outermost, called to measure the group with every member low.
     """
 
     called: Site
@@ -90,15 +79,8 @@ class Group:
 
 
 class CalibrationSites:
-    """The sites of a built model, their calls and their ties.
-
-    Example:
-
-        sites = CalibrationSites(model)
-        with sites.recording():
-            model(features, training=False)
-        [group.lead.path for group in sites.groups()]
-    """
+    """The sites of a built model, their calls and ties: run the model in `recording()`, then
+    `groups()`."""
 
     def __init__(self, model: keras.Model):
         self.sites: list[Site] = []
@@ -123,8 +105,8 @@ class CalibrationSites:
     def groups(self) -> list[Group]:
         """Every site in its group, the groups in site order.
 
-        Call after `recording`, every layer float32: each container is called
-        on its first call once per called sublayer.
+        Call after `recording`, every layer float32: each container reruns its first call
+        once per called sublayer.
         """
         order = {id(site): index for index, site in enumerate((self._root, *self.sites)) if site}
         leader = {key: key for key in order}  # Union-find, by id.
@@ -147,7 +129,7 @@ class CalibrationSites:
         return [Group(everyone[key], tuple(group)) for key, group in members.items()]
 
     def holds_sites(self, site: Site) -> bool:
-        """Whether `site`'s layer holds sublayers that are sites: a container."""
+        """Whether `site` is a container (holds sites)."""
         return bool(self._children(site))
 
     def _children(self, site: Site) -> list[Site]:
@@ -162,9 +144,8 @@ class CalibrationSites:
 def pass_through_reason(layer: keras.layers.Layer) -> str | None:
     """Why `layer` is not worth measuring, or None.
 
-    Its low-precision error would be the rounding of its inputs only: the
-    identity at inference (calibration runs with `training=False`),
-    elementwise without a sum, or moving data. Its range alone decides it.
+    Its low-precision error would be its inputs' rounding only: the identity at inference
+    (`training=False`), elementwise without a sum, or moving data. Its range decides it.
     """
     name = type(layer).__name__
     if isinstance(layer, _IDENTITY_AT_INFERENCE):
@@ -188,7 +169,6 @@ def flat_float32(tensors: list[Any]) -> np.ndarray:
 
 
 def _has_graph(layer: keras.layers.Layer) -> bool:
-    """Whether `layer` is a built functional or Sequential model."""
     return isinstance(layer, keras.Model) and layer.built and bool(getattr(layer, "outputs", None))
 
 
@@ -207,8 +187,6 @@ def _tied(container: Site, child: Site) -> bool:
 
 
 def _recording(site: Site, call: Callable[..., Any]) -> Callable[..., Any]:
-    """`call`, recording each call in `site.calls`."""
-
     def recording_call(*args, **kwargs):
         outputs = call(*args, **kwargs)
         site.calls.append((args, kwargs, outputs))

@@ -1,6 +1,6 @@
-"""Calibration's figures per layer and variable, from the values its float32 pass recorded.
+"""Calibration's figures per layer and variable, from its float32 pass.
 
-Typed records; `to_json` gives the form the statistics JSON holds. Non-finite figures stay floats.
+`to_json` gives the statistics JSON's form; non-finite figures stay floats.
 """
 
 from __future__ import annotations
@@ -26,10 +26,8 @@ _JSON_NAMES = {"p99_9": "p99.9", "p99_99": "p99.99"}
 class ActivationStatistics:
     """|output| of a layer over all its calls and batches.
 
-    The `_fraction`s count non-zero values above `FLOAT16_MAX`, below
-    `FLOAT16_SMALLEST_NORMAL` and below `FLOAT16_SMALLEST_SUBNORMAL` (flushed
-    to zero); `flushed_norm_fraction` is ||flushed|| / ||y||, the relative
-    error flushing alone makes (nan when ||y|| is not finite).
+    `_fraction`s: of non-zero values, those above `FLOAT16_MAX` or below the smallest normal or
+    subnormal; `flushed_norm_fraction`: ||flushed|| / ||y|| (nan if ||y|| is not finite).
     """
 
     max: float
@@ -47,8 +45,8 @@ class ActivationStatistics:
 
 @dataclasses.dataclass(frozen=True)
 class LayerGradients:
-    """The gradients of a layer's variables together: their norm, and the fraction
-    of it float16 flushes at the initial loss scale (nan when the norm is not finite)."""
+    """A layer's variables' gradients together: the norm, and the fraction float16 flushes at
+    the initial loss scale (nan if the norm is not finite)."""
 
     norm: float
     flushed_norm_fraction: float
@@ -59,12 +57,10 @@ class LayerGradients:
 
 @dataclasses.dataclass(frozen=True)
 class VariableGradients:
-    """A variable's gradient g over all batches, and g times the initial loss scale.
+    """A variable's gradient g over all batches (flushing and overflow of g x initial scale).
 
-    Attributes:
-        layer: The path of its innermost measured layer, or None.
-        overflow_fraction: Of the non-zero entries, those above `FLOAT16_MAX`
-            when scaled: recorded only, as the dynamic loss scale backs off.
+    `layer`: its innermost measured layer's path, or None. `overflow_fraction`: non-zero
+    entries above `FLOAT16_MAX` scaled; recorded only, as the dynamic scale backs off.
     """
 
     layer: str | None
@@ -80,8 +76,8 @@ class VariableGradients:
 
 @dataclasses.dataclass(frozen=True)
 class OutputErrors:
-    """||y_low - y|| / ||y|| of a layer (or tied group) computing alone in each low
-    precision, every other layer float32; inf or nan when y_low is not finite."""
+    """||y_low - y|| / ||y|| of a layer (or group) alone in each low precision, the rest
+    float32; inf or nan when y_low is not finite."""
 
     mixed_float16: float
     mixed_bfloat16: float
@@ -118,7 +114,7 @@ def activation_statistics(magnitudes: np.ndarray) -> ActivationStatistics:
 def variable_gradients(
     layer: str | None, magnitudes: np.ndarray, scale: float
 ) -> VariableGradients:
-    """The figures of a gradient whose |entries| over all batches are `magnitudes`."""
+    """The figures of a gradient, from its |entries| over all batches."""
     values = magnitudes.astype(np.float64)
     scaled = values * scale
     nonzero = int(np.count_nonzero(values))
@@ -133,7 +129,6 @@ def variable_gradients(
 
 
 def layer_gradients(variables: Iterable[VariableGradients]) -> LayerGradients:
-    """The figures of `variables`' gradients together."""
     squared_norm = squared_flushed = 0.0
     for figures in variables:
         squared_norm += figures.norm**2

@@ -1,28 +1,24 @@
 """Every touch of a private Keras, TensorFlow or TFDS name, each tested for the versions we pin.
 
-The rest of the package calls these (`from mpt_keras import compat`), never a
-private name itself; `tests/test_compat*.py` fail naming the Keras version
-when one moves, and `check()` lists the names this Keras no longer has.
+The package calls these (`from mpt_keras import compat`), never a private name itself;
+`tests/test_compat*.py` fail naming the version when one moves, and `check()` lists the
+names this Keras no longer has.
 
-    optimizers.py     the loss-scale optimizer's: `maybe_merge_call`, `called_cond`,
-                      `gradients_already_reduced` (`install` wraps Keras for it),
-                      `skip_stock_build`; `learning_rate_schedule` (runs)
-    trainer.py        Keras' trainer: `keras_trainer_class` (the compile hook);
-                      `compile_config`, `call_has_training_arg`, `compute_loss`,
-                      `reduce_per_replica`, `loss_tracker`,
-                      `unscale_loss_for_distribution` (the XLA train step);
+    optimizers.py     `maybe_merge_call`, `called_cond`, `gradients_already_reduced`
+                      (after `install`), `skip_stock_build`, `learning_rate_schedule`
+    trainer.py        `keras_trainer_class` (the compile hook); `compile_config`,
+                      `call_has_training_arg`, `compute_loss`, `reduce_per_replica`,
+                      `loss_tracker`, `unscale_loss_for_distribution` (the XLA step);
                       `symbolic_build`, `replace_maybe_symbolic_build`,
                       `restore_maybe_symbolic_build`, `in_multi_worker_mode`
-                      (multi-worker `fit`, keras-team/keras#20585)
-    layers.py         layers: `replace_dtype_policy`, `direct_sublayers`,
-                      `producing_layer`, `producing_node`, `graph_calls`,
-                      `call_records_restored`
+    layers.py         `replace_dtype_policy`, `direct_sublayers`, `producing_layer`,
+                      `producing_node`, `graph_calls`, `call_records_restored`
     data.py           `dataset_inputs`: the chain of a tf.data pipeline
-    tf_distribute.py  TensorFlow's coordination service, for multi-worker heartbeats
-    tfds_progress.py  TFDS's progress-bar switch, restored after hiding the bars
-    determinism.py    `op_determinism`: TensorFlow's op determinism on, then back off
-                      (these three are imported from their modules, not re-exported)
     inventory.py      `check`: the touched names this Keras or TensorFlow lacks
+    tf_distribute.py  TensorFlow's coordination service (multi-worker heartbeats)
+    tfds_progress.py  TFDS's progress-bar switch
+    determinism.py    `op_determinism`: TensorFlow's op determinism, on and back off
+                      (these three are imported from their modules, not re-exported)
 """
 
 from mpt_keras.compat.data import dataset_inputs

@@ -1,8 +1,7 @@
 """TensorFlow's op determinism turned on for a run and back off after it (TensorFlow 2.21).
 
-TensorFlow exports `enable_op_determinism` and no inverse; its private
-`tensorflow.python.framework.config` has both, so a run in a process that
-trains again (a test, a notebook) leaves the setting as it found it.
+TensorFlow exports `enable_op_determinism` and no inverse; the private module has both, so a
+process that trains again (a test, a notebook) gets the setting back as it was.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from mpt_keras.compat.trainer import keras_loss_module, keras_trainer_class, tf_
 def check() -> list[str]:
     """The touched names this Keras or TensorFlow no longer has; empty when all are there.
 
-    Compiles a one-layer model, every object named (no name taken from unnamed ones).
+    Compiles a one-layer model, every object named (so no made-up name is taken).
     """
     problems = []
 

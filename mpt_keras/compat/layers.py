@@ -21,7 +21,7 @@ def direct_sublayers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
 
 
 def producing_layer(tensor: keras.KerasTensor) -> keras.layers.Layer:
-    """The layer (or operation) whose call made the symbolic `tensor` (`_keras_history`)."""
+    """The layer (or operation) whose call made the symbolic `tensor`."""
     return tensor._keras_history.operation
 
 
@@ -33,11 +33,8 @@ def producing_node(tensor: keras.KerasTensor) -> Any:
 
 @contextlib.contextmanager
 def call_records_restored(layers: Iterable[keras.layers.Layer]) -> Iterator[None]:
-    """Puts back, on exit (even on error), what calls in the block record on each layer.
-
-    `_called` (read by Keras' export), `_parent_path` (later variables' scope)
-    and the last call's `_losses`: a trace must leave them as they were.
-    """
+    """Puts back, on exit (even on error), what calls in the block record on each layer:
+    `_called` (read by Keras' export), `_parent_path` (later variables' scope), `_losses`."""
     kept = [(layer, layer._called, layer._parent_path, list(layer._losses)) for layer in layers]
     try:
         yield
@@ -49,14 +46,9 @@ def call_records_restored(layers: Iterable[keras.layers.Layer]) -> Iterator[None
 
 
 def graph_calls(model: keras.Model) -> list[Any] | None:
-    """The calls (nodes) `model`'s own `call` runs from its graph, in the order it runs them.
-
-    Keras runs `_nodes_by_depth` deepest first (a Sequential's through `_functional`).
-
-    Returns:
-        The nodes, inputs left out; None where the call runs no graph (a
-        layer, a subclassed model or one with its own `call`, an unbuilt Sequential).
-    """
+    """The calls (nodes) `model`'s own `call` runs from its graph, in order (deepest first),
+    inputs left out; None where it runs none (a layer, a subclassed model or one with its own
+    `call`, an unbuilt Sequential)."""
     functional = importlib.import_module("keras.src.models.functional").Functional
     if isinstance(model, keras.Sequential):
         graph = model._functional if type(model).call is keras.Sequential.call else None

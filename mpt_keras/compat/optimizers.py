@@ -19,7 +19,6 @@ _LOWERING_ATTR = "_lower_using_switch_merge"
 
 
 def tf_optimizer_class() -> type:
-    """Keras' TensorFlow optimizer base class, `TFOptimizer` (private module)."""
     from keras.src.backend.tensorflow.optimizer import TFOptimizer
 
     return TFOptimizer
@@ -33,10 +32,9 @@ def maybe_merge_call(fn: Callable[..., Any], strategy: tf.distribute.Strategy, *
 def called_cond(pred: Any, true_fn: Callable[[], None], false_fn: Callable[[], None]) -> None:
     """Runs `true_fn` or `false_fn` (each returns nothing), as one function call in a graph.
 
-    The default lowering adds a Switch op per captured tensor (about 40 for a
-    small MLP's Adam update: 4% of a 0.55 ms CPU step, `benchmarks.stack_ablation`).
-    With several local devices it stays lowered: a call cannot place a branch
-    writing on several devices.
+    The default lowering adds a Switch op per captured tensor (about 40 for a small MLP's
+    Adam update: 4% of a 0.55 ms CPU step, `benchmarks.stack_ablation`). Lowered still on
+    several local devices: a call cannot place a branch writing on several.
     """
     if tf.executing_eagerly():
         (true_fn if bool(pred) else false_fn)()
@@ -75,10 +73,7 @@ def install() -> None:
 
 @contextlib.contextmanager
 def gradients_already_reduced() -> Iterator[None]:
-    """While tracing inside it, Keras' optimizers do not all-reduce their gradients again.
-
-    The loss-scale optimizer has summed them already, to judge and clip the sum.
-    """
+    """Inside it, Keras' optimizers do not all-reduce again the gradients ours has summed."""
     global _REDUCED_DEPTH
     install()
     with _LOCK:

@@ -1,7 +1,6 @@
 """TensorFlow's private coordination-service calls, which `multi_worker` needs to bound heartbeats.
 
-TensorFlow has no public way to configure the service before MultiWorkerMirroredStrategy
-does; `tests/test_compat_tf_distribute.py` fails naming the TensorFlow version when one moves.
+TensorFlow has no public way to configure the service before MultiWorkerMirroredStrategy does.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """TFDS's private progress-bar switch, read so that hiding the bars can restore it.
 
-TFDS offers a setter (`tfds.display_progress_bar`) but no getter;
-`tests/test_compat_tfds_progress.py` fails naming the TFDS version when it moves.
+TFDS offers a setter (`tfds.display_progress_bar`) but no getter.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Touches of Keras' trainer: the compile hook's, the XLA train step's (a rebuild of Keras' own,
-so it reaches what Keras' step reaches) and multi-worker `fit`'s."""
+"""Touches of Keras' trainer: the compile hook's, the XLA train step's (a rebuild of Keras'
+own, so it reaches what that reaches) and multi-worker `fit`'s."""
 
 from __future__ import annotations
 
@@ -12,33 +12,28 @@ import tensorflow as tf
 
 
 def keras_loss_module() -> Any:
-    """Keras' module of the loss base class and its helpers (private)."""
     return importlib.import_module("keras.src.losses.loss")
 
 
 def tf_trainer_module() -> Any:
-    """Keras' TensorFlow trainer module (private)."""
     return importlib.import_module("keras.src.backend.tensorflow.trainer")
 
 
 def keras_trainer_class() -> type:
-    """Keras' private `Trainer`, whose `compile` the compile hook replaces.
-
-    Not `keras.Model.compile`: Keras compiles a loaded model only if
-    `type(model).compile` is `Trainer.compile`.
-    """
+    """Keras' private `Trainer`, whose `compile` the compile hook replaces (not `Model`'s:
+    Keras compiles a loaded model only if `type(model).compile` is `Trainer.compile`)."""
     from keras.src.trainers.trainer import Trainer
 
     return Trainer
 
 
 def compile_config(model: keras.Model) -> Any:
-    """`model._compile_config`: a new object at each `compile`, the only sign of a re-compile."""
+    """A new object at each `compile`: the only sign of a re-compile."""
     return model._compile_config
 
 
 def call_has_training_arg(model: keras.Model) -> bool:
-    """Whether `model.call` takes `training`; Keras' step passes it only then, and so does ours."""
+    """Whether `model.call` takes `training` (Keras' step passes it only then; so does ours)."""
     return model._call_has_training_arg
 
 
@@ -57,7 +52,7 @@ def reduce_per_replica(outputs: Any, strategy: tf.distribute.Strategy) -> Any:
 
 
 def loss_tracker(model: keras.Model) -> keras.metrics.Mean:
-    """The metric behind `fit`'s `loss`, which the XLA train step updates in Keras' stead."""
+    """The metric behind `fit`'s `loss` (the XLA step updates it in Keras' stead)."""
     return model._loss_tracker
 
 
@@ -72,10 +67,8 @@ def symbolic_build(model: keras.Model, data_batch: Any) -> None:
 
 
 def replace_maybe_symbolic_build(model: keras.Model, build: Callable[..., None]) -> None:
-    """Makes `fit` and `evaluate` build `model` by `build(iterator=None, data_batch=None)`.
-
-    Keras' own fails under a multi-worker strategy (keras-team/keras#20585).
-    """
+    """Makes `fit` and `evaluate` build `model` by `build(iterator=None, data_batch=None)`;
+    Keras' own fails under a multi-worker strategy (keras-team/keras#20585)."""
     model._maybe_symbolic_build = build
 
 

@@ -1,13 +1,13 @@
 """Run configuration: frozen dataclasses parsed strictly from JSON; no TensorFlow.
 
-names.py               the allowed names and fixed values of the keys
-key_checks.py          a key's value checked, refused naming the key
+names.py               the keys' allowed names and fixed values
+key_checks.py          a value checked, refused naming its key
 component_sections.py  DataConfig, ModelConfig, ComponentConfig
-optimizer_sections.py  OptimizerConfig, DivergenceConfig (loss_scale: LossScaleSettings)
-schema.py              the sections' JSON form: parsed, written back, merged
+optimizer_sections.py  OptimizerConfig, DivergenceConfig
+schema.py              the sections' JSON form: parsed, written, merged
 train_config.py        TrainConfig
 resolve.py             resolve_config (a file, overrides, flags), check_files
-components.py          a `package.module:attribute` factory imported and bound
+components.py          `package.module:attribute` factories imported and bound
 """
 
 from mpt_keras.backend.names import STRATEGIES

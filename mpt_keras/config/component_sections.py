@@ -1,7 +1,5 @@
-"""The config sections of where a run's parts come from: data, model, loss, metrics.
-
-Each names exactly one source: a built-in `name`, a `factory` (the user's code,
-see `components`) or, for a model, a `.keras` `file`.
+"""Config sections for where a run's data, model, loss and metrics come from: each names one
+source, a built-in `name`, a `factory` (`components`) or, for a model, a `.keras` `file`.
 """
 
 from __future__ import annotations
@@ -19,14 +17,12 @@ class DataConfig:
     """Which dataset feeds the run and how it is batched.
 
     Attributes:
-        name: An embedded dataset or a TFDS one under `data_dir`; `mpt_digits`
-            unless `factory` is given.
+        name: Embedded or TFDS (under `data_dir`); `mpt_digits` without `factory`.
         factory: Returns `(train, eval)` datasets of unbatched `(x, y[, w])`.
-        features: A TFDS dataset's input and target features, `{"x": "image",
-            "y": "label"}`; `None`: the embedded datasets' shapes.
+        features: A TFDS dataset's input and target, `{"x": "image", "y": "label"}`; `None`:
+            the embedded datasets' shapes.
         eval_examples: Validation examples (0: the whole split).
-        max_bad_batches: Train batches holding NaN or Inf that are skipped;
-            one more stops the run.
+        max_bad_batches: NaN/Inf train batches skipped; one more stops the run.
     """
 
     name: str | None = None
@@ -77,10 +73,9 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Where the model comes from: exactly one of `name` (`cnn` unless another
-    is given), `factory` and `file` (a `.keras` file: its weights are the start,
-    its compiled loss and metrics used unless the config names its own).
-    `options` are the builder's or factory's keyword arguments.
+    """Where the model comes from: one of `name` (default `cnn`), `factory` and `file` (a
+    `.keras` file: its weights start, its loss and metrics used unless the config names its
+    own). `options`: the builder's or factory's keyword arguments.
     """
 
     name: str | None = None
@@ -103,11 +98,8 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ComponentConfig:
-    """Where a loss or a metric comes from: exactly one of `name` and `factory`.
-
-    In JSON a bare string is short for `{"name": ...}`. A `name` with `options`
-    is a Keras class (snake_case names resolve to their class).
-    """
+    """Where a loss or metric comes from: one of `name` and `factory`. A bare JSON string is
+    `{"name": ...}`; a `name` with `options` is a Keras class (snake_case resolves)."""
 
     name: str | None = None
     factory: str | None = None

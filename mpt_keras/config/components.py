@@ -1,12 +1,6 @@
-"""Where a component comes from: the user's code, resolved and bound before anything runs.
-
-A `"factory": "package.module:attribute"` is imported (from the working directory
-or `PYTHONPATH`) and its `options` bound to its signature before the run builds
-anything, so a bad option or user module costs no run. Imports no TensorFlow.
-
-    factory = bind_factory("examples.models:mobilenet_v2", {"alpha": 0.35}, "model.factory",
-                           provided=DATA_DIMENSIONS)
-    model = factory(input_shape=(32, 32, 3), num_classes=10, vocab_size=None)
+"""A component's user code: `"factory": "package.module:attribute"` imported (from the working
+directory or `PYTHONPATH`) and its `options` bound to its signature before anything runs, so a
+bad option or module costs no run. Imports no TensorFlow.
 """
 
 from __future__ import annotations
@@ -32,12 +26,8 @@ DATA_DIMENSIONS = ("input_shape", "num_classes", "vocab_size", "sequence_length"
 
 @dataclasses.dataclass(frozen=True)
 class BoundFactory:
-    """A callable of the user's with its options bound.
-
-    Attributes:
-        key: The config key that named it (`model.factory`).
-        parameters: The names it accepts (`None`: any, it takes `**kwargs`).
-        required: Its parameters without a default that `options` leaves open.
+    """A user callable with its options bound; `key` names it (`model.factory`), `parameters`
+    it accepts (`None`: `**kwargs`), `required` ones without a default `options` leaves open.
     """
 
     reference: str
@@ -52,11 +42,8 @@ class BoundFactory:
         return self.parameters is None or name in self.parameters
 
     def __call__(self, **provided: Any) -> Any:
-        """Calls it with its options and those `provided` values (not `None`) it takes.
-
-        Raises:
-            UserInputError: A required parameter is still missing.
-        """
+        """Calls it with its options and the non-None `provided` values it takes (a required
+        one still missing: `UserInputError`)."""
         extra = {
             name: value
             for name, value in provided.items()
@@ -72,17 +59,14 @@ class BoundFactory:
 
 
 def import_modules(modules: Iterable[str], key: str = "imports") -> None:
-    """Imports each module of the config's `imports` (custom layers register).
-
-    Raises:
-        UserInputError: Naming the module and the user's own error.
-    """
+    """Imports the config's `imports` (custom layers register); `UserInputError` names the
+    module and the user's error."""
     for index, module in enumerate(modules):
         _import(module, f"{key}[{index}]")
 
 
 def check_factory_syntax(reference: Any, key: str) -> None:
-    """Refuses a factory reference of config key `key` that is not `package.module:attribute`."""
+    """Refuses a factory reference at `key` not of form `package.module:attribute`."""
     if not isinstance(reference, str) or not FACTORY_SYNTAX.fullmatch(reference):
         raise checks.refusal(
             f"key '{key}'", checks.as_json(reference), "'package.module:attribute'"
@@ -90,10 +74,9 @@ def check_factory_syntax(reference: Any, key: str) -> None:
 
 
 def resolve_factory(reference: str, key: str) -> Callable[..., Any]:
-    """Imports `package.module:attribute` (named by config key `key`) and returns it.
+    """Imports and returns `package.module:attribute` (named by config key `key`).
 
-    Raises:
-        UserInputError: Bad syntax, a failing import, a missing or uncallable attribute.
+    `UserInputError`: bad syntax, a failing import, a missing or uncallable attribute.
     """
     check_factory_syntax(reference, key)
     module_name, _, attribute = reference.partition(":")
@@ -122,19 +105,14 @@ def bind_factory(
 ) -> BoundFactory:
     """Resolves `reference` and binds `options` to its signature.
 
-    Args:
-        provided: Names the run passes where the callable takes them (the data's
-            dimensions); a required parameter among them is not missing.
-
-    Raises:
-        UserInputError: As `resolve_factory`, or an option not taken or a
-            required one left open, listing what the callable accepts.
+    `provided`: names the run passes where taken (the data's dimensions). `UserInputError`: as
+    `resolve_factory`, or an option not taken or a required one open (listing what it takes).
     """
     function = resolve_factory(reference, key)
     try:
         signature = inspect.signature(function)
     except (TypeError, ValueError):
-        # A builtin without a signature: no check possible, the call decides.
+        # A builtin without a signature: the call decides.
         return BoundFactory(reference, function, dict(options), key, None, frozenset())
     parameters = {
         name: parameter
@@ -179,7 +157,7 @@ def _options_key(key: str) -> str:
 
 
 def _import(module_name: str, key: str) -> Any:
-    """Imports a user's module, from the working directory too (as `python -m` does)."""
+    """Imports a user's module, from the working directory too (as `python -m`)."""
     working_directory = os.getcwd()
     if working_directory not in sys.path and "" not in sys.path:
         sys.path.insert(0, working_directory)

@@ -1,6 +1,5 @@
-"""Checks of config values in the one form of `mpt_keras.checks`: the key as written
-(`key 'data.batch_size'`), the value as JSON.
-"""
+"""Config value checks in `mpt_keras.checks`' form: the key as written
+(`key 'data.batch_size'`), the value as JSON."""
 
 from __future__ import annotations
 
@@ -27,18 +26,16 @@ def choice(name: str, value: Any, choices: Collection[str]) -> None:
 
 
 def require(ok: bool, name: str, allowed: str, value: Any) -> None:
-    """Refuses `value` of key `name` unless `ok`; `allowed` says what is."""
+    """Refuses `value` of key `name` unless `ok`; `allowed`: what is."""
     if not ok:
         raise checks.refusal(key(name), checks.as_json(value), allowed)
 
 
 def one_source(config: Any, section: str, keys: tuple[str, ...]) -> None:
-    """Checks that `config` names exactly one of `keys`, and a factory's syntax.
-
-    `section` is empty for a loss or metric: the parser adds its key.
-    """
+    """Checks `config` names exactly one of `keys`, and a factory's syntax; `section` is
+    empty for a loss or metric (the parser adds its key)."""
     given = [name for name in keys if getattr(config, name) is not None]
-    if len(given) != 1:  # None given: only a loss or metric, the others have a default.
+    if len(given) != 1:  # None given: only a loss or metric (others have defaults).
         what = f"{section}: the source" if section else "the source"
         received = " and ".join(f"'{name}'" for name in given) or "none"
         raise checks.refusal(

@@ -1,7 +1,5 @@
-"""The config sections of how a run learns: the inner optimizer, and what a divergence does.
-
-(The `loss_scale` section is `scaling.settings.LossScaleSettings` itself.)
-"""
+"""Config sections for how a run learns: the inner optimizer, what a divergence does
+(`loss_scale` is `scaling.settings.LossScaleSettings` itself)."""
 
 from __future__ import annotations
 
@@ -16,8 +14,8 @@ from mpt_keras.config.names import DIVERGENCE_ACTIONS, LR_SCHEDULES, OPTIMIZERS
 class OptimizerConfig:
     """The inner optimizer that the loss-scale optimizer wraps.
 
-    `learning_rate` is the peak: `schedule` `cosine` decays it to zero over the
-    run after `warmup_steps` of linear warm-up; `weight_decay` is `adamw`'s.
+    `learning_rate` is the peak: `cosine` decays it to zero after `warmup_steps` of linear
+    warm-up; `weight_decay` is `adamw`'s.
     """
 
     name: str = "adam"
@@ -52,11 +50,10 @@ class DivergenceConfig:
     """When a run counts as diverged, and what it does then.
 
     Attributes:
-        patience: Consecutive steps of non-finite loss (or above `max_loss`)
-            that make the run diverged; 0: never.
-        action: From the last checkpoint, `rollback` goes on with the learning
-            rate times `lr_factor`, `promote` with each layer one step up
-            (float16 -> bfloat16 -> float32); `stop` ends the run with an error.
+        patience: Consecutive steps with a non-finite (or > `max_loss`) loss that make the
+            run diverged; 0: never.
+        action: From the last checkpoint, `rollback` at learning rate x `lr_factor`, `promote`
+            each layer a step (float16 -> bfloat16 -> float32); `stop` raises.
         max_rollbacks: Rollbacks (or promotions) after which the run stops.
     """
 

@@ -1,7 +1,5 @@
-"""A run's config resolved in layers: defaults, a file, `--config_override`, then flags.
-
-A bad value or missing file is named by the layer that set it.
-"""
+"""A run's config resolved in layers (defaults, a file, `--config_override`, flags); a bad
+value or missing file is named by the layer that set it."""
 
 from __future__ import annotations
 
@@ -19,14 +17,9 @@ def resolve_config(
     config_override: str | None = None,
     **flag_values: Any,
 ) -> TrainConfig:
-    """Resolves a run's config: the file, then `config_override`, then flags.
-
-    Args:
-        config_override: A JSON object (text) merged into the file's config.
-        **flag_values: Top-level keys set by flags; `None` leaves the key be.
-
-    Raises:
-        UserInputError: Naming the file, `--config_override` or `--<flag>`.
+    """Resolves a run's config: the file, then `config_override` (JSON object text), then
+    `flag_values` (top-level keys; `None` leaves one be). `UserInputError` names the file,
+    `--config_override` or `--<flag>`.
     """
     config = TrainConfig.from_json(path)
     check_files(config, os.fspath(path))
@@ -38,7 +31,7 @@ def resolve_config(
     layers += [
         (f"--{name}", {name: value}) for name, value in flag_values.items() if value is not None
     ]
-    set_by = {}  # The files the file names are checked; those a later layer set, below.
+    set_by = {}  # The file's own files checked here; a later layer's, below.
     for source, overrides in layers:
         before = _files(config)
         config = config.merged(overrides, source=source)
@@ -54,17 +47,12 @@ def resolve_config(
 def check_files(
     config: TrainConfig, source: str = "config", keys: Collection[str] | None = None
 ) -> None:
-    """Checks that the files a config names exist (`keys`: of `manifest` and
-    `model.file`, default both).
-
-    Raises:
-        UserInputError: Naming `source` (what set them), the key and the path.
-    """
+    """Checks the files a config names exist (`keys`: `manifest`, `model.file`, default both);
+    `UserInputError` names `source` (what set them), the key and the path."""
     for name, path in _files(config).items():
         if (keys is None or name in keys) and path is not None and not os.path.isfile(path):
             raise UserInputError(f"{source}: key '{name}': no such file {path!r}")
 
 
 def _files(config: TrainConfig) -> dict[str, str | None]:
-    """The files `config` names, by key."""
     return {"manifest": config.manifest, "model.file": config.model.file}

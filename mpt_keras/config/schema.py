@@ -1,6 +1,5 @@
-"""The JSON form of the config's dataclasses: parsed strictly, written back, merged.
-
-A section's keys are its dataclass's fields and their types its type hints.
+"""The config dataclasses' JSON form: parsed strictly, written back, merged. A section's keys
+are its dataclass's fields, typed by its hints.
 """
 
 from __future__ import annotations
@@ -18,8 +17,8 @@ from mpt_keras.config.names import SOURCE_KEYS
 from mpt_keras.errors import UserInputError
 from mpt_keras.scaling.settings import LossScaleSettings, check_settings
 
-# Fields that are no config keys: the run decides them (the scale is dynamic
-# only with float16 layers; gradients are summed in their own dtype).
+# Fields that are no config keys: the run decides them (dynamic scale only with float16
+# layers; gradients summed in their own dtype).
 RUN_DECIDES = {LossScaleSettings: ("dynamic", "all_reduce_dtype")}
 
 _UnionType = type(int | None)
@@ -52,11 +51,8 @@ def to_plain(value: Any) -> Any:
 
 
 def build(cls: type, values: Any, prefix: str = "") -> Any:
-    """Instantiates dataclass `cls` from JSON-like `values`, checking keys and types.
-
-    Args:
-        prefix: The section's dotted key and a dot (`"data."`), for messages.
-    """
+    """Instantiates dataclass `cls` from JSON-like `values`, checking keys and types;
+    `prefix` (`"data."`) names the section in messages."""
     if not isinstance(values, Mapping):
         what = check.key(prefix.rstrip(".")) if prefix else "config"
         raise checks.refusal(what, checks.as_json(values), "a JSON object")
@@ -72,7 +68,7 @@ def build(cls: type, values: Any, prefix: str = "") -> Any:
         name: _convert(hints[name], value, f"{prefix}{name}") for name, value in values.items()
     }
     if cls is LossScaleSettings:
-        # Checked first with the config's keys, not the Python arguments.
+        # Checked here first: messages name config keys, not Python arguments.
         defaults = {field.name: field.default for field in dataclasses.fields(cls)}
         check_settings(
             {**defaults, **kwargs}, what=lambda name: check.key(prefix + name), show=checks.as_json
@@ -82,15 +78,13 @@ def build(cls: type, values: Any, prefix: str = "") -> Any:
     try:
         return cls(**kwargs)
     except UserInputError as error:
-        # A loss or metric knows not its own key: say which one it is.
+        # A loss or metric knows not its own key: prefix it.
         raise UserInputError(f"{prefix.rstrip('.')}: {error}") from None
 
 
 def deep_merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """`overrides` merged into `base`: objects key by key, other values replace.
-
-    A section given a new source drops its old source and options.
-    """
+    """`overrides` merged into `base`: objects key by key, other values replace; a section
+    given a new source drops its old source and options."""
     merged = dict(base)
     for name, value in overrides.items():
         if isinstance(value, Mapping) and isinstance(merged.get(name), Mapping):

@@ -1,6 +1,5 @@
-"""TrainConfig: everything that decides what a run computes, read strictly from JSON.
-
-`model_dir/config.json` is `to_json()`; reading it back gives the same config.
+"""TrainConfig: all that decides what a run computes, read strictly from JSON;
+`model_dir/config.json` is `to_json()`, read back as the same config.
 
     config = TrainConfig.from_json("configs/digits_cnn.json").merged({"steps": 20})
 """
@@ -32,10 +31,8 @@ class TrainConfig:
     Attributes:
         steps: Total train steps (a resumed run stops here).
         checkpoint_every: Also the length of one Keras "epoch" of `fit`.
-        auto_promote: Promote layers that keep overflowing at the loss-scale
-            floor (`AutoPromote`).
-        imports: Modules imported before any component is resolved (custom
-            layers registering themselves).
+        auto_promote: Promote layers overflowing at the loss-scale floor (`AutoPromote`).
+        imports: Modules imported before components resolve (custom layers register).
         loss, metrics: `None`: the reference models' own, or a `model.file`'s.
         loss_scale: Of float16 layers; other runs pin the scale at 1.
     """
@@ -101,10 +98,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], source: str = "config") -> TrainConfig:
         """Builds a config from a JSON-like mapping; missing keys keep defaults.
-
-        Raises:
-            UserInputError: Naming `source` (a file, a flag), the key and what is allowed.
-        """
+        `UserInputError` names `source` (a file, a flag), the key and what is allowed."""
         try:
             return schema.build(cls, values)
         except UserInputError as error:
@@ -116,19 +110,15 @@ class TrainConfig:
         return cls.from_dict(read_json_object(path), source=os.fspath(path))
 
     def to_dict(self) -> dict[str, Any]:
-        """The config as plain JSON-serialisable values (`from_dict` inverts it)."""
+        """Plain JSON values (`from_dict` inverts it)."""
         return schema.to_plain(self)
 
     def to_json(self) -> str:
-        """The config as indented JSON text."""
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
     def merged(self, overrides: Mapping[str, Any], source: str = "override") -> TrainConfig:
-        """This config with `overrides` (shaped like the file) merged in; see `schema.deep_merge`.
-
-        Raises:
-            UserInputError: As `from_dict`.
-        """
+        """This config with `overrides` (shaped like the file) merged in (`schema.deep_merge`);
+        refusals as `from_dict`'s."""
         if not isinstance(overrides, Mapping):
             raise UserInputError(
                 f"{source}: expected a JSON object, received {type(overrides).__name__}"

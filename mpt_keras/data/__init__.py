@@ -1,16 +1,15 @@
-"""Datasets: offline TFDS loading, a run's data sources, and deterministic batching.
+"""Datasets: offline TFDS loading, a run's data sources, deterministic batching.
 
 loading.py           TFDS splits, offline, as numpy arrays or unbatched pairs
 sources.py           RunData: a run's data from a factory, a TFDS mapping or a name
 pipeline.py          deterministic, resumable batching of in-memory arrays
-digits.py            the embedded TFDS dataset `mpt_digits`
-python_source.py     the embedded TFDS dataset `mpt_python_source`
-embedded_builder.py  what the embedded builders share: release, key order, info
+digits.py            the embedded dataset `mpt_digits`
+python_source.py     the embedded dataset `mpt_python_source`
+embedded_builder.py  the embedded builders' shared base
 
 Importing this package registers the embedded builders.
 """
 
-# Defining the builder classes is what registers them with TFDS.
 from mpt_keras.data import digits, python_source  # noqa: F401
 from mpt_keras.data.loading import (
     EMBEDDED_DATASETS,

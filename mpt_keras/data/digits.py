@@ -1,7 +1,5 @@
-"""`mpt_digits`: scikit-learn's bundled 8x8 handwritten digits as a TFDS dataset.
-
-Read from the CSV inside scikit-learn: prepared without any network access.
-"""
+"""`mpt_digits`: scikit-learn's bundled 8x8 handwritten digits as a TFDS dataset, read from
+its CSV (no network)."""
 
 from collections.abc import Iterator
 from typing import Any
@@ -43,7 +41,7 @@ def _rescale(counts: np.ndarray) -> np.ndarray:
 
 
 class MptDigits(EmbeddedBuilder):
-    """The scikit-learn digits, split deterministically into train/validation; keyed by index."""
+    """The digits, split deterministically into train/validation; keyed by index."""
 
     def info_arguments(self) -> dict[str, Any]:
         image = tfds.features.Image(shape=(8, 8, 1), dtype=np.uint8)

@@ -1,7 +1,5 @@
-"""What the embedded TFDS builders share: release 1.0.0, examples in key order, description kept.
-
-Not `dataset_info_from_configs()`: a README.md next to a builder's module would
-silently replace the description.
+"""What the embedded TFDS builders share: release 1.0.0, examples in key order, description
+kept (not `dataset_info_from_configs()`: a README.md beside the module would replace it).
 """
 
 import abc
@@ -18,8 +16,8 @@ class EmbeddedBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
     @abc.abstractmethod
     def info_arguments(self) -> dict[str, Any]:
-        """`DatasetInfo` arguments: `description`, `features`, `homepage`, ..."""
+        """`DatasetInfo` arguments (`description`, `features`, ...)."""
 
     def _info(self) -> tfds.core.DatasetInfo:
-        # In key order rather than TFDS' hash order.
+        # Key order, not TFDS' hash order.
         return tfds.core.DatasetInfo(builder=self, disable_shuffling=True, **self.info_arguments())

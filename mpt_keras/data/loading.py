@@ -1,7 +1,7 @@
 """The one place datasets are loaded: TFDS splits, offline, as numpy arrays.
 
-Nothing is downloaded, so a missing dataset fails at once; the embedded ones
-are prepared on first use. Arrays hold a whole split (datasets that fit in RAM).
+Nothing is downloaded: a missing dataset fails at once; embedded ones are prepared on first
+use. Arrays hold a whole split (datasets that fit in RAM).
 """
 
 import contextlib
@@ -28,7 +28,7 @@ VOCAB_SIZE = 256
 
 _ALLOWED_NAMES = f"Allowed: {', '.join(EMBEDDED_DATASETS)}, or any name in tfds.list_builders()."
 
-# Off by default in tfds 4.9.10; said so that a future default stays offline.
+# Off by default in tfds 4.9.10; set so a future default stays offline.
 _OFFLINE = tfds.download.DownloadConfig(try_download_gcs=False)
 
 _READ_BATCH = 4096
@@ -36,13 +36,8 @@ _READ_BATCH = 4096
 
 @dataclasses.dataclass(frozen=True)
 class ClassificationData:
-    """One split of an image classification dataset, in memory.
-
-    Attributes:
-        features: float32 images in [0, 1], shape [N, H, W, C].
-        labels: int32 class ids, shape [N].
-        num_classes: Of the dataset, not only of this split.
-    """
+    """One image classification split in memory: `features` float32 [N, H, W, C] in [0, 1],
+    `labels` int32 [N], `num_classes` of the whole dataset."""
 
     features: np.ndarray
     labels: np.ndarray
@@ -50,31 +45,19 @@ class ClassificationData:
 
 
 def load_split(name: str, split: str, data_dir: str | None) -> tf.data.Dataset:
-    """Loads one split of a TFDS dataset as raw example dicts, in stored order, offline.
+    """Loads a TFDS split as raw example dicts, in stored order, offline.
 
-    Args:
-        name: An embedded or TFDS dataset name (with optional `/config` and `:version`).
-        split: A split name such as "train", or a TFDS slice such as "train[:10%]".
-        data_dir: TFDS data directory; None means the TFDS default.
-
-    Raises:
-        UserInputError: If the dataset is unknown, not prepared in `data_dir`,
-            or has no such split, or the split is empty.
+    `name`: embedded or TFDS (optional `/config`, `:version`); `split`: e.g. "train[:10%]";
+    `data_dir`: None for TFDS' default. `UserInputError`: the dataset unknown or not prepared
+    in `data_dir`, the split missing or empty.
     """
     _prepared_builder(name, split, data_dir)
     return tfds.load(name, split=split, data_dir=data_dir, download=False)
 
 
 def classification_arrays(name: str, split: str, data_dir: str | None) -> ClassificationData:
-    """Loads an image classification split into memory, images scaled to [0, 1].
-
-    Args:
-        name: A dataset with a uint8 `image` of fixed shape and a `label`
-            ClassLabel (e.g. mpt_digits, mnist, cifar10).
-
-    Raises:
-        UserInputError: As `load_split`, or if the dataset lacks those features.
-    """
+    """An image classification split in memory, images in [0, 1]: `name` has a fixed-shape
+    uint8 `image` and a ClassLabel `label` (mpt_digits, mnist, cifar10); else UserInputError."""
     builder = _prepared_builder(name, split, data_dir)
     features = builder.info.features
     image, label = _feature(features, "image"), _feature(features, "label")
@@ -105,12 +88,9 @@ def language_model_windows(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Byte-level next-token windows `(inputs, targets)`, int32 [windows, sequence_length].
 
-    The examples' UTF-8 `text`, joined by b"\\n", cut into non-overlapping
-    windows of `sequence_length + 1` tokens; the tail that fills none is dropped.
-
-    Raises:
-        UserInputError: As `load_split`, if the dataset has no `text` feature,
-            if `sequence_length` < 1, or if the split is shorter than one window.
+    The examples' UTF-8 `text`, joined by b"\\n", cut into non-overlapping windows of
+    `sequence_length + 1` tokens; a partial tail is dropped. `UserInputError`: as
+    `load_split`, no `text` feature, `sequence_length` < 1, or a split under one window.
     """
     check_number("sequence_length", sequence_length, minimum=1, integer=True)
     builder = _prepared_builder(name, split, data_dir)
@@ -138,11 +118,9 @@ def language_model_windows(
 
 
 def reference_shape(name: str, split: str, data_dir: str | None) -> str:
-    """Which reference shape a dataset has: `"image"` (an image and a label) or `"text"`.
+    """A dataset's reference shape: `"image"` (an image and a label) or `"text"`.
 
-    Raises:
-        UserInputError: As `load_split`, or if it has neither shape: then the
-            config must say which features are input and target.
+    `UserInputError`: as `load_split`, or neither (the config must then name the features).
     """
     features = _prepared_builder(name, split, data_dir).info.features
     if isinstance(_feature(features, "image"), tfds.features.Image) and isinstance(
@@ -161,17 +139,11 @@ def reference_shape(name: str, split: str, data_dir: str | None) -> str:
 def feature_pairs(
     name: str, split: str, data_dir: str | None, features: Mapping[str, Any]
 ) -> tuple[tf.data.Dataset, dict[str, Any]]:
-    """One split of a TFDS dataset of any shape as unbatched `(x, y)` elements, as stored.
+    """A TFDS split of any shape as unbatched `(x, y)` elements, as stored, and
+    `{"num_classes": ...}` when `y` is a ClassLabel.
 
-    Args:
-        features: `{"x": FEATURE, "y": FEATURE}`, or `{"x": {INPUT: FEATURE,
-            ...}, "y": FEATURE}` for a model with named inputs.
-
-    Returns:
-        The elements, and `{"num_classes": ...}` when `y` is a ClassLabel.
-
-    Raises:
-        UserInputError: As `load_split`, or naming a feature the dataset lacks.
+    `features`: `{"x": FEATURE, "y": FEATURE}`, or `{"x": {INPUT: FEATURE, ...}, "y": ...}`;
+    UserInputError for a feature the dataset lacks.
     """
     stored = _prepared_builder(name, split, data_dir).info.features
     x, y = features["x"], features["y"]
@@ -197,7 +169,7 @@ def feature_pairs(
 
 
 def _prepared_builder(name: str, split: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
-    """The builder of a dataset prepared (embedded ones here, if needed) and with `split`."""
+    """A prepared dataset's builder (embedded ones prepared here) having `split`."""
     builder = _builder(name, data_dir)
     if builder.name in EMBEDDED_DATASETS and not builder.is_prepared():
         builder = _prepare_embedded(name, data_dir, builder)
@@ -230,19 +202,16 @@ def _prepared_builder(name: str, split: str, data_dir: str | None) -> tfds.core.
 def _prepare_embedded(
     name: str, data_dir: str | None, builder: tfds.core.DatasetBuilder
 ) -> tfds.core.DatasetBuilder:
-    """Prepares an embedded dataset once, even with several processes at it.
-
-    A multi-worker run's workers start together on one data_dir, and TFDS'
-    final rename would race: they take turns under a file lock.
-    """
+    """Prepares an embedded dataset once, under a file lock: a multi-worker run's workers
+    share a data_dir and TFDS' final rename would race."""
     root = builder.data_dir_root
     os.makedirs(root, exist_ok=True)
     with open(os.path.join(root, f".{name}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         builder = _builder(name, data_dir)
         if not builder.is_prepared():
-            # Under a second of work: no progress bars, and TFDS' "Downloading
-            # and preparing ..." off stdout, the program's own (`--dry_run`'s table).
+            # Under a second: no progress bars, and TFDS' "Downloading and preparing ..." off
+            # stdout, which is the program's (`--dry_run`'s table).
             with tfds_progress.progress_bar_hidden(), contextlib.redirect_stdout(sys.stderr):
                 builder.download_and_prepare(download_config=_OFFLINE)
     return builder
@@ -257,7 +226,7 @@ def _builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
             f"Unknown dataset {name!r}: not a TFDS dataset name. {_ALLOWED_NAMES}"
         ) from error
     if dataset_name.namespace:
-        # Community datasets are fetched from their hosts, never prepared locally.
+        # Community datasets come from their hosts.
         raise UserInputError(
             f"Unknown dataset {name!r}: community datasets (namespace "
             f"{dataset_name.namespace!r}) need network access. {_ALLOWED_NAMES}"
@@ -269,7 +238,7 @@ def _builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
             f"Unknown dataset {name!r}: not a TFDS dataset. {_ALLOWED_NAMES}"
         ) from error
     except (ValueError, AssertionError) as error:
-        # A known dataset with a config or version it does not have.
+        # A known dataset, an unknown config or version.
         reason = str(error).strip().splitlines()[0]
         raise UserInputError(f"Invalid dataset {name!r}: {reason}") from error
 
@@ -277,15 +246,12 @@ def _builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
 def _feature(
     features: tfds.features.FeaturesDict, key: str
 ) -> tfds.features.FeatureConnector | None:
-    """The top-level feature `key`, or None."""
     return dict(features.items()).get(key)
 
 
 def _describe(features: tfds.features.FeaturesDict) -> str:
-    """Names a dataset's top-level features and their types, for messages."""
     return ", ".join(f"{key} ({type(feature).__name__})" for key, feature in features.items())
 
 
 def _concatenate(batches: Iterable[tuple[np.ndarray, ...]]) -> list[np.ndarray]:
-    """Joins an iterable of batched numpy tuples into one array per component."""
     return [np.concatenate(parts) for parts in zip(*batches)]

@@ -1,12 +1,9 @@
 """Deterministic, resumable batching of in-memory arrays.
 
-Training order is a pure function of (seed, position): the example at global
-position p = step * batch_size + i is
-
-    index_shuffle(p % N, seed=[seed, p // N], max_index=N - 1)
-
-so each data epoch (p // N) is a fresh permutation fixed by the seed, and a run
-resumed at step k continues at the exact data position without replaying.
+Training order is a pure function of (seed, position): position p = step * batch_size + i
+holds example `index_shuffle(p % N, seed=[seed, p // N], max_index=N - 1)`, so each data
+epoch is a fresh seeded permutation and a run resumed at step k continues at the exact data
+position without replaying.
 """
 
 import numpy as np
@@ -25,12 +22,9 @@ def train_batches(
 ) -> tf.data.Dataset:
     """An endless stream of full, shuffled (features, labels) batches; dtypes kept.
 
-    Batches may straddle data epochs. `train_batches(..., start_step=k)` yields
-    exactly batches k, k + 1, ... of `train_batches(..., start_step=0)`.
-
-    Raises:
-        UserInputError: If batch_size < 1, start_step < 0, there are no
-            examples, or features and labels differ in length.
+    Batches may straddle data epochs; `start_step=k` yields exactly batches k, k + 1, ... of
+    `start_step=0`. `UserInputError`: a bad batch_size or start_step, no examples, or lengths
+    differing.
     """
     num_examples = _check(features, labels, batch_size)
     check_number("start_step", start_step, minimum=0, integer=True)
@@ -38,14 +32,13 @@ def train_batches(
     seed_tensor = tf.constant(seed, tf.int64)
     positions = tf.range(num_examples, dtype=tf.int64)
 
-    # One index_shuffle call per data epoch, not per batch: a batch may span
-    # epochs, and index_shuffle cannot take one seed per index (it pads a batch
-    # of seeds along the wrong axis).
+    # One index_shuffle per data epoch, not per batch: a batch may span epochs, and
+    # index_shuffle cannot take a seed per index (it pads a seed batch on the wrong axis).
     def epoch_order(epoch: tf.Tensor) -> tf.data.Dataset:
         order = tf.random.experimental.index_shuffle(
             positions, seed=tf.stack([seed_tensor, epoch]), max_index=num_examples - 1
         )
-        # A resumed stream starts mid-epoch: drop the positions already consumed.
+        # A resumed stream starts mid-epoch: drop consumed positions.
         skip = tf.where(epoch == first_epoch, first_offset, 0)
         return tf.data.Dataset.from_tensor_slices(order[skip:])
 
@@ -54,7 +47,7 @@ def train_batches(
     return (
         tf.data.Dataset.counter(first_epoch)
         .flat_map(epoch_order)
-        # flat_map hides that the stream never ends; say so for fit() and friends.
+        # flat_map hides that the stream never ends; tell fit().
         .apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
         .batch(batch_size, drop_remainder=True)
         .map(
@@ -66,12 +59,8 @@ def train_batches(
 
 
 def eval_batches(features: np.ndarray, labels: np.ndarray, batch_size: int) -> tf.data.Dataset:
-    """One in-order pass over (features, labels), keeping the last partial batch.
-
-    Raises:
-        UserInputError: If batch_size < 1, there are no examples, or features
-            and labels differ in length.
-    """
+    """One in-order pass over (features, labels), keeping the last partial batch; refusals as
+    `train_batches`'."""
     _check(features, labels, batch_size)
     return (
         tf.data.Dataset.from_tensor_slices((features, labels))
@@ -81,7 +70,7 @@ def eval_batches(features: np.ndarray, labels: np.ndarray, batch_size: int) -> t
 
 
 def _check(features: np.ndarray, labels: np.ndarray, batch_size: int) -> int:
-    """Validates the batching inputs and returns the number of examples."""
+    """Checks the batching inputs; returns the number of examples."""
     check_number("batch_size", batch_size, minimum=1, integer=True)
     num_examples = len(features)
     if num_examples == 0:

@@ -1,8 +1,7 @@
 """`mpt_python_source`: the running Python's standard library as a text dataset.
 
-Byte-level language modelling without a download: one example per top-level
-`*.py` file (about 170, under 5 MB for CPython 3.11); the content depends on the
-preparing Python's version, which the description records.
+Byte-level language modelling without a download: an example per top-level `*.py` file
+(~170, under 5 MB for 3.11); the content depends on the Python version (in the description).
 """
 
 import hashlib
@@ -34,12 +33,12 @@ _VALIDATION_BUCKETS = 10
 
 
 def stdlib_dir() -> str:
-    """Returns the directory of the running Python's standard library."""
+    """The running Python's standard library directory."""
     return os.path.dirname(os.__file__)
 
 
 def stdlib_files() -> list[str]:
-    """Returns the top-level `*.py` file names of the standard library, sorted."""
+    """The standard library's top-level `*.py` file names, sorted."""
     root = stdlib_dir()
     return sorted(
         name
@@ -49,16 +48,14 @@ def stdlib_files() -> list[str]:
 
 
 def is_validation(file_name: str) -> bool:
-    """Whether `file_name` (relative to the standard library) is in the validation split.
-
-    By SHA-256, not `hash()`, which is salted per process.
-    """
+    """Whether `file_name` (stdlib-relative) is in the validation split; by SHA-256, as `hash()`
+    is salted per process."""
     digest = hashlib.sha256(file_name.encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big") % _VALIDATION_BUCKETS == 0
 
 
 class MptPythonSource(EmbeddedBuilder):
-    """The standard library's top-level source files, split by file name; keyed by position."""
+    """The stdlib's top-level source files, split by file name; keyed by position."""
 
     def info_arguments(self) -> dict[str, Any]:
         text = tfds.features.Text

@@ -1,8 +1,7 @@
 """Where a run's data comes from, unbatched: a data factory, a TFDS mapping or a name.
 
-Arrays resume at any step by index (`pipeline`); a `tf.data.Dataset` from a
-factory or `data.features` is shuffled and batched here, and a resumed run
-reads and skips the batches before its step.
+Arrays resume at any step by index (`pipeline`); a `tf.data.Dataset` is shuffled and batched
+here, and a resumed run reads and skips the batches before its step.
 """
 
 from __future__ import annotations
@@ -24,12 +23,10 @@ from mpt_keras.errors import UserInputError, describe_error
 
 @dataclasses.dataclass(frozen=True)
 class RunData:
-    """A run's train and evaluation data, unbatched, and what it decides about a model.
+    """A run's unbatched data, and what it decides about a model.
 
-    Attributes:
-        train: Arrays `(x, y)` or a `tf.data.Dataset` of `(x, y)` or
-            `(x, y, sample_weight)` elements; `eval` the same.
-        dimensions: What the data decides (`components.DATA_DIMENSIONS`).
+    `train`, `eval`: arrays `(x, y)` or a `tf.data.Dataset` of `(x, y[, sample_weight])`.
+    `dimensions`: what the data decides (`components.DATA_DIMENSIONS`).
     """
 
     train: tuple[np.ndarray, ...] | tf.data.Dataset
@@ -39,7 +36,7 @@ class RunData:
     def train_batches(
         self, batch_size: int, seed: int, start_step: int = 0, shuffle_buffer: int = 10_000
     ) -> tf.data.Dataset:
-        """The endless stream of full train batches from `start_step` on; see the module doc."""
+        """The endless stream of full train batches from `start_step` on."""
         if isinstance(self.train, tf.data.Dataset):
             return (
                 self.train.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
@@ -68,13 +65,8 @@ def load_run_data(
 ) -> RunData:
     """Loads a run's data from where its config says: a factory, a mapping, or a name.
 
-    Args:
-        shape: For a dataset read by name without `features`: `"image"` or
-            `"text"`; `None`: the dataset's own (`loading.reference_shape`).
-        factory: The bound `data.factory`, if the config names one.
-
-    Raises:
-        UserInputError: Naming what was wrong with the data and what is allowed.
+    `shape`: for a dataset named without `features`, `"image"` or `"text"` (None: its own).
+    `factory`: the bound `data.factory`, if any.
     """
     if factory is not None:
         loaded = _from_data_factory(factory, seed, f"data.batch_size: {source.batch_size}")
@@ -88,7 +80,7 @@ def load_run_data(
 
 
 def _from_reference_shapes(source: DataConfig, shape: str | None) -> RunData:
-    """An embedded (or TFDS) dataset in the reference shapes: images and labels, or text."""
+    """A dataset in the reference shapes: images and labels, or text."""
     if shape is None:
         shape = loading.reference_shape(source.name, source.train_split, source.data_dir)
     if shape == "image":
@@ -113,7 +105,7 @@ def _from_reference_shapes(source: DataConfig, shape: str | None) -> RunData:
 
 
 def _from_tfds_features(source: DataConfig) -> RunData:
-    """A TFDS dataset of any shape, through the config's `data.features` mapping."""
+    """A TFDS dataset of any shape, by the config's `data.features`."""
     splits = [
         loading.feature_pairs(source.name, split, source.data_dir, source.features)
         for split in (source.train_split, source.eval_split)
@@ -147,15 +139,10 @@ def _from_data_factory(factory: BoundFactory, seed: int, batching: str) -> RunDa
 
 
 def checked_split(split: Any, what: str, batching: str) -> tuple[np.ndarray, ...] | tf.data.Dataset:
-    """`split` if it is data a run takes: a dataset of `(x, y[, sample_weight])` or `(x, y)` arrays.
+    """`split` if a run takes it: a dataset of `(x, y[, sample_weight])` or `(x, y)` arrays.
 
-    Args:
-        what: Where it came from, for the error.
-        batching: The setting the run batches by (`data.batch_size: 32`), for
-            the error on a dataset batched already.
-
-    Raises:
-        UserInputError: Naming `what` and what is allowed.
+    `what` (its origin) and `batching` (the batching setting, `data.batch_size: 32`, for an
+    already batched dataset) name it in the `UserInputError`.
     """
     if isinstance(split, tf.data.Dataset):
         spec = split.element_spec
@@ -184,8 +171,8 @@ def checked_split(split: Any, what: str, batching: str) -> tuple[np.ndarray, ...
 def _batched(dataset: tf.data.Dataset) -> bool:
     """Whether the pipeline's last batching (or unbatching) step batched it.
 
-    Read from the chain, not the shapes alone (a sequence of unknown length also
-    has a leading None); a dataset of several inputs when each of them is.
+    From the chain, not shapes (an unknown-length sequence also has a leading None); several
+    inputs: when each is.
     """
     inputs = compat.dataset_inputs(dataset)
     if not inputs:
@@ -202,8 +189,8 @@ def _batched(dataset: tf.data.Dataset) -> bool:
 
 
 def _rank_changes(spec: Any, source_spec: Any) -> set[int]:
-    """How the rank of each component changed from `source_spec` to `spec`, with the
-    trailing dimensions kept (empty where the structures differ or a rank is unknown)."""
+    """Each component's rank change from `source_spec` to `spec`, trailing dimensions kept
+    (empty if structures differ or a rank is unknown)."""
     try:
         pairs = list(zip(tf.nest.flatten(spec), tf.nest.flatten(source_spec), strict=True))
     except ValueError:

@@ -1,25 +1,14 @@
 """The `jit_compile` rule: whether XLA compiles the train step, for `auto` by device and model.
 
-`auto`: XLA on for TPU and GPU replicas. On CPU replicas, as `mpt-bench`
-measured: on for attention models (XLA fuses around the matmuls), except in
-mixed_bfloat16 above `XLA_BFLOAT16_MAX_PARAMETERS` where oneDNN's bfloat16
-matmuls win; on for convolutions in mixed_float16 (oneDNN has no float16), and
-in mixed_bfloat16 where the CPU has no bfloat16 instructions (emulated); off
-for the rest (an XLA call costs ~5 ms a step). Under `deterministic`, XLA has
-no MaxPool gradient. Examples per second with XLA over without, 2 EPYC cores:
+`auto`: XLA on for TPU and GPU replicas. On CPU replicas, as `mpt-bench` measured (ratios in
+docs/distribution.md): on for attention models (XLA fuses around the matmuls), except in
+mixed_bfloat16 above `XLA_BFLOAT16_MAX_PARAMETERS` where oneDNN's bfloat16 matmuls win; on for
+convolutions in mixed_float16 (oneDNN has no float16), and in mixed_bfloat16 where the CPU
+has no bfloat16 instructions (emulated); off for the rest (an XLA call costs ~5 ms a step).
+Under `deterministic`, XLA has no MaxPool gradient.
 
-    AVX512_BF16       float32   mixed_bfloat16   mixed_float16
-    transformer_lm    1.43      1.25             1.96
-    cnn               0.68      0.51             1.01 (1.20 in a later run)
-    mlp               0.20      0.30             0.27
-
-    AVX2 only         float32   mixed_bfloat16   mixed_float16
-    transformer_lm    1.91      3.46             1.83
-    cnn               0.66      2.04             0.95
-    mlp               0.25      0.33             0.29
-
-A 2-block Transformer in mixed_bfloat16 with AVX512_BF16: 1.18 at 0.14M
-parameters, 1.04 at 0.47M, 0.73 at 1.73M, 0.60 at 6.60M.
+Examples/s with XLA over without, a 2-block Transformer in mixed_bfloat16 with AVX512_BF16
+on 2 EPYC cores: 1.18 at 0.14M parameters, 1.04 at 0.47M, 0.73 at 1.73M, 0.60 at 6.60M.
 """
 
 from __future__ import annotations
@@ -67,13 +56,9 @@ def resolve_jit_compile(
 ) -> tuple[bool, str]:
     """`(jit_compile, reason)`: whether XLA compiles the train step, and why in one line.
 
-    Args:
-        model: `None` counts as one without attention.
-        deterministic: Whether the run enables TensorFlow's op determinism.
-
-    Raises:
-        UserInputError: For an unknown setting or precision, or `true` with
-            `deterministic` on a model XLA cannot step deterministically.
+    `model=None` counts as one without attention; `deterministic`: the run enables op
+    determinism. Raises `UserInputError` for an unknown setting or precision, or `true` with
+    `deterministic` on a model XLA cannot step deterministically.
     """
     check_choice("jit_compile", setting, JIT_COMPILE)
     check_policy_name(precision)
@@ -146,8 +131,7 @@ def _replica_device_type(strategy: tf.distribute.Strategy) -> str:
     try:
         devices = strategy.extended.worker_devices
     except RuntimeError:
-        # TensorFlow's default strategy names no devices: it runs on the first
-        # GPU if there is one.
+        # The default strategy names no devices: it runs on the first GPU if any.
         return "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
     types = {tf.DeviceSpec.from_string(device).device_type for device in devices}
     return next((kind for kind in ("TPU", "GPU") if kind in types), "CPU")

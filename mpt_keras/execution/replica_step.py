@@ -1,8 +1,5 @@
-"""Keras' TensorFlow train step rebuilt in two parts, so XLA can take the first or both.
-
-The forward and backward pass, then `optimizer.apply` (all-reduce, verdict,
-update), the loss tracker and the metrics.
-"""
+"""Keras' TensorFlow train step rebuilt in two parts, so XLA can take the first or both:
+the forward and backward pass, then `optimizer.apply`, the loss tracker and the metrics."""
 
 from __future__ import annotations
 
@@ -23,8 +20,7 @@ def make_forward_backward(model: keras.Model) -> ForwardBackward:
     """`(x, y, sample_weight) -> (loss, y_pred, gradients of optimizer.scale_loss(loss))`."""
 
     def replica_forward_backward(x: Any, y: Any, sample_weight: Any) -> tuple[Any, Any, Any]:
-        # As Keras' own train step: `training` only for models whose call
-        # takes it, and `compute_loss` also for overrides without it.
+        # As Keras' own train step.
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True) if compat.call_has_training_arg(model) else model(x)
             loss = compat.compute_loss(
@@ -41,8 +37,8 @@ def make_step(
 ) -> Callable[[Any, Any, Any], dict[str, Any]]:
     """The whole step on `(x, y, sample_weight)`; returns the logs.
 
-    With a `mpt_keras.LossScaleOptimizer`, a batch holding a NaN or Inf is
-    skipped as bad data, and counts in neither the loss nor any metric.
+    With a `mpt_keras.LossScaleOptimizer`, a batch holding a NaN or Inf is skipped as bad
+    data, and counts in neither the loss nor any metric.
     """
 
     def replica_train_step(x: Any, y: Any, sample_weight: Any) -> dict[str, Any]:
@@ -53,8 +49,7 @@ def make_step(
         loss, y_pred, gradients = forward_backward(x, y, sample_weight)
         batch_size = tf.shape(next(i for i in keras.tree.flatten(x) if i is not None))[0]
         if checked:
-            # Handed over explicitly: the loss given to `scale_loss` may live
-            # in a nested XLA function's graph.
+            # Explicitly: the loss `scale_loss` got may be in a nested XLA function's graph.
             bad = optimizer.apply(
                 gradients,
                 model.trainable_weights,
@@ -64,10 +59,8 @@ def make_step(
             )
         else:
             optimizer.apply(gradients, model.trainable_weights)
-        # A skipped bad batch would make the epoch's mean loss NaN, and what it
-        # predicted is undefined (XLA's and TensorFlow's argmax of a NaN row
-        # differ): the metrics take it, then get their values back. (`fit` has
-        # built them before this traces.)
+        # A skipped bad batch's loss is NaN and its predictions undefined (XLA's and
+        # TensorFlow's argmax of a NaN row differ): the metrics take it, then are restored.
         variables = [v for metric in model.metrics for v in metric.variables] if checked else []
         before = [tf.convert_to_tensor(variable) for variable in variables]
         compat.loss_tracker(model).update_state(

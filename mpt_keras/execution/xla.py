@@ -1,9 +1,7 @@
 """XLA for the train step: the whole step on one device, each replica's pass under a strategy.
 
-XLA cannot compile the all-reduce and merged-context update of a mirrored
-strategy (Keras turns XLA off there), so under one XLA compiles each replica's
-forward and backward pass only. On one device it compiles the whole step: left
-outside, the unfused update cost `mpt-bench`'s float32 Transformer 5-9%.
+XLA cannot compile a mirrored strategy's all-reduce and merged-context update (Keras turns
+XLA off there); on one device the whole step (outside, the unfused update cost 5-9%).
 """
 
 from __future__ import annotations
@@ -21,8 +19,7 @@ from mpt_keras.checks import refusal
 from mpt_keras.errors import UserInputError
 from mpt_keras.execution.replica_step import make_forward_backward, make_step
 
-# What compile_model sets on a model, removed when it re-compiles (with the
-# build that `support_multi_worker_fit` sets).
+# What compile_model sets on a model, removed (with `support_multi_worker_fit`'s) on re-compile.
 _INSTALLED_ATTRIBUTES = ("train_step", "test_step")
 
 
@@ -37,19 +34,11 @@ def compile_model(
 ) -> None:
     """Compiles `model`, with XLA if `jit_compile`: whole step on one device, else per replica.
 
-    Call it under the strategy's scope. The train step becomes `replica_step`'s
-    (`evaluate` and `predict` stay without XLA); a later plain `model.compile`
-    restores Keras' own. The step is no part of the model's config: a loaded
-    model trains without XLA until `compile_model` is called on it.
-
-    Args:
-        jit_compile: A bool (resolve `"auto"` with `jit_rule.resolve_jit_compile`).
-        **compile_kwargs: More `model.compile` arguments, except
-            `run_eagerly=True` with XLA.
-
-    Raises:
-        UserInputError: If `jit_compile` is not a bool, or is True together with
-            `run_eagerly=True`.
+    Call under the strategy's scope. The train step becomes `replica_step`'s (`evaluate`
+    and `predict` stay without XLA) until a plain `model.compile`; it is no part of the
+    model's config, so a loaded model trains without XLA until this is called again.
+    `jit_compile`: a bool (`jit_rule.resolve_jit_compile` resolves `auto`); a non-bool, or
+    True with `run_eagerly=True`, raises `UserInputError`.
     """
     if not isinstance(jit_compile, bool):
         raise refusal("jit_compile", repr(jit_compile), "True or False")
@@ -72,8 +61,7 @@ def compile_model(
 
 def _replica_train_step(model: keras.Model, jit_compile: bool) -> Callable[[Any], dict[str, Any]]:
     """Keras' TensorFlow train step, in XLA if asked: whole on one replica, else split."""
-    # A plain `model.compile` makes a new compile config: from then on the
-    # model trains with Keras' own step, as that compile asked.
+    # A plain `model.compile` makes a new compile config: Keras' own step from then on.
     compiled_with = compat.compile_config(model)
 
     def train_step(data: Any) -> dict[str, Any]:
@@ -81,8 +69,7 @@ def _replica_train_step(model: keras.Model, jit_compile: bool) -> Callable[[Any]
             return type(model).train_step(model, data)
         whole_step_in_xla = jit_compile and _on_one_device()
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        # New functions for each trace: a cached one would keep the loss and
-        # optimizer it was first traced with.
+        # New functions per trace: a cached one keeps the loss and optimizer first traced.
         forward_backward = make_forward_backward(model)
         if jit_compile and not whole_step_in_xla:
             forward_backward = _xla_function(forward_backward)
@@ -95,11 +82,8 @@ def _replica_train_step(model: keras.Model, jit_compile: bool) -> Callable[[Any]
 
 
 def _on_one_device() -> bool:
-    """Whether the step being traced runs on one device, with no strategy to sync replicas.
-
-    Any other strategy, even with one replica, merges the update into its
-    cross-replica context (`merge_call`), which a nested XLA function cannot hold.
-    """
+    """Whether the traced step runs with no strategy or a `OneDeviceStrategy`: any other,
+    even with one replica, merges the update (`merge_call`), which XLA cannot hold."""
     return not tf.distribute.has_strategy() or isinstance(
         tf.distribute.get_strategy(), tf.distribute.OneDeviceStrategy
     )

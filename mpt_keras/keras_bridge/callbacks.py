@@ -1,9 +1,8 @@
 """Keras callbacks that know the global train step.
 
-Keras tells callbacks the batch index within an epoch; the toolkit's callbacks
-need the run's global step, which survives restarts. It is the optimizer's
-`iterations`, read once when `fit` starts and then counted on the host, so no
-callback adds a host-device sync per step.
+Ours need the run's global step (which survives restarts), not Keras' batch index: the
+optimizer's `iterations`, read when `fit` starts and then counted on the host, so no
+callback syncs with the device per step.
 """
 
 from __future__ import annotations
@@ -12,12 +11,9 @@ import keras
 
 
 class GlobalStepCallback(keras.callbacks.Callback):
-    """Base callback maintaining `self.global_step`: train steps done so far.
-
-    `global_step` is exact when every train step advances the optimizer's
-    `iterations` (as `mpt_keras.LossScaleOptimizer` does, skipped steps
-    included) and `model.fit` runs one step per batch index.
-    """
+    """Base callback keeping `self.global_step`, the train steps done so far: exact when every
+    step advances the optimizer's `iterations` (ours does, skipped steps included) and `fit`
+    runs one step per batch index."""
 
     def __init__(self):
         super().__init__()
@@ -35,20 +31,13 @@ class GlobalStepCallback(keras.callbacks.Callback):
         self.global_step = self._epoch_start_step + batch + 1
 
     def is_older_batch(self, batch: int) -> bool:
-        """Whether `batch` ends no later than the steps counted already.
-
-        A callback Keras runs on worker threads (`async_safe`) may get a
-        batch's hook after a later batch's: its values are older.
-        """
+        """Whether `batch` ends no later than the steps counted already: a callback run on
+        worker threads (`async_safe`) may get a batch's hook after a later batch's."""
         return self._epoch_start_step + batch + 1 <= self.global_step
 
 
 class StopAtStep(GlobalStepCallback):
-    """Stops `model.fit` once the global step reaches `last_step`.
-
-    Args:
-        last_step: The run's total number of train steps.
-    """
+    """Stops `model.fit` once the global step reaches `last_step`, the run's total."""
 
     def __init__(self, last_step: int):
         super().__init__()
@@ -63,13 +52,9 @@ class StopAtStep(GlobalStepCallback):
 class IntervalProgbar(keras.callbacks.ProgbarLogger):
     """Keras' progress bar whose total is the steps each interval really runs.
 
-    A run is cut into epochs of `checkpoint_every` steps and stopped at its
-    last step (`StopAtStep`), so its last interval (or its only one, when
-    `steps` is below `checkpoint_every`) runs fewer steps than an epoch
-    holds: the stock bar would still say `100/100` after 60 steps.
-
-    Args:
-        last_step: The run's total number of train steps.
+    A run's epochs are `checkpoint_every` steps and it stops at `last_step` (`StopAtStep`),
+    so its last (or only) interval may run fewer steps than an epoch: the stock bar would
+    still say `100/100` after 60 steps.
     """
 
     def __init__(self, last_step: int):

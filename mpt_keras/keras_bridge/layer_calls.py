@@ -1,27 +1,10 @@
 """Layer calls watched for the length of a block: how the toolkit watches a model run.
 
-Two ways, for two needs. `calls_wrapped` wraps the `call` of chosen layers,
-which sees the inputs after Keras cast them to the layer's compute dtype.
-`calls_before_cast` wraps `Layer.__call__` for every layer, which sees the
-inputs as the caller gave them: a float32 value too large for the float16
-layer it feeds is still finite there (diagnosis needs that).
-
-The precision report records the dtypes each layer returns, calibration each
-measured layer's inputs and outputs, and its float8 part each Dense's inputs
-and pre-activation outputs: each wraps the `call` of the layers it watches,
-runs the model, and must leave every layer as it found it, a `call` set on the
-instance included, also when the model raises.
-
-Example:
-
-    def counting(layer, call):
-        def counted(*args, **kwargs):
-            counts[layer.name] = counts.get(layer.name, 0) + 1
-            return call(*args, **kwargs)
-        return counted
-
-    with calls_wrapped(model.layers, counting):
-        model(batch)
+`calls_wrapped` wraps the `call` of chosen layers, which sees the inputs after Keras cast
+them to the compute dtype; `calls_before_cast` wraps `Layer.__call__` for every layer, which
+sees them as the caller gave them (a float32 value too large for the float16 layer it feeds
+is still finite there; diagnosis needs that). Both leave every layer as they found it, a
+`call` set on the instance included, also when the model raises.
 """
 
 from __future__ import annotations
@@ -45,13 +28,8 @@ def calls_wrapped(
 ) -> Iterator[None]:
     """Gives each layer the `call` that `wrap(layer, its call)` returns, inside the block.
 
-    Args:
-        layers: The layers; one given twice is wrapped twice.
-        wrap: Makes a layer's new `call` from the layer and its `call`.
-
-    Yields:
-        Nothing; on exit, even on error, each layer's `call` is as it was: the
-        class's, or the one set on the instance before.
+    A layer given twice is wrapped twice. On exit, even on error, each `call` is as it was:
+    the class's, or the one set on the instance before.
     """
     wrapped = []
     try:
@@ -74,8 +52,7 @@ def calls_before_cast(
 ) -> Iterator[None]:
     """Calls `record(layer, args, kwargs, outputs)` as each layer call returns, inside the block.
 
-    Only the calls this thread makes: other threads' layers run unwatched.
-    `Layer.__call__` is put back on exit, even on error.
+    Only this thread's calls: other threads' layers run unwatched.
     """
     layer_class = keras.layers.Layer
     original = vars(layer_class)["__call__"]

@@ -1,41 +1,21 @@
 """Layer paths: the path of every layer of a model, and the forms a rule's path is tried in.
 
-A layer's path is the names of the layers from the model down, joined by "/"
-(`transformer_layer_0/self_attention/query`): the key of each layer in a
-`PrecisionReport`. For a layer with a build step it is Keras' own
-`layer.path` in a functional or loaded model.
+A layer's path is the layer names from the model down, joined by "/" (Keras' `layer.path`
+in a functional or loaded model). Keras gives none to a layer without a build step (Softmax,
+Dropout), and the name it makes up (`softmax_3`) depends on how many were made before; so such
+a layer, held by a layer that is not a model, is named by the attribute holding it
+(`.../self_attention/_softmax`). Names given on purpose, or in a list or dict, are kept.
 
-Layers without a Keras path. Keras gives no path to a layer without a build
-step (Softmax, Dropout, Activation), and a layer's own name, when Keras made
-it up (its class in snake case, `_<n>` from the second on: `softmax_3`),
-depends on how many were made before. So such a layer held by a layer that is
-not a model is named by the attribute holding it when its name is Keras':
-MultiHeadAttention's softmax is `.../self_attention/_softmax` and its dropout
-`.../self_attention/_dropout_layer` in every instance of every model. A name
-given on purpose (DecoderBlock's `mlp_dropout`) is kept, and so is the name of
-a layer held in a list or dict. A model's own layers keep their names, which
-a model keeps unique.
-
-Path forms (`LayerPath.forms`). A manifest rule's path is tried against each of:
+A manifest rule's path is tried against each form (`LayerPath.forms`; examples in
+docs/precision.md, "Path forms"):
 
     1. the path from the model the manifest is applied to;
-    2. the path below each nested model holding the layer: Keras' own
-       `layer.path` for a nested functional model, whose layers' paths leave it
-       out (`transformer_layer_0/...` in a model wrapping a backbone, where the
-       path is `gpt2_backbone/transformer_layer_0/...`);
-    3. each of those with that model's name in front (`gpt2_backbone/...`):
-       Keras' own path in a Sequential or subclassed model built by calling it;
-    4. each of those with every model name Keras made up (its class in snake
-       case with `_<n>`: `gpt2_backbone_1`, `functional_2`) read as its first
-       instance's (`gpt2_backbone`), so one manifest serves every instance;
+    2. the path below each nested model holding the layer (Keras' path there);
+    3. each of those with that model's name in front (Keras' path in a Sequential or
+       subclassed model built by calling it);
+    4. each of those with every model name Keras made up (`gpt2_backbone_1`) read as its
+       first instance's (`gpt2_backbone`), so one manifest serves every instance;
     5. `layer.path` itself, if Keras gave one.
-
-Example, for the query projection of the first block of a second
-`keras_hub.models.GPT2Backbone` wrapped in a functional model: its path is
-`gpt2_backbone_1/transformer_layer_0/self_attention/query` and rules for
-`transformer_layer_0/self_attention/query`,
-`gpt2_backbone/transformer_layer_0/self_attention/query` or
-`functional/gpt2_backbone/transformer_layer_0/self_attention/query` all match it.
 """
 
 from __future__ import annotations
@@ -53,13 +33,8 @@ from mpt_keras import compat
 
 @dataclasses.dataclass(frozen=True)
 class LayerPath:
-    """A layer, its path, and the models holding it.
-
-    Attributes:
-        path: The layer's path from the model walked (see the module docstring).
-        layer: The layer.
-        models: `(path, model)` of each model holding the layer, the model
-            walked first (path `""`), innermost last.
+    """A layer, its path from the model walked, and `models`: `(path, model)` of each model
+    holding it, the model walked first (path `""`), innermost last.
 
     Example:
 
@@ -73,7 +48,7 @@ class LayerPath:
 
     @functools.cached_property
     def forms(self) -> tuple[str, ...]:
-        """The forms a rule's path is tried against, without repeats; see the module docstring."""
+        """The forms a rule's path is tried against, without repeats (see the module)."""
         segments = self.path.split("/")
         canonical = list(segments)
         for model_path, model in self.models[1:]:
@@ -92,12 +67,7 @@ class LayerPath:
 
 
 def iter_layers(layer: keras.layers.Layer, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """Yields `(path, layer)` for every sublayer of `layer`, depth first.
-
-    Args:
-        layer: A model or layer.
-        prefix: Put in front of every path (the path of `layer` and "/").
-    """
+    """Yields `(path, layer)` for every sublayer of `layer`, depth first, `prefix` in front."""
     for path, child in _children(layer, prefix):
         yield path, child
         yield from iter_layers(child, prefix=path + "/")
@@ -116,8 +86,8 @@ def iter_layer_paths(model: keras.Model) -> Iterator[LayerPath]:
 
 
 def first_instance_name(obj: Any) -> str:
-    """`obj`'s name, or if Keras made it up, the name Keras gives the first
-    instance of its class (`gpt2_backbone` for `gpt2_backbone_1`)."""
+    """`obj`'s name, or if Keras made it up, its first instance's (`gpt2_backbone` for
+    `gpt2_backbone_1`)."""
     return _snake_case(type(obj).__name__) if _has_keras_name(obj) else obj.name
 
 
@@ -128,7 +98,7 @@ def _children(layer, prefix: str) -> Iterator[tuple[str, Any]]:
 
 
 def _child_name(parent, child) -> str:
-    """`child.name`, or the attribute of `parent` holding it; see the module docstring."""
+    """`child.name`, or the attribute of `parent` holding it (see the module)."""
     pathless = child.built and child.path is None
     if isinstance(parent, keras.Model) or not pathless or not _has_keras_name(child):
         return child.name

@@ -1,4 +1,4 @@
-"""Reference models, built by name from a `ModelConfig`; each model's task decides its data.
+"""Reference models, built by name from a `ModelConfig`; a model's task decides its data.
 
 image.py        mlp, cnn (classification): images -> class logits
 transformer.py  transformer_lm (language_model): byte tokens -> next-byte logits
@@ -21,7 +21,7 @@ from mpt_keras.models.transformer import DecoderBlock, PositionEmbedding, build_
 
 CLASSIFICATION = "classification"
 LANGUAGE_MODEL = "language_model"
-# Every reference model ends in logits over classes or the next token.
+# Every reference model ends in logits.
 REFERENCE_LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 REFERENCE_METRICS = ("accuracy",)
 
@@ -32,8 +32,7 @@ class _Entry:
     task: str
 
 
-# The names live in config, which checks them without TensorFlow (tests/test_models.py
-# checks that the two agree).
+# The names live in config, checked without TensorFlow (tests/test_models.py: they agree).
 _MODELS = {
     "mlp": _Entry(build_mlp, CLASSIFICATION),
     "cnn": _Entry(build_cnn, CLASSIFICATION),
@@ -49,13 +48,9 @@ def model_task(name: str) -> str:
 def build_model(name: str, options: Mapping[str, Any], **dimensions: Any) -> keras.Model:
     """Builds reference model `name` with the current global dtype policy.
 
-    Args:
-        options: The builder's keyword-only hyperparameters (from the config).
-        **dimensions: What the data decides (`input_shape` and `num_classes`,
-            or `vocab_size` and `sequence_length`); the others are left out.
-
-    Raises:
-        UserInputError: On an unknown model name or option.
+    `options`: the builder's keyword-only hyperparameters; `dimensions`: what the data decides
+    (`input_shape`, `num_classes` or `vocab_size`, `sequence_length`; others dropped).
+    `UserInputError`: an unknown model name or option.
     """
     builder = _entry(name).builder
     allowed = [

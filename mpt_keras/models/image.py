@@ -1,7 +1,6 @@
 """Reference image classifiers: a small MLP and a small CNN.
 
-Both end in a `logits` Dense layer (no softmax: losses take logits), so the
-layer that feeds the loss has the same path in every image model.
+Both end in a `logits` Dense (no softmax: losses take logits): the same path in each.
 """
 
 from __future__ import annotations
@@ -18,10 +17,9 @@ def build_mlp(
     hidden_units: Sequence[int] = (128, 64),
     dropout: float = 0.1,
 ) -> keras.Model:
-    """A multilayer perceptron on flattened images, a functional model named `mlp`.
+    """An MLP on flattened images, a functional model named `mlp`.
 
-    Layers: `flatten`, then `dense_<i>` (ReLU) and `dropout_<i>` for each hidden
-    width, then `logits`.
+    Layers: `flatten`, `dense_<i>` (ReLU) and `dropout_<i>` per hidden width, `logits`.
     """
     inputs = keras.Input(shape=tuple(input_shape), name="image")
     x = keras.layers.Flatten(name="flatten")(inputs)
@@ -40,11 +38,10 @@ def build_cnn(
     dense_units: int = 128,
     dropout: float = 0.2,
 ) -> keras.Model:
-    """A small convolutional network, a functional model named `cnn`.
+    """A small CNN, a functional model named `cnn`.
 
-    Layers: `conv_<i>` (3x3, ReLU, same padding) each followed by `pool_<i>`
-    (2x2 max pooling, while the feature map is at least 2x2), then `flatten`,
-    `dense` (ReLU), `dropout` and `logits`.
+    Layers: `conv_<i>` (3x3, ReLU, same padding), each then `pool_<i>` (2x2 max, while the
+    map is at least 2x2); `flatten`, `dense` (ReLU), `dropout`, `logits`.
     """
     inputs = keras.Input(shape=tuple(input_shape), name="image")
     x = inputs

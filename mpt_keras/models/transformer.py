@@ -1,4 +1,6 @@
-"""A small decoder-only Transformer language model, its layer paths stable for manifests:
+"""A small decoder-only Transformer LM (pre-norm blocks, as GPT-2's).
+
+Layer paths, stable for manifests:
 
     token_embedding, position_embedding
     block_<i>/attention_norm            LayerNormalization
@@ -9,8 +11,6 @@
     block_<i>/mlp_down                  Dense
     final_norm                          LayerNormalization
     logits                              Dense over the vocabulary
-
-Blocks are pre-norm residual blocks, as GPT-2's.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from mpt_keras.errors import UserInputError
 
 @keras.saving.register_keras_serializable(package="mpt_keras")
 class PositionEmbedding(keras.layers.Layer):
-    """Adds a learned embedding of each position (up to `sequence_length`) to a sequence."""
+    """Adds a learned position embedding (up to `sequence_length`) to a sequence."""
 
     def __init__(self, sequence_length: int, **kwargs):
         super().__init__(**kwargs)
@@ -48,13 +48,8 @@ class PositionEmbedding(keras.layers.Layer):
 class DecoderBlock(keras.layers.Layer):
     """A pre-norm Transformer decoder block with causal self-attention.
 
-    Args:
-        d_model: Width of the residual stream; divisible by `num_heads`.
-        mlp_ratio: Hidden width of the MLP as a multiple of `d_model`.
-        dropout: Dropout rate on the attention and MLP outputs.
-
-    Raises:
-        UserInputError: If `d_model` is not divisible by `num_heads`.
+    `d_model`: the residual width, divisible by `num_heads` (else `UserInputError`);
+    `mlp_ratio`: MLP width / `d_model`; `dropout`: on the attention and MLP outputs.
     """
 
     def __init__(
@@ -99,7 +94,7 @@ class DecoderBlock(keras.layers.Layer):
         self.mlp_down.build((*input_shape[:-1], self.d_model * self.mlp_ratio))
 
     def call(self, inputs, training=None):
-        # The residual stream stays in the block's dtype, whatever a manifest gives sublayers.
+        # The residual stays in the block's dtype, whatever a manifest gives sublayers.
         normed = self.attention_norm(inputs)
         attended = self.attention(normed, normed, use_causal_mask=True, training=training)
         x = inputs + keras.ops.cast(attended, inputs.dtype)
@@ -128,11 +123,8 @@ def build_transformer_lm(
     dropout: float = 0.0,
 ) -> keras.Model:
     """A decoder-only Transformer LM named `transformer_lm`: int token ids
-    `[batch, sequence_length]` to next-token logits `[batch, sequence_length, vocab_size]`.
-
-    Args:
-        num_layers: Decoder blocks.
-        mlp_ratio: MLP hidden width as a multiple of `d_model`.
+    `[batch, sequence_length]` to next-token logits `[batch, sequence_length, vocab_size]`;
+    `num_layers` decoder blocks, `mlp_ratio` as `DecoderBlock`'s.
     """
     tokens = keras.Input(shape=(sequence_length,), dtype="int32", name="tokens")
     x = keras.layers.Embedding(

@@ -1,7 +1,7 @@
-"""Setting a manifest's decisions on a model's layers so that they survive saving and building.
+"""Setting a manifest's decisions on layers so that they survive saving and building.
 
-Each top-level layer whose sublayers differ from it gets a `DTypePolicyMap`; unbuilt layers decide
-their future sublayers when built.
+A top-level layer whose sublayers differ from it gets a `DTypePolicyMap`; an unbuilt layer
+decides its sublayers when built.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ class Unit:
 
     @property
     def model_prefix(self) -> str:
-        """The path (with "/") of the model holding its config, which Keras
-        leaves out of the paths of a loaded model's layers."""
+        """The path (with "/") of the model holding its config; a loaded model's layer
+        paths leave it out."""
         model_path = self.entry.models[-1][0]
         return model_path + "/" if model_path else ""
 
@@ -87,12 +87,8 @@ class Application:
         return decisions
 
     def _policy(self, entry: LayerPath, decision: Decision) -> keras.DTypePolicy:
-        """The policy object a decision gives the layer at `entry`.
-
-        A float8 layer keeps the one Keras' quantization gave it
-        (`float8_from_<default>`, holding its float8 state); one not yet in
-        float8 gets the default, which `apply` then quantizes.
-        """
+        """A float8 layer keeps its `float8_from_<default>` policy (holding its float8
+        state); one not yet float8 gets the default until `apply` quantizes it."""
         if decision.policy != FLOAT8:
             return keras.DTypePolicy(decision.policy)
         check_float8_layer(entry.path, entry.layer)
@@ -104,8 +100,8 @@ class Application:
 def call_after_build(layer: keras.layers.Layer, callback: Callable[[], object]) -> None:
     """Calls `callback()` once `layer` is built; a later call replaces `callback`.
 
-    Keras has no hook after `build`, which creates some layers' sublayers
-    (MultiHeadAttention's projections), so the layer's `build` is wrapped.
+    Keras has no hook after `build`, which creates some sublayers (MultiHeadAttention's
+    projections), so `build` is wrapped.
     """
     if hasattr(layer.build, "after_build"):
         layer.build.after_build = callback

@@ -1,6 +1,6 @@
 """Which policy a manifest gives each layer, and why: first matching rule, safe default, default.
 
-Also the float8 check, made whole before `apply` sets any policy so that an error changes nothing.
+The float8 check runs whole before `apply` sets any policy, so an error changes nothing.
 """
 
 from __future__ import annotations
@@ -75,14 +75,9 @@ class Decider:
         return Decision(self._default, "default")
 
     def check_float8(self, entries: Sequence[LayerPath]) -> None:
-        """Raises unless every layer a float8 rule decides can train in float8 now.
-
-        Every layer must be built: one not built yet may create the layers a
-        float8 rule is meant for (an attention's projections) only later.
-
-        Raises:
-            UserInputError: Naming the first layer not built or not float8-able.
-        """
+        """Raises `UserInputError` naming the first layer not built, or decided float8 and
+        unable to train in it. Every layer must be built: an unbuilt one may later create
+        the layers a float8 rule is meant for (an attention's projections)."""
         for entry in entries:
             if not entry.layer.built:
                 raise UserInputError(
@@ -102,8 +97,7 @@ def _safe_default(kind: str) -> Decision:
 def output_layers(model: keras.Model) -> list[keras.layers.Layer]:
     """The layers whose outputs are `model`'s outputs, through nested models.
 
-    A functional model's from its outputs, a Sequential's last layer, a
-    subclassed model's last own layer that has weights or is not built yet.
+    A subclassed model's: its last own layer with weights or not yet built.
     """
     if isinstance(model, keras.Sequential):
         producers = model.layers[-1:]

@@ -1,22 +1,18 @@
 """Float8 training of chosen Dense and EinsumDense layers, on Keras' own mechanism.
 
-`layer.quantize("float8")` makes Keras scale `inputs`, `kernel` (e4m3) and
-`outputs_grad` (e5m2) by per-tensor scales from a 1024-step amax history
-("delayed scaling"), kept in `<tensor>_scale` and `<tensor>_amax_history`.
-The backward pass returns their new values as "gradients" marked
-`overwrite_with_gradient`: the optimizer writes them as they are (ours never
-unscales them; a skipped step writes nothing). Under a float16 loss scale the
-gradient's history follows the scale (a growth saturates two steps, a backoff
-underflows a binade more for up to 1024 steps).
+`layer.quantize("float8")` makes Keras scale `inputs`, `kernel` (e4m3) and `outputs_grad`
+(e5m2) by per-tensor scales from a 1024-step amax history ("delayed scaling"); the backward
+pass returns the new state as `overwrite_with_gradient` "gradients", written as they are
+(never unscaled; a skipped step writes nothing). Under a float16 loss scale the gradient's
+history follows the scale: a growth saturates two steps, a backoff underflows a binade more
+for up to 1024 steps.
 
-Order: the mixed policy, build, `to_float8`, then build the optimizer; the
-layer computes in `float8_from_<policy>`'s dtype. Float8 layers train only in
-a compiled function (eagerly, Keras 3.15.1's custom gradient fails on TensorFlow).
+Order: the mixed policy, build, `to_float8`, then build the optimizer. Float8 layers train
+only compiled (eagerly, Keras 3.15.1's custom gradient fails on TensorFlow).
 
 Example:
 
-    model = build_transformer_lm(vocab_size=64, sequence_length=16)  # Functional: built.
-    to_float8(model, ["block_0/mlp_up", "block_0/attention/query"])  # Both turned.
+    to_float8(model, ["block_0/mlp_up", "block_0/attention/query"])  # A built model.
     float8_statistics(model)["block_0/mlp_up"].inputs.scale  # 1.0 before training
 """
 
@@ -48,12 +44,8 @@ FLOAT8_VARIABLE_NAMES = tuple(
 
 @dataclasses.dataclass(frozen=True)
 class Float8Shares:
-    """The shares of a tensor's values that float8 loses at a scale (floats, or graph tensors).
-
-    Attributes:
-        saturated: Values clipped to the format's largest (Inf too).
-        underflowed: Nonzero values that become zero.
-    """
+    """Shares of a tensor's values float8 loses at a scale (floats, or graph tensors):
+    `saturated` (clipped to the format's largest; Inf too), `underflowed` (nonzero to zero)."""
 
     saturated: float | tf.Tensor
     underflowed: float | tf.Tensor
@@ -61,13 +53,8 @@ class Float8Shares:
 
 @dataclasses.dataclass(frozen=True)
 class Float8TensorState:
-    """One quantized tensor of a float8 layer, as its variables hold it.
-
-    Attributes:
-        format: `e4m3` or `e5m2`.
-        scale: The scale the next step divides the tensor by.
-        amax: Its largest magnitude at the last step (history slot 0; 0.0 before).
-    """
+    """One quantized tensor of a float8 layer: its `format`, the `scale` the next step divides
+    it by, and `amax`, its largest magnitude at the last step (0.0 before any)."""
 
     format: str
     scale: float
@@ -75,18 +62,16 @@ class Float8TensorState:
 
     @property
     def range_used(self) -> float:
-        """`amax` over the largest value the scale represents: above 1, a tensor
-        like the last one saturates at this scale (Inf at a scale of 0)."""
+        """`amax` over the largest value the scale represents: above 1, a tensor like the
+        last one saturates (Inf at a scale of 0)."""
         largest = format_max(self.format) * self.scale
         return self.amax / largest if largest else math.inf
 
 
 @dataclasses.dataclass(frozen=True)
 class Float8LayerStatistics:
-    """A float8 layer's state: its three quantized tensors, and its kernel's losses.
-
-    `outputs_grad.amax` is of the loss gradient as scaled by a loss-scale optimizer.
-    """
+    """A float8 layer's quantized tensors and its kernel's losses; `outputs_grad.amax` is of
+    the loss-scaled gradient."""
 
     inputs: Float8TensorState
     kernel: Float8TensorState
@@ -117,11 +102,8 @@ def is_float8_state(variable: Any) -> bool:
 
 
 def learned_weights(model: keras.Model) -> list[keras.Variable]:
-    """`model.weights` without its float8 state, in order: the weights it shares without float8.
-
-    So `other.get_weights()` of the model without float8 copies into these in
-    order (a loaded float8 model lists that state first; the rest keep order).
-    """
+    """`model.weights` less its float8 state, in order: what `get_weights()` of the model
+    without float8 copies into (a loaded float8 model lists that state first)."""
     return [variable for variable in model.weights if not is_float8_state(variable)]
 
 
@@ -135,18 +117,12 @@ def check_float8_layer(path: str, layer: Any) -> None:
 
 
 def to_float8(model: keras.Model, paths: Iterable[str]) -> tuple[str, ...]:
-    """Turns the layers of `model` at `paths` to float8 (`layer.quantize`), keeping compute dtypes.
+    """Turns the layers at `paths` to float8 (`layer.quantize`), keeping compute dtypes.
 
-    Call under the model's strategy scope, after its policies are set and it is
-    built, before its optimizer is; Keras retraces the model's functions.
-
-    Returns:
-        The paths turned, in order (a layer already in float8 is left).
-
-    Raises:
-        UserInputError: A path names no layer, or not a `Dense`/`EinsumDense`.
-        ValueError: A layer is not built, or the optimizer is (it would not
-            know the new variables).
+    Call under the strategy scope, with policies set and the model built, before its
+    optimizer is built. Returns the paths turned, in order (layers already float8 are left).
+    Raises `UserInputError` for a path naming no `Dense`/`EinsumDense`, `ValueError` if a
+    layer is not built or the optimizer is (it would miss the variables).
     """
     layers = {entry.path: entry.layer for entry in iter_layer_paths(model)}
     paths = list(dict.fromkeys(paths))
@@ -207,12 +183,8 @@ def float8_statistics(model: keras.Model) -> dict[str, Float8LayerStatistics]:
 def largest_range_used(variables: Iterable[keras.Variable]) -> tf.Tensor | None:
     """The largest `Float8TensorState.range_used` over the float8 state in `variables`.
 
-    `LossScaleOptimizer.step_logs`' `float8_range_used`, read in the calling
-    graph (no host sync). State pairs by path (`<layer>/<tensor>_scale` with
-    `<layer>/<tensor>_amax_history`); other variables are left out.
-
-    Returns:
-        A float32 scalar, or None when `variables` hold no float8 state.
+    `LossScaleOptimizer.step_logs`' `float8_range_used`: a float32 scalar computed in the
+    calling graph (no host sync), or None without float8 state.
     """
     state = {variable.path: variable for variable in variables if is_float8_state(variable)}
     ratios = []
@@ -229,11 +201,8 @@ def largest_range_used(variables: Iterable[keras.Variable]) -> tf.Tensor | None:
 def float8_shares(values: Any, float8_format: str, scale: Any = 1.0) -> Float8Shares:
     """The shares of `values` that saturate or underflow in `float8_format` at `scale`.
 
-    Quantizes as Keras' float8 layers do (`values / scale`, clipped, cast), in
-    float32. `scale` is a float or scalar tensor (a layer's `*_scale`).
-
-    Raises:
-        UserInputError: For a format other than `e4m3` and `e5m2`.
+    Quantizes in float32 as Keras' float8 layers do (`values / scale`, clipped, cast);
+    `scale` is a float or scalar tensor. Raises `UserInputError` for an unknown format.
 
     Example:
 

@@ -2,12 +2,12 @@
 
 `resolve_auto_policy`, from `probe_hardware`:
 
-    TPU                                       mixed_bfloat16
-    GPU, compute capability >= 8.0            mixed_bfloat16  (Ampere and newer)
-    GPU, compute capability 7.x               mixed_float16   (Volta, Turing)
-    GPU, compute capability < 7.0             float32         (no tensor cores)
-    no GPU, CPU flag avx512_bf16 or amx_bf16  mixed_bfloat16
-    anything else                             float32
+    TPU                                   mixed_bfloat16
+    GPU compute capability >= 8.0         mixed_bfloat16 (Ampere on)
+    GPU compute capability 7.x            mixed_float16 (Volta, Turing)
+    GPU compute capability < 7.0          float32 (no tensor cores)
+    CPU flag avx512_bf16 or amx_bf16      mixed_bfloat16
+    else                                  float32
 
 With several GPUs the lowest compute capability decides: every replica runs one policy.
 """
@@ -24,19 +24,8 @@ BFLOAT16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 @dataclasses.dataclass(frozen=True)
 class HardwareProbe:
-    """What `resolve_auto_policy` needs to know about the machine.
-
-    Attributes:
-        cpu_flags: The CPU's feature flags (as in /proc/cpuinfo).
-        gpu_compute_capabilities: Each GPU's `(major, minor)`; `(0, 0)` if unreported.
-        tpu: Whether TPU devices are attached.
-
-    Example:
-
-        policy, reason = resolve_auto_policy(HardwareProbe(gpu_compute_capabilities=((7, 5),)))
-        policy  # 'mixed_float16'
-        reason  # 'GPU compute capability 7.5: float16 tensor cores, no bfloat16 ones (needs 8.0)'
-    """
+    """What `resolve_auto_policy` needs: the CPU's flags (as in /proc/cpuinfo), each GPU's
+    compute capability `(major, minor)` (`(0, 0)` if unreported), whether TPUs are attached."""
 
     cpu_flags: frozenset[str] = frozenset()
     gpu_compute_capabilities: tuple[tuple[int, int], ...] = ()
@@ -46,8 +35,8 @@ class HardwareProbe:
 def probe_hardware(cpuinfo_path: str = "/proc/cpuinfo") -> HardwareProbe:
     """Probes this machine's CPU flags (none if `cpuinfo_path` is missing), GPUs and TPUs.
 
-    Lists physical devices only, so the TensorFlow runtime stays uninitialised
-    and logical devices (`--virtual_cpus`) can still be configured.
+    Lists physical devices only, so the runtime stays uninitialised and logical devices
+    (`--virtual_cpus`) can still be configured.
     """
     return HardwareProbe(
         cpu_flags=_read_cpu_flags(cpuinfo_path),

@@ -2,46 +2,27 @@
 
 The user's guide is docs/precision.md; this is the contract. A manifest file:
 
-    {
-      "version": 1,
-      "default": "mixed_bfloat16",
-      "safe_defaults": true,
-      "rules": [
-        {"match": {"path": "block_\\\\d+/attention/.*"}, "policy": "mixed_float16"},
-        {"match": {"class": "Dense", "path": "logits"}, "policy": "float32",
-         "reason": "feeds the loss"}
-      ]
-    }
+    {"version": 1, "default": "mixed_bfloat16", "safe_defaults": true, "rules": [
+      {"match": {"path": "block_\\\\d+/attention/.*"}, "policy": "mixed_float16"},
+      {"match": {"class": "Dense", "path": "logits"}, "policy": "float32",
+       "reason": "feeds the loss"}]}
 
-`version` (1) and `default` are required; `safe_defaults` (default true),
-`rules` and each rule's `reason` are optional. Policies are `names.POLICY_NAMES`
-(variables always float32); a rule's may also be `float8`, for built `Dense`
-and `EinsumDense` layers only (their matmuls in float8, the rest in `default`).
-Any other key or value is an error naming the file, the key (`rules[2].policy`)
-and what is allowed.
+`version` (1) and `default` are required; `safe_defaults` (default true), `rules` and a
+rule's `reason` are optional. Policies are `names.POLICY_NAMES` (variables always float32); a
+rule's may also be `float8`, for built `Dense`/`EinsumDense` layers only (matmuls in float8,
+the rest in `default`). Any other key or value is an error naming the file, the key
+(`rules[2].policy`) and what is allowed.
 
-Matching (`rules.Rule.matches`): a rule's `path` is tried against every form
-of a layer's path (`layer_paths.LayerPath.forms`: from the model, from each
-nested model, with numbered model names read as the first instance's), so one
-manifest serves every instance of a model; `class` matches any base class by
-name. A layer Keras gives no path (an attention's `_softmax`) is named by the
-attribute holding it. A layer found at several paths has one policy.
+Matching: `rules.Rule.matches`, on every form of a layer's path (`LayerPath.forms`), so one
+manifest serves every instance of a model. A layer found at several paths has one policy.
 
-Precedence: the first rule in file order that matches; else a safe default
-(`decisions.SAFE_DEFAULTS`: normalization layers and the layers making the
-model's outputs stay float32); else `default`.
+Precedence: the first matching rule in file order; else a safe default
+(`decisions.SAFE_DEFAULTS`: normalization and output layers stay float32); else `default`.
 
-How policies stick (`application`): a top-level layer whose sublayers differ
-gets a `DTypePolicyMap`, which saving keeps; layers without a Keras path,
-subclassed models and keras_hub backbones need the manifest applied again
-after loading. Layers created at build are decided then (missing from that
-report). Apply before `compile`: a traced step keeps its dtypes.
-
-Example:
-
-    manifest = PrecisionManifest.from_json("configs/manifests/digits_cnn.json")
-    report = manifest.apply(model)
-    report.policies["logits"]  # 'float32'
+Saving keeps the policies (`application`), except for layers without a Keras path,
+subclassed models and keras_hub backbones: apply again after loading. Layers created at build
+are decided then (missing from that report). Apply before `compile`: a traced step keeps its
+dtypes.
 """
 
 from __future__ import annotations
@@ -70,10 +51,7 @@ _MANIFEST_KEYS = ("version", "default", "safe_defaults", "rules")
 
 @dataclasses.dataclass(frozen=True)
 class PrecisionManifest:
-    """A dtype policy per layer, decided by ordered rules (first match wins); see the module.
-
-    `safe_defaults` keeps normalization and output layers float32 unless a rule matches them.
-    """
+    """A dtype policy per layer, decided by ordered rules (first match wins); see the module."""
 
     default: str
     rules: tuple[Rule, ...] = ()
@@ -90,12 +68,8 @@ class PrecisionManifest:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], source: str = "manifest") -> PrecisionManifest:
-        """Builds a manifest from a JSON-like mapping, strictly; `source` (a file) names errors.
-
-        Raises:
-            UserInputError: On an unknown or missing key, a wrong type, an
-                unknown policy, a bad regex or an empty match, naming `source`.
-        """
+        """Builds a manifest from a JSON-like mapping, strictly: errors (`UserInputError`)
+        name `source` (a file) and the key."""
         if not isinstance(values, Mapping):
             raise refusal(source, as_json(values), "a JSON object")
         try:
@@ -116,8 +90,7 @@ class PrecisionManifest:
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> PrecisionManifest:
-        """Reads a manifest file; see `from_dict`. Malformed JSON is an error
-        naming the file, line and column."""
+        """Reads a manifest file; see `from_dict`. Malformed JSON: an error with line, column."""
         return cls.from_dict(read_json_object(path), source=os.fspath(path))
 
     def to_dict(self) -> dict[str, Any]:
@@ -134,19 +107,14 @@ class PrecisionManifest:
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
     def apply(self, model: keras.Model, inputs: Any = None) -> PrecisionReport:
-        """Sets the dtype policy of every layer of `model`, nested ones included.
+        """Sets the dtype policy of every layer of `model` (built or not), nested ones included.
 
-        Any model, built or not; applying again replaces an earlier apply; the
-        model's own policy is left. `inputs`: what the report traces
-        (`report.precision_report`).
+        Applying again replaces an earlier apply; the model's own policy is left. `inputs`:
+        what the report traces (`report.precision_report`).
 
-        Returns:
-            The precision report, with what decided each layer and why, and
-            the unmatched and shadowed rules.
-
-        Raises:
-            UserInputError: If the model has float16 or bfloat16 variables, or
-                a float8 rule cannot be honoured (nothing is changed then).
+        Returns the precision report with the decisions and unmatched and shadowed rules.
+        Raises `UserInputError`, changing nothing, if the model has float16 or bfloat16
+        variables or a float8 rule cannot be honoured.
         """
         for variable in model.weights:
             if variable.dtype in ("float16", "bfloat16"):

@@ -1,14 +1,7 @@
 """The names of the precision concept, each list in one place.
 
-A precision is a Keras dtype policy name, or `auto` (`hardware.resolve_auto_policy`)
-where a config or flag takes one. Imports no TensorFlow, so a bad name fails before it loads.
-
-Example:
-
-    check_policy_name("mixed_bfloat16")  # 'mixed_bfloat16'
-    COMPUTE_DTYPES["mixed_bfloat16"]  # 'bfloat16'
-    PROMOTIONS["mixed_float16"]  # 'mixed_bfloat16'
-    check_policy_name("float8", "rules[0].policy", RULE_POLICIES)  # 'float8'
+A precision is a Keras dtype policy name, or `auto` (`hardware.resolve_auto_policy`).
+Imports no TensorFlow, so a bad name fails before it loads.
 """
 
 from __future__ import annotations
@@ -26,8 +19,7 @@ LOW_PRECISION_POLICIES = ("mixed_float16", "mixed_bfloat16")
 COMPUTE_DTYPES = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
 # One step up the ladder: float16 -> bfloat16 (float32's exponent range) -> float32.
 PROMOTIONS = {"mixed_float16": "mixed_bfloat16", "mixed_bfloat16": "float32"}
-# A rule's policy may also be float8 (Dense/EinsumDense matmuls in float8, the rest in
-# the default); not a default nor a `--precision`: most layers cannot.
+# A rule's only (Dense/EinsumDense matmuls): not a default nor a `--precision`.
 FLOAT8 = "float8"
 RULE_POLICIES = (*POLICY_NAMES, FLOAT8)
 # Keras names a float8 layer's policy after the one it computes in otherwise.
@@ -35,10 +27,8 @@ FLOAT8_POLICY_PREFIX = "float8_from_"
 
 
 def promoted_policy(name: str) -> str | None:
-    """The policy one step up from a layer's effective policy `name`, or None at the top.
-
-    A float8 layer (`float8_from_<policy>`) goes to `<policy>`; then up `PROMOTIONS`.
-    """
+    """The policy one step up from a layer's effective policy `name` (float8 to the policy
+    it computes in, then `PROMOTIONS`), or None at the top."""
     if name.startswith(FLOAT8_POLICY_PREFIX):
         return name.removeprefix(FLOAT8_POLICY_PREFIX)
     return PROMOTIONS.get(name)
@@ -50,13 +40,7 @@ def check_policy_name(
     allowed: tuple[str, ...] = POLICY_NAMES,
     show: Callable[[Any], str] = repr,
 ) -> str:
-    """Returns `name` if it is one of `allowed` (`POLICY_NAMES`, or `RULE_POLICIES` for a rule).
-
-    Args:
-        source: What it came from (a key, a flag), for the message.
-        show: How the received name is written (`checks.as_json` in a JSON file).
-
-    Raises:
-        UserInputError: Naming `source` and the allowed names otherwise.
-    """
+    """Returns `name` if it is one of `allowed`; else raises `UserInputError` naming
+    `source` (a key, a flag) and the allowed names. `show` writes the name received
+    (`checks.as_json` for a JSON file)."""
     return check_choice(source, name, allowed, show=show)

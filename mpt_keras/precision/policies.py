@@ -1,11 +1,4 @@
-"""Keras dtype policies: the global one for a block, and the one a layer computes with.
-
-Example:
-
-    with global_policy("mixed_bfloat16"):
-        dense = keras.layers.Dense(4)
-    effective_policy(dense).name  # 'mixed_bfloat16'
-"""
+"""Keras dtype policies: the global one for a block, and the one a layer computes with."""
 
 from __future__ import annotations
 
@@ -21,8 +14,7 @@ from mpt_keras.precision.names import check_policy_name
 def global_policy(name: str) -> Iterator[keras.DTypePolicy]:
     """Sets the global Keras dtype policy inside a `with` block; restored on exit, even on error.
 
-    Raises:
-        UserInputError: For a name not in `names.POLICY_NAMES`.
+    Raises `UserInputError` for a name not in `names.POLICY_NAMES`.
     """
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(check_policy_name(name))
@@ -33,12 +25,9 @@ def global_policy(name: str) -> Iterator[keras.DTypePolicy]:
 
 
 def effective_policy(layer: keras.layers.Layer) -> keras.DTypePolicy:
-    """The policy `layer` computes with, looked up in its `DTypePolicyMap` if any.
-
-    A layer holds a map after `PrecisionManifest.apply` or loading. Keras
-    looks a layer's path up in the map; a layer without a path (one without
-    weights, nested in another) uses the map's default.
-    """
+    """The policy `layer` computes with, looked up in its `DTypePolicyMap` if any (after
+    `PrecisionManifest.apply` or loading); as in Keras, a layer without a path (weightless,
+    nested) uses the map's default."""
     policy = layer.dtype_policy
     if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
         return policy[layer.path] if layer.path else policy.default_policy

@@ -1,17 +1,8 @@
-"""Promotion: moving layers one step up the precision ladder, mid-run.
+"""Promotion: moving layers one step up the precision ladder (`names.promoted_policy`), mid-run.
 
-The ladder is `names.promoted_policy`: float8 -> the policy it computes in,
-then mixed_float16 -> mixed_bfloat16 (float32's exponent range: nothing
-overflows past `limits.FLOAT16_MAX`) -> float32. A layer is promoted by a rule
-for its exact path (`re.escape`d) put first in the manifest; the manifest is
-applied again and a compiled model's train function rebuilt, so the next step
-traces the new dtypes while weights and optimizer state are kept. The
-divergence action `promote` and `AutoPromote` both go through `promote`.
-
-Example:
-
-    manifest, promotions = promote(model, manifest, reason="diverged at step 40")
-    promotions  # (Promotion(path='dense', old='mixed_float16', new='mixed_bfloat16'),)
+A rule for the layer's exact path (`re.escape`d) goes first in the manifest, which is applied
+again; a compiled model's train function is rebuilt, so the next step traces the new dtypes
+with weights and optimizer state kept.
 """
 
 from __future__ import annotations
@@ -47,17 +38,10 @@ def promote(
 ) -> tuple[PrecisionManifest, tuple[Promotion, ...]]:
     """Moves layers of `model` (which `manifest` was applied to) one step up the ladder.
 
-    Args:
-        reason: Each new rule's reason, or a function of the promotion giving it.
-        paths: The layers to promote (float32 ones are left); `None`: every
-            layer below float32.
-
-    Returns:
-        The new manifest, applied to `model`, and the promotions in the order
-        of `paths`; with nothing to promote, `manifest` as it was, not reapplied.
-
-    Raises:
-        UserInputError: For a path that is no layer of `model`.
+    `paths`: the layers to promote (None: all; float32 ones are left). `reason`: each new
+    rule's, or a function of its `Promotion`. Returns the new manifest, applied, and the
+    promotions in the order of `paths` (none: `manifest`, not reapplied). Raises
+    `UserInputError` for a path that is no layer of `model`.
     """
     policies = {path: effective_policy(layer).name for path, layer in iter_layers(model)}
     paths = tuple(policies if paths is None else paths)

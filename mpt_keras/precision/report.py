@@ -1,8 +1,7 @@
 """The precision report: what every layer of a model computes in, and why.
 
-`precision_report(model)` describes a model as it is; `PrecisionManifest.apply`
-adds what decided each layer and the unmatched and shadowed rules; a run adds
-its precision, manifest and `jit_compile`, writes `to_dict()` to
+`precision_report(model)` describes a model as it is; `PrecisionManifest.apply` adds the
+decisions and unmatched and shadowed rules; a run adds its settings, writes `to_dict()` to
 `precision_report.json` and prints `format_table()` for `--dry_run`.
 """
 
@@ -30,15 +29,9 @@ _LOGGER = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class LayerPrecision:
-    """One layer in a `PrecisionReport`.
-
-    Attributes:
-        policy: The policy it computes with (through a `DTypePolicyMap`).
-        output_dtype: What it output in the traced pass; None if not called
-            or no tensor.
-        decided_by: `rules[<i>] (<match>)`, `safe default: <kind>` or
-            `default`; None from `precision_report`, which decides nothing.
-    """
+    """One layer in a `PrecisionReport`: the `policy` it computes with (through a
+    `DTypePolicyMap`), its `output_dtype` in the traced pass (None if not called or no
+    tensor), and `decided_by`: `rules[<i>] (<match>)`, `safe default: <kind>` or `default`."""
 
     path: str
     layer_class: str
@@ -59,24 +52,10 @@ class LayerPrecision:
 class PrecisionReport:
     """The precision of every layer of a model, nested ones included, depth first.
 
-    Attributes:
-        trainable_variables: How many trainable variables have each dtype.
-        output_dtype_mismatches: The paths of the layers that made a floating
-            output of another dtype than they compute in (`precision_report`).
-        unmatched_rules: A manifest's rules that matched no layer.
-        shadowed_rules: Its rules that matched only layers an earlier rule decided.
-        precision: A run's policy (`auto` resolved; a manifest's default);
-            None outside a run. `precision_reason`: why `auto` chose it.
-        manifest: The path of a run's manifest file, if any.
-        jit_compile: Whether XLA compiles the run's train step; None until
-            the run is compiled. `jit_compile_reason`: why, in one line.
-
-    Example:
-
-        cnn = models.build_model("cnn", {}, input_shape=(8, 8, 1), num_classes=10)
-        report = PrecisionManifest.from_json("configs/manifests/digits_cnn.json").apply(cnn)
-        report.policies["dense"], report.policies["logits"]  # ('mixed_bfloat16', 'float32')
-        report.layers[0].decided_by  # "rules[0] (path 'conv_0')"
+    `output_dtype_mismatches`: see `precision_report`. `unmatched_rules`: a manifest's rules
+    that matched no layer; `shadowed_rules`: those matching only layers an earlier rule
+    decided. `precision` (`auto` resolved; a manifest's default), `manifest`, `jit_compile`
+    and the reasons are a run's: None outside one, `jit_compile` until it is compiled.
     """
 
     model: str
@@ -135,22 +114,14 @@ def precision_report(
     """Describes the precision of every layer of `model`, nested ones included.
 
     Output dtypes come from one forward pass traced as the train step calls it
-    (`training=True`, in a `tf.function` never run: no data, no state
-    changes); None for a model not built, or one the trace fails on (logged).
-    A layer's output is a mismatch when the layer itself made a floating
-    tensor of another dtype than it computes in (a float32 NumPy constant
-    mixed into bfloat16); a tensor it was given, or a sublayer returned, is
-    not its mismatch.
+    (`training=True`, in a `tf.function` never run: no data, no state change); None if the
+    model is not built or the trace fails (logged). A mismatch is a floating tensor the layer
+    itself made in another dtype than it computes in (a float32 NumPy constant mixed into
+    bfloat16), not one it was given or a sublayer returned.
 
-    Args:
-        inputs: What the model is traced on: example inputs or their specs
-            (`keras.Input`, `tf.TensorSpec`), structured as the model takes
-            them. Default: a functional or Sequential model's own (a
-            subclassed model has none: its output dtypes are then None).
-        trace: False traces nothing (a large model's trace takes seconds).
-
-    Returns:
-        The report, without decisions (`decided_by` None) or run settings.
+    `inputs`: example inputs or specs (`keras.Input`, `tf.TensorSpec`) as the model takes
+    them; default a functional or Sequential model's own (a subclassed model has none).
+    `trace=False` traces nothing (a large model's trace takes seconds).
     """
     returned = _returned_dtypes(model, inputs) if trace else {}
     layers, mismatches = [], []
@@ -182,10 +153,8 @@ def precision_report(
 def _output_dtype(
     returned: Sequence[tuple[str, bool]], compute_dtype: str
 ) -> tuple[str | None, bool]:
-    """A layer's output dtype, and whether it made a floating one other than `compute_dtype`.
-
-    `returned`: `(dtype, made by the layer)` of each tensor it returned, in every call.
-    """
+    """A layer's output dtype, and whether it made a floating one other than `compute_dtype`,
+    from `(dtype, made by the layer)` per tensor it returned."""
     if keras.backend.is_float_dtype(compute_dtype):
         for dtype, made in returned:
             if made and keras.backend.is_float_dtype(dtype) and dtype != compute_dtype:
@@ -197,7 +166,7 @@ def _output_dtype(
 
 def _returned_dtypes(model: keras.Model, inputs: Any) -> dict[int, list[tuple[str, bool]]]:
     """`{id(layer): [(dtype, made by the layer), ...]}` from one traced forward pass; empty
-    if the model is not built, has no inputs to trace on, or the trace fails."""
+    if there is nothing to trace or the trace fails."""
     if inputs is None:
         inputs = _symbolic_inputs(model)
     if not model.built or inputs is None:
@@ -252,7 +221,6 @@ class _CallRecorder:
         self._not_made: list[dict[int, Any]] = []
 
     def wrapping(self, layers: Iterable[keras.layers.Layer]) -> contextlib.AbstractContextManager:
-        """Wraps each layer's `call` inside the block; restores them on exit, even on error."""
         return calls_wrapped(layers, self._recording)
 
     def _recording(self, layer: keras.layers.Layer, call: Any) -> Any:

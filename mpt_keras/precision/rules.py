@@ -24,17 +24,8 @@ MATCH_KEYS = ("path", "class")
 class Rule:
     """One manifest rule: which layers it matches and the policy they take.
 
-    Attributes:
-        policy: The policy name the matching layers take.
-        path: A layer path, or a regex that matches whole paths; `None`: any.
-        layer_class: A class name the layer's class is or derives from
-            (`"class"` in JSON); `None`: any.
-        reason: Why, for the report; optional.
-
-    Example:
-
-        rule = Rule(policy="float32", layer_class="LayerNormalization")
-        rule.matches("final_norm", keras.layers.LayerNormalization())  # True
+    `path` is a layer path or a regex matching whole paths; `layer_class` (`"class"` in JSON)
+    a class name the layer's class is or derives from; `None` matches any.
     """
 
     policy: str
@@ -70,13 +61,9 @@ class Rule:
         return ", ".join(parts)
 
     def matches(self, path: str | Iterable[str], layer: keras.layers.Layer) -> bool:
-        """Whether `layer` matches.
-
-        `path` is the layer's path or every form of it (`LayerPath.forms`); the
-        rule's `path` matches a form equal to it, or else one it matches whole
-        (`re.fullmatch`), as Keras' `DTypePolicyMap` does. `class` matches the
-        layer's class or any base class by name.
-        """
+        """Whether `layer`, at `path` or every form of it (`LayerPath.forms`), matches: the
+        rule's `path` equal to a form or matching it whole (`re.fullmatch`, as Keras'
+        `DTypePolicyMap`), `class` naming any base class."""
         forms = (path,) if isinstance(path, str) else tuple(path)
         if self.path is not None and self.path not in forms:
             if not any(re.fullmatch(self.path, form) for form in forms):
@@ -103,11 +90,8 @@ def rule_label(index: int, rule: Rule) -> str:
 
 
 def check_keys(values: Any, allowed: tuple[str, ...], required: tuple[str, ...], where: str):
-    """Checks that `values` is a JSON object with only `allowed` and all `required` keys.
-
-    Args:
-        where: The key holding `values` (`rules[0].match`); "" for the top level.
-    """
+    """Checks that `values` is a JSON object with only `allowed` and all `required` keys;
+    `where`: the key holding it (`rules[0].match`), "" at the top level."""
     if not isinstance(values, Mapping):
         raise refusal(where, as_json(values), "a JSON object")
     prefix, scope = (f"{where}.", f" in {where}") if where else ("", "")

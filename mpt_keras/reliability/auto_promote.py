@@ -1,12 +1,10 @@
-"""AutoPromote: a callback that moves layers that keep overflowing to a wider precision.
+"""AutoPromote: layers that keep overflowing move to a wider precision.
 
-Loss scaling cannot fix a layer that overflows float16 at any scale: the scale
-sits at its floor and every step is skipped. At each check, with the scale at
-its floor, a layer's streak grows by its variables' new non-finite steps (the
-most of any one); a check without any, or above the floor, ends it. A streak
-of `k` promotes the layer float16 -> bfloat16 -> float32 (`precision.promote`,
-mid-`fit`). A forward overflow spoils every gradient, so all layers are then
-promoted together (`calibration` finds the one).
+Loss scaling cannot fix a layer overflowing float16 at any scale: the scale sits at its floor,
+every step skipped. At each check at the floor, a layer's streak grows by its variables' new
+non-finite steps (the most of any one); a check without any, or above the floor, ends it. A
+streak of `k` promotes it float16 -> bfloat16 -> float32 mid-`fit`. A forward overflow spoils
+every gradient, so all layers are then promoted together (`calibration` finds the one).
 """
 
 from __future__ import annotations
@@ -30,21 +28,13 @@ _LOGGER = logging.getLogger(__name__)
 class AutoPromote(GlobalStepCallback):
     """Promotes layers whose gradients stay non-finite with the loss scale at its floor.
 
-    Each promotion is logged, and written as TensorBoard text and as a manifest
-    (for `mpt-train --manifest`) when those paths are given.
-
-    Args:
-        manifest: The manifest applied to the model; promotions go before its rules.
-        k: Non-finite steps at the floor, in consecutive checks, that promote a layer.
-        manifest_path: Where the updated manifest is written; `None`: nowhere.
-        log_dir: Parent of the `auto_promote` TensorBoard text; `None`: none.
+    Each promotion is logged, and written to `manifest_path` (the updated manifest) and
+    `log_dir` (TensorBoard text) if given; `promotions` lists `(step, path, old, new)`.
+    `manifest`: the model's (promotions go before its rules). `k`: see the module.
 
     Raises:
-        UserInputError: `k` or `check_every` not an integer >= 1; at `fit`, a
-            model whose optimizer is not a `mpt_keras.LossScaleOptimizer`.
-
-    Attributes:
-        promotions: `(step, layer path, old policy, new policy)` of each promotion.
+        UserInputError: `k` or `check_every` not an integer >= 1; at `fit`, an optimizer
+            not a `mpt_keras.LossScaleOptimizer`.
     """
 
     def __init__(
@@ -85,7 +75,7 @@ class AutoPromote(GlobalStepCallback):
 
     def on_train_batch_end(self, batch, logs=None):
         super().on_train_batch_end(batch, logs)
-        # Not a modulo: with steps_per_execution > 1 the step jumps.
+        # Not a modulo: the step jumps with steps_per_execution > 1.
         if self.global_step >= self._last_check + self.check_every:
             self._last_check = self.global_step
             self._check()

@@ -1,10 +1,9 @@
 """Guards that stop, or roll back, a run whose data or loss goes wrong.
 
-`BadBatchLimit` reports the bad batches `LossScaleOptimizer` skipped and stops
-the run past a limit. `DivergenceGuard` raises `Diverged` from inside `fit`, so
-no checkpoint of the diverged state is saved; `runs.fit_loop` catches it and
-rolls back with a lower learning rate (`ScaledLearningRate`) or promoted layers,
-or stops (`DivergenceConfig`). Each check reads one scalar from the device.
+`BadBatchLimit` reports skipped bad batches, stopping the run past a limit. `DivergenceGuard`
+raises `Diverged` inside `fit`, so no diverged checkpoint is saved; `runs.fit_loop` rolls back
+with a lower learning rate (`ScaledLearningRate`) or promoted layers, or stops. Each check
+reads one scalar from the device.
 
 Example:
 
@@ -28,11 +27,7 @@ _LOGGER = logging.getLogger(__name__)
 
 
 def loss_scale_optimizer(model: keras.Model, who: str) -> LossScaleOptimizer:
-    """`model.optimizer`, which `who` (a callback's name) needs to be ours.
-
-    Raises:
-        UserInputError: Naming `who` and the optimizer's class.
-    """
+    """`model.optimizer`, which `who` (a callback) needs to be ours; else `UserInputError`."""
     optimizer = model.optimizer
     if not isinstance(optimizer, LossScaleOptimizer):
         raise refusal(
@@ -53,10 +48,8 @@ class Diverged(Exception):
 class BadBatchLimit(GlobalStepCallback):
     """Reports skipped bad batches by step; stops the run past `max_bad_batches`.
 
-    Args:
-        max_bad_batches: Bad batches (NaN or Inf in inputs, labels or weights)
-            a run may skip; one more raises `RunStoppedError`.
-        check_every: Steps between checks (and at the end of every epoch).
+    `max_bad_batches`: batches with NaN or Inf in inputs, labels or weights a run may skip;
+    one more raises `RunStoppedError`. Checks every `check_every` steps and each epoch's end.
     """
 
     def __init__(self, max_bad_batches: int, check_every: int = 10):
@@ -110,8 +103,8 @@ class BadBatchLimit(GlobalStepCallback):
 class DivergenceGuard(GlobalStepCallback):
     """Raises `Diverged` after `patience` steps in a row with a bad loss.
 
-    A loss (`LossScaleOptimizer.last_loss`) is bad if non-finite or above
-    `max_loss` (None: no limit); steps skipped as bad data do not count either way.
+    A loss (`LossScaleOptimizer.last_loss`) is bad if non-finite or above `max_loss` (None: no
+    limit); bad-data skips count neither way.
     """
 
     def __init__(self, patience: int, max_loss: float | None = None):
@@ -127,7 +120,7 @@ class DivergenceGuard(GlobalStepCallback):
         self._bad_batches = self.model.optimizer.bad_batches
 
     def healthy(self) -> bool:
-        """Whether the last step's loss was good (a checkpoint now is safe to keep)."""
+        """Whether the last step's loss was good (a checkpoint now is safe)."""
         return self._streak == 0
 
     def on_train_batch_end(self, batch, logs=None):
@@ -153,8 +146,7 @@ class DivergenceGuard(GlobalStepCallback):
 class ScaledLearningRate(keras.optimizers.schedules.LearningRateSchedule):
     """A learning rate (a float or a schedule) times a scale that can be lowered mid-run.
 
-    The scale is a variable: lowering it changes the next step without
-    retracing; save it with the run's checkpoints.
+    The scale is a variable (lowering it needs no retrace); checkpoint it with the run.
     """
 
     def __init__(

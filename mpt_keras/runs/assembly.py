@@ -1,7 +1,7 @@
-"""The run assembly: the model built with its precision, compiled with our step and optimizer.
+"""The run assembly: the model with its precision, compiled with our step and optimizer.
 
-Every run is assembled here (`mpt-train`, validation, the canary), so a
-validation result speaks for the real run.
+Every run (`mpt-train`, validation, the canary) is assembled here, so validation speaks for
+the real run.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ _LOGGER = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """A model ready to train; `report` is `plan_precision`'s with the `jit_compile` choice."""
+    """A model ready to train; `report`: `plan_precision`'s, with `jit_compile` resolved."""
 
     model: keras.Model
     manifest: PrecisionManifest
@@ -43,10 +43,8 @@ def assemble(
     data: RunData,
     manifest_file: PrecisionManifest | None = None,
 ) -> Run:
-    """Builds the run's model with its precision, compiles it, builds its optimizer.
-
-    Call it under the run's strategy scope, if any: `jit_compile` resolves for it.
-    """
+    """Builds the run's model with its precision and optimizer, and compiles it; call under
+    the run's strategy scope, if any (`jit_compile` resolves for it)."""
     model, manifest, report = build_model(config, components, data, manifest_file)
     optimizer = make_optimizer(config, report)
     jit_compile, jit_reason = jit_rule.resolve_jit_compile(
@@ -72,8 +70,8 @@ def assemble(
 def make_optimizer(config: TrainConfig, report: PrecisionReport) -> LossScaleOptimizer:
     """The run's `LossScaleOptimizer`, its learning rate scalable by a rollback.
 
-    Dynamic loss scaling when a layer computes in float16; else the scale is
-    pinned at 1 (non-finite steps are still skipped and counted).
+    Dynamic loss scaling when a layer computes in float16; else the scale is pinned at 1
+    (non-finite steps still skipped and counted).
     """
     settings = config.optimizer
     learning_rate = ScaledLearningRate(_learning_rate(settings, config.steps))
@@ -94,7 +92,7 @@ def make_optimizer(config: TrainConfig, report: PrecisionReport) -> LossScaleOpt
 
 
 def learning_rate_scale(optimizer: LossScaleOptimizer) -> keras.Variable:
-    """The scale of the `ScaledLearningRate` that `make_optimizer` gave `optimizer`."""
+    """The `ScaledLearningRate` scale `make_optimizer` gave `optimizer`."""
     return compat.learning_rate_schedule(optimizer.inner_optimizer).scale
 
 

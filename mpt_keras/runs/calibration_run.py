@@ -1,4 +1,4 @@
-"""`run_calibration` (`mpt-calibrate`): a run config's model calibrated, its manifest written."""
+"""`run_calibration` (`mpt-calibrate`): a run config's model calibrated."""
 
 from __future__ import annotations
 
@@ -26,12 +26,8 @@ def run_calibration(
 ) -> CalibrationResult:
     """Calibrates on the run's first `steps` train batches; writes the manifest and statistics.
 
-    The model is built as `run_training` builds it, in float32, at the loss
-    scale `loss_scale.initial_scale`; `float8` as `calibrate`'s.
-
-    Args:
-        output: The manifest (a `mpt-train --manifest` file).
-        stats_output: The statistics; default `<output stem>.stats.json`.
+    The model is built as `run_training`'s, in float32, at `loss_scale.initial_scale`.
+    `stats_output` defaults to `<output stem>.stats.json`.
     """
     float32_config = dataclasses.replace(config, precision="float32", manifest=None)
     components = resolve_components(float32_config)

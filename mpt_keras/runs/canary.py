@@ -1,13 +1,12 @@
-"""`run_canary`: a few steps on a small subset, to stop a run that diverges early.
+"""`run_canary`: a few steps on a small subset, stopping a run that diverges early.
 
-The run and float32 train `steps` steps side by side (`side_by_side`) on the
-first `CanaryThresholds.examples` examples. The run has diverged, in this order:
+The run and float32 train `steps` steps side by side on the first
+`CanaryThresholds.examples` examples. The run has diverged, in this order:
 
     non-finite     a step's loss is NaN or infinite;
-    rising         its mean loss over the last max(1, steps // 5) steps is more
-                   than `max_loss_rise` above its first step's (the recipe is wrong);
-    off float32    that mean is more than `max_loss_gap` above float32's (the
-                   precision is).
+    rising         its mean loss of the last max(1, steps // 5) steps exceeds its first
+                   step's by > `max_loss_rise` (the recipe is wrong);
+    off float32    that mean exceeds float32's by > `max_loss_gap` (the precision is).
 """
 
 from __future__ import annotations
@@ -34,8 +33,8 @@ CANARY_FILE = "canary.json"
 class CanaryThresholds:
     """When the canary calls a run diverged (relative rises; see the module doc).
 
-    `max_loss_rise` 10%: noise on a small batch lifts a healthy loss a little.
-    `max_loss_gap` 25%: far beyond the 1% of the reference models in 16 bits.
+    `max_loss_rise` 10%: small-batch noise lifts a healthy loss a little; `max_loss_gap` 25%:
+    far beyond the reference models' 1% in 16 bits.
     """
 
     max_loss_rise: float = 0.1
@@ -50,7 +49,7 @@ class CanaryThresholds:
 
 @dataclasses.dataclass(frozen=True)
 class CanaryResult:
-    """The canary's verdict on a run's precision (or manifest path): `message`, one line."""
+    """The canary's verdict on a precision (or manifest); `message` is one line."""
 
     precision: str
     steps: int
@@ -61,7 +60,7 @@ class CanaryResult:
     message: str
 
     def to_dict(self) -> dict[str, Any]:
-        """The result as JSON values (`files.json_safe`)."""
+        """JSON values (`files.json_safe`)."""
         return json_safe(dataclasses.asdict(self))
 
 
@@ -77,8 +76,7 @@ def run_canary(
 ) -> CanaryResult:
     """Trains `steps` steps in the run's precision and in float32; judges divergence.
 
-    `model` and the keyword arguments are as `validate` takes them (the
-    precision among `config`'s settings).
+    Arguments as `validate`'s (the precision among `config`'s settings).
 
     Raises:
         UserInputError: For a bad `steps`, config, manifest or dataset.
@@ -87,7 +85,7 @@ def run_canary(
         model, steps, data, loss, metrics, config, steps_name="canary steps", source="canary"
     )
     candidate_config = config.merged({"steps": steps}, source="canary")
-    # The final validation of train_steps only needs to be cheap here.
+    # train_steps' final validation need only be cheap here.
     run_data = components.data().subset(thresholds.examples, config.data.eval_batch_size)
     candidate = train_steps(candidate_config, components, run_data)
     baseline = train_steps(baseline_config, components, run_data)
@@ -136,13 +134,10 @@ def train_with_canary(
     steps: int,
     thresholds: CanaryThresholds = CanaryThresholds(),
 ) -> dict[str, Any]:
-    """`mpt-train --canary_steps=N`: the canary, recorded in `model_dir/canary.json`, then the run.
+    """`mpt-train --canary_steps=N`: the canary (into `model_dir/canary.json`), then the run.
 
-    The canary runs before the run's strategy exists: not with `virtual_cpus`.
-
-    Raises:
-        UserInputError: If the candidate diverged (naming how); the full run
-            is then not started.
+    The canary runs before the strategy exists (not with `virtual_cpus`). `UserInputError` if
+    the candidate diverged (naming how): the run is not started.
     """
     if config.virtual_cpus:
         raise UserInputError(

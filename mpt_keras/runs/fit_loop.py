@@ -1,6 +1,6 @@
-"""The fit loop of a run: `model.fit` with the toolkit's callbacks, and rollbacks on divergence.
+"""A run's fit loop: `model.fit` with our callbacks, and rollbacks on divergence.
 
-Epochs of `checkpoint_every` steps, each checkpointed, so a rerun resumes at its exact step.
+Epochs of `checkpoint_every` steps, each checkpointed: a rerun resumes at its exact step.
 """
 
 from __future__ import annotations
@@ -37,8 +37,7 @@ _LOGGER = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class Fit:
-    """What the fit loop works with (`Runtime`'s `verbose` and `callbacks`); a promotion
-    replaces the manifest."""
+    """The fit loop's state; a promotion replaces the manifest."""
 
     model: keras.Model
     manifest: PrecisionManifest
@@ -84,7 +83,7 @@ def fit(state: Fit, step: int) -> None:
 
 
 def sharded_by_data(dataset: tf.data.Dataset) -> tf.data.Dataset:
-    """A stream of global batches that multi-worker strategies split by data (no files)."""
+    """Global batches that multi-worker strategies split by data (no files)."""
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return dataset.with_options(options)
@@ -163,7 +162,7 @@ def _fit_from(state: Fit, step: int, guard: DivergenceGuard | None) -> None:
 
 
 def _batch_of_step(state: Fit, step: int) -> tuple[Any, ...]:
-    """The global batch of step `step` (1-based): the data is a function of the step."""
+    """The global batch of (1-based) `step`: the data is a function of the step."""
     config = state.config
     batches = state.data.train_batches(
         config.data.batch_size,

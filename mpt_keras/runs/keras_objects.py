@@ -1,8 +1,7 @@
-"""Keras objects a config names: losses and metrics, and models from `.keras` files.
+"""Keras objects a config names: losses, metrics, and `.keras` files' models.
 
-A loss or metric is a Keras identifier (with `options`: its class, snake_case
-resolving to CamelCase) or the user's factory; a `.keras` file brings its
-model and the loss and metrics it was compiled with.
+A loss or metric is a Keras identifier (with `options`: its class, snake_case resolving to
+CamelCase) or the user's factory; a `.keras` file brings its model, loss and metrics.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from mpt_keras.errors import UserInputError
 
 
 def load_model_file(path: str, **dimensions: Any) -> keras.Model:
-    """The model of a `.keras` file, uncompiled: a model factory whose file decides its shape."""
+    """A `.keras` file's model, uncompiled: a factory whose file decides its shape."""
     del dimensions  # A file decides its own.
     try:
         return keras.saving.load_model(path, compile=False)
@@ -38,7 +37,7 @@ def load_model_file(path: str, **dimensions: Any) -> keras.Model:
 
 
 def compiled_with(path: str) -> dict[str, Any]:
-    """The loss a `.keras` file was compiled with, and its metrics still serialized (`{}`: none)."""
+    """A `.keras` file's compiled loss, and its metrics still serialized (`{}`: none)."""
     try:
         with zipfile.ZipFile(path) as archive:
             config = json.loads(archive.read("config.json"))
@@ -76,10 +75,8 @@ def metrics_from(
     model_source: ModelConfig,
     compiled: Mapping[str, Any],
 ) -> tuple[Callable[[], Any], ...]:
-    """The run's metrics as makers (the config's, else the reference models' or a file's).
-
-    A metric holds its state, so each model gets its own, made under the run's strategy.
-    """
+    """The run's metric makers (the config's, else the reference models' or a file's); a
+    metric holds state, so each model gets its own, made under the run's strategy."""
     if configs is not None:
         return tuple(
             _keras_component(config, keras.metrics, f"metrics[{index}]")
@@ -96,14 +93,14 @@ def metrics_from(
 
 
 def fresh_metric(metric: Any) -> Any:
-    """`metric` for another model: a copy of a metric object, any other metric as it is."""
+    """`metric` for another model: a metric object copied, anything else as is."""
     if isinstance(metric, keras.metrics.Metric):
         return type(metric).from_config(metric.get_config())
     return metric
 
 
 def _keras_component(config: ComponentConfig, module: Any, key: str) -> Callable[[], Any]:
-    """The maker of a loss or metric from a Keras identifier or the user's factory."""
+    """A loss or metric maker from a Keras identifier or the user's factory."""
     kind = module.__name__.rpartition(".")[2]
     if config.factory is not None:
         function = resolve_factory(config.factory, f"{key}.factory")
@@ -122,7 +119,7 @@ def _keras_component(config: ComponentConfig, module: Any, key: str) -> Callable
                 f"key '{key}.name': unknown {_SINGULAR[kind]} {config.name!r}. Allowed: a name of "
                 f"keras.{kind} (such as {_examples(kind)}) or a factory"
             ) from None
-        # Keras resolves names itself, and picks the right accuracy for the loss.
+        # Keras resolves names, picking the accuracy that fits the loss.
         return functools.partial(str, config.name)
     class_name = config.name if config.name[:1].isupper() else _camel(config.name)
     cls = getattr(module, class_name, None)
@@ -142,7 +139,7 @@ def _keras_component(config: ComponentConfig, module: Any, key: str) -> Callable
 
 
 _SINGULAR = {"losses": "loss", "metrics": "metric"}
-# Names `Model.compile` resolves itself (by the loss) that `keras.metrics.get` does not know.
+# Names `Model.compile` resolves (by the loss) that `keras.metrics.get` does not know.
 _COMPILE_METRIC_NAMES = ("acc", "crossentropy", "ce")
 
 

@@ -1,7 +1,5 @@
-"""A run's `model_dir`: the names of its files, and the checks before a run claims it.
-
-A rerun on the same `model_dir` resumes, so it must hold the same run.
-"""
+"""A run's `model_dir`: its file names, and the checks before a run claims it (a rerun
+resumes, so it must hold the same run)."""
 
 from __future__ import annotations
 
@@ -19,8 +17,8 @@ MODEL_FILE = "model.keras"
 PROMOTED_MANIFEST_FILE = "promoted_manifest.json"
 LOGS_SUBDIR = "logs"
 
-# A rerun may change only how long and where it runs (the global batch stays),
-# not what it computes: the checkpoint would not match, or would mean another run.
+# A rerun may change only how long and where it runs (the global batch stays), not what it
+# computes: the checkpoint would not match, or would mean another run.
 _RESUMABLE_CHANGES = frozenset(
     {
         "steps",
@@ -38,7 +36,7 @@ _RESUMABLE_CHANGES = frozenset(
 
 
 def check_model_dir(model_dir: str, config: TrainConfig) -> None:
-    """Refuses a `model_dir` that cannot be written or holds a different run; writes nothing."""
+    """Refuses an unwritable `model_dir` or one holding another run; writes nothing."""
     check_creatable_dir(model_dir, what="model_dir")
     config_path = os.path.join(model_dir, CONFIG_FILE)
     if not os.path.exists(config_path):
@@ -57,7 +55,7 @@ def check_model_dir(model_dir: str, config: TrainConfig) -> None:
 
 
 def prepare_model_dir(model_dir: str, config: TrainConfig, write_config: bool) -> None:
-    """Creates `model_dir` (`files.check_writable_dir`) and writes the run's config into it."""
+    """Creates `model_dir` (`files.check_writable_dir`) and writes the run's config."""
     check_writable_dir(model_dir, what="model_dir")
     if write_config:
         write_text_atomic(os.path.join(model_dir, CONFIG_FILE), config.to_json())

@@ -1,4 +1,4 @@
-"""The run's model built with each layer's precision, untrained: `plan_precision` (`--dry_run`)."""
+"""The run's untrained model with each layer's precision: `plan_precision` (`--dry_run`)."""
 
 from __future__ import annotations
 
@@ -26,13 +26,10 @@ def build_model(
     data: RunData,
     manifest_file: PrecisionManifest | None = None,
 ) -> tuple[keras.Model, PrecisionManifest, PrecisionReport]:
-    """Builds the model and gives each layer its policy; logs what looks unmeant.
+    """Builds the model, gives each layer its policy, logs what looks unmeant.
 
-    Without a manifest, `config.precision` with the safe defaults; a manifest
-    (`manifest_file`, if read already) decides every layer.
-
-    Returns:
-        The model, the manifest applied, and its report (`auto` resolved).
+    A manifest (`manifest_file`, if read) decides every layer, else `config.precision` with
+    the safe defaults. Returns the model, the manifest applied, its report (`auto` resolved).
     """
     precision, reason = _resolve_precision(config.precision)
     if config.manifest is None:
@@ -87,7 +84,7 @@ def build_model(
 
 
 def build_on_data(model: keras.Model, data: RunData) -> Any:
-    """Builds `model` on one evaluation example if need be; returns that batch of one's inputs."""
+    """Builds `model` on one evaluation example if need be; returns that example's inputs."""
     example = keras.utils.unpack_x_y_sample_weight(next(iter(data.eval_batches(1))))[0]
     if not model.built:
         model(example)
@@ -95,7 +92,7 @@ def build_on_data(model: keras.Model, data: RunData) -> Any:
 
 
 def plan_precision(config: TrainConfig) -> PrecisionReport:
-    """Each layer's precision in the run's model, untrained; a run writes it with `jit_compile`."""
+    """Each layer's precision in the run's untrained model (a run adds `jit_compile`)."""
     components = resolve_components(config)
     return build_model(config, components, components.data())[2]
 

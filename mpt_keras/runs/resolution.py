@@ -1,6 +1,6 @@
-"""Where a run's model, data, loss and metrics come from: a config's, or the user's objects.
+"""Where a run's model, data, loss and metrics come from: a config, or the user's objects.
 
-Resolved, nothing built, so that a bad reference fails before the run starts.
+Resolved, nothing built: a bad reference fails before the run starts.
 """
 
 from __future__ import annotations
@@ -20,20 +20,17 @@ from mpt_keras.data import RunData
 from mpt_keras.errors import UserInputError
 from mpt_keras.runs import keras_objects
 
-# The data shape each reference task reads a dataset in.
+# The data shape each reference task reads.
 _SHAPES = {models.CLASSIFICATION: "image", models.LANGUAGE_MODEL: "text"}
 
 
 @dataclasses.dataclass(frozen=True)
 class Components:
-    """Where a run's model, data, loss and metrics come from, resolved.
+    """A run's resolved components.
 
-    Attributes:
-        model: Returns a fresh model, given the data's dimensions as keyword
-            arguments; called under the run's global policy and seed.
-        data: Loads the `RunData`, once the run's strategy exists.
-        metrics: Makers of Keras metrics: each model gets its own.
-        task: The reference models' task (`models.LANGUAGE_MODEL`...), else None.
+    `model`: a fresh model from the data's dimensions (keywords), under the run's policy and
+    seed. `data`: loads the `RunData` once the strategy exists. `metrics`: makers (one per
+    model). `task`: the reference models' (`models.LANGUAGE_MODEL`...) or None.
     """
 
     model: Callable[..., keras.Model]
@@ -44,7 +41,7 @@ class Components:
 
 
 def resolve_components(config: TrainConfig) -> Components:
-    """Imports `config.imports` and binds every factory to its options; builds nothing."""
+    """Imports `config.imports`, binds every factory to its options; builds nothing."""
     components_lib.import_modules(config.imports)
     source = config.model
     task = None
@@ -88,12 +85,9 @@ def components_from_objects(
 ) -> Components:
     """Components from the user's own objects.
 
-    Args:
-        model: A function returning a fresh model (called once per precision),
-            or a functional or Sequential model (cloned).
-        data: `(train, eval)`: each a `tf.data.Dataset` of unbatched `(x, y)`
-            or `(x, y, sample_weight)` elements, or a tuple `(x, y)` of arrays.
-        batching: The setting the run batches by, named when data is batched.
+    `model`: a fresh-model function (per precision), or a functional or Sequential model
+    (cloned). `data`: `(train, eval)`, each a `tf.data.Dataset` of unbatched
+    `(x, y[, sample_weight])` or `(x, y)` arrays. `batching`: named if data is batched.
     """
     if isinstance(model, keras.Model):
         original = model
@@ -136,10 +130,9 @@ def resolve(
     metrics: Sequence[Any] = (),
     config: TrainConfig | None = None,
 ) -> tuple[TrainConfig, Components]:
-    """The settings and components of a run: a `TrainConfig`'s, or the user's objects'.
+    """A run's settings and components: a `TrainConfig`'s, or the user's objects'.
 
-    A model needs `data` and `loss` (`components_from_objects`); `config` then
-    gives only the settings, default `TrainConfig()`'s.
+    A model needs `data` and `loss`; `config` then gives only settings (default `TrainConfig()`).
     """
     if isinstance(model, TrainConfig):
         if config is not None or data is not None or loss is not None or metrics:

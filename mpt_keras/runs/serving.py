@@ -1,10 +1,9 @@
 """What a run leaves to serve its model: a Keras file without mpt_keras, and a SavedModel.
 
 model.keras     resume or fine-tune with mpt_keras (the optimizer is ours)
-serving.keras   the model alone, float32 weights and each layer's Keras dtype
-                policy: loads wherever Keras 3 is, computing as trained
-saved_model/    the forward pass as a TF SavedModel (`serve`): needs neither
-                Keras nor the model's Python code
+serving.keras   the model alone, float32 weights, each layer's dtype policy: loads with
+                just Keras 3, computing as trained
+saved_model/    the forward pass as a TF SavedModel (`serve`): no Keras or model code
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from mpt_keras.precision.report import LayerPrecision, precision_report
 SERVING_MODEL_FILE = "serving.keras"
 SAVED_MODEL_DIR = "saved_model"
 
-# The parts of a `.keras` archive (Keras 3 `saving_lib`) that hold training state.
+# The `.keras` archive's parts (Keras 3 `saving_lib`) holding training state.
 _CONFIG_ENTRY = "config.json"
 _WEIGHTS_ENTRY = "model.weights.h5"
 _OPTIMIZER_GROUP = "optimizer"
@@ -37,31 +36,21 @@ _PACKAGE = "mpt_keras"
 
 
 class NotServableError(ValueError):
-    """`save_for_serving` cannot write a file that serves as trained without mpt_keras.
-
-    Nothing is written; `export_saved_model` serves such a model.
-    """
+    """No file would serve as trained without mpt_keras; nothing written (use
+    `export_saved_model`)."""
 
 
 def save_for_serving(model: keras.Model, path: str | os.PathLike) -> None:
-    """Writes `model` to `path` as a `.keras` file that loads without mpt_keras.
+    """Writes `model` to `path` (`.keras`, in an existing directory) loadable without mpt_keras.
 
-    `model` is not touched (a trainer goes on using it): it is saved whole, and
-    the archive rewritten without `compile_config` and the optimizer. The file
-    replaces `path` atomically once, loaded back under the float32 global
-    policy, every layer keeps the dtypes it has in `model`.
-
-    A subclassed model re-creates its layers in `__init__`, so its file keeps a
-    layer's policy only if that `__init__` gives it (`dtype=self.dtype_policy`);
-    serve one with a per-layer manifest with `export_saved_model`.
-
-    Args:
-        path: Must end in `.keras`; its directory must exist.
+    `model` is untouched: saved whole, rewritten without `compile_config` and the optimizer,
+    replacing `path` atomically once it loads back (float32 global policy) with every layer's
+    dtypes. A subclassed model's `__init__` must pass each layer's policy
+    (`dtype=self.dtype_policy`); else use `export_saved_model`.
 
     Raises:
-        NotServableError: The config refers to mpt_keras, the file does not
-            load back, or a layer would compute in another dtype; the message
-            names the model and the reference or layer.
+        NotServableError: The config refers to mpt_keras, the file does not load back, or a
+            layer would compute in another dtype.
         ValueError: `path` does not end in `.keras`, or the model is not built.
     """
     path = os.fspath(path)
@@ -71,7 +60,7 @@ def save_for_serving(model: keras.Model, path: str | os.PathLike) -> None:
     with tempfile.TemporaryDirectory(
         dir=os.path.dirname(path) or ".", prefix=f".{os.path.basename(path)}."
     ) as work:
-        # Keras insists on the .keras suffix, so the temporary names keep it.
+        # Keras insists on the .keras suffix.
         trained = os.path.join(work, "trained.keras")
         serving = os.path.join(work, "serving.keras")
         with _keras_variable_array_warning_ignored():
@@ -86,18 +75,10 @@ def save_for_serving(model: keras.Model, path: str | os.PathLike) -> None:
 def export_saved_model(model: keras.Model, directory: str | os.PathLike) -> None:
     """Exports `model`'s forward pass as a TF SavedModel to `directory`, for TF Serving.
 
-    The signature `serve` takes the model's inputs (batch size free) and
-    computes in each layer's dtypes: `tf.saved_model.load(directory).serve(x)`, keeping the
-    loaded object (it owns the variables `serve` reads).
-    Written beside `directory` and renamed into place, replacing an earlier
-    export; between the two renames `directory` is absent for an instant (a
-    crash there leaves the earlier export in a hidden `.<name>.*` beside it).
-
-    Args:
-        directory: Its parent must exist.
-
-    Raises:
-        ValueError: If the model is not built.
+    `serve` takes the model's inputs (any batch size), computing in each layer's dtypes:
+    `tf.saved_model.load(directory).serve(x)`; keep the loaded object (it owns the variables).
+    Renamed into place, replacing an earlier export (a crash between the renames leaves that
+    in a hidden `.<name>.*` beside it). The parent must exist; `ValueError` if not built.
     """
     directory = os.path.normpath(os.fspath(directory))
     _check_built(model)
@@ -139,7 +120,7 @@ def _strip_training_state(source: str, target: str, work: str, model_name: str) 
 
 
 def _copy_without_optimizer(source: str, target: str) -> None:
-    # The optimizer's variables: one top-level group, unread by an uncompiled model.
+    # The optimizer's variables: one top-level group an uncompiled model never reads.
     with h5py.File(source, "r") as weights, h5py.File(target, "w") as kept:
         kept.attrs.update(weights.attrs)
         for name in weights:
@@ -164,7 +145,7 @@ def _check_no_mpt_keras(config: dict[str, Any], model_name: str) -> None:
 
 
 def _mpt_keras_references(value: Any, location: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """`(location, object config)` of each serialized object of mpt_keras in `value`."""
+    """`(location, object config)` of each serialized mpt_keras object in `value`."""
     if isinstance(value, dict):
         module = value.get("module")
         registered = value.get("registered_name")
@@ -180,7 +161,7 @@ def _mpt_keras_references(value: Any, location: str) -> Iterator[tuple[str, dict
 
 
 def _check_loads_as_trained(model: keras.Model, path: str) -> None:
-    # A process that loads the file has Keras' default global policy, float32.
+    # A loading process has Keras' default global policy, float32.
     with global_policy("float32"):
         try:
             loaded = keras.saving.load_model(path)
@@ -208,7 +189,7 @@ def _check_loads_as_trained(model: keras.Model, path: str) -> None:
 
 
 def _root_cause(error: BaseException) -> str:
-    """`Type: first sentence` of the chain's first error (Keras' wrapper prints the config)."""
+    """`Type: first sentence` of the chain's root error (Keras' wrapper prints the config)."""
     while error.__cause__ is not None or error.__context__ is not None:
         error = error.__cause__ or error.__context__
     message = (str(error).strip().splitlines() or [""])[0]
@@ -225,9 +206,8 @@ def _shown(layer: LayerPrecision) -> str:
 
 @contextlib.contextmanager
 def _keras_variable_array_warning_ignored() -> Iterator[None]:
-    # Keras 3.15.1 saves each variable with np.array(variable) (saving_lib.py,
-    # H5IOStore.__setitem__), and its Variable.__array__ takes no `copy`, which
-    # NumPy 2 deprecates with a warning per variable: nothing a caller can act on.
+    # Keras 3.15.1 saves with np.array(variable) (saving_lib.py, H5IOStore.__setitem__);
+    # Variable.__array__ takes no `copy`, so NumPy 2 warns per variable: not actionable.
     with warnings.catch_warnings():
         warnings.filterwarnings(
             "ignore",

@@ -1,6 +1,5 @@
-"""A candidate and float32 trained side by side, a few steps each, writing nothing.
-
-What `validate` and the canary measure: `mpt-train`'s run, on the same batches.
+"""A candidate and float32 trained side by side, a few steps each, writing nothing:
+`mpt-train`'s run on the same batches, as `validate` and the canary measure it.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from mpt_keras.validation.thresholds import BASELINE
 
 @dataclasses.dataclass(frozen=True)
 class TrainingRun:
-    """What `train_steps` measured: each step's loss, the final `val_` metrics, the model."""
+    """`train_steps`' result: each step's loss, the final `val_` metrics, the model."""
 
     losses: tuple[float, ...]
     metrics: dict[str, float]
@@ -42,7 +41,7 @@ def resolve_side_by_side(
 ) -> tuple[TrainConfig, Components, TrainConfig]:
     """The run's config and components (`resolution.resolve`), and float32's config.
 
-    `steps` is checked as `steps_name`; `source` names float32's config in messages.
+    `steps_name`, `source`: how messages name `steps` and float32's config.
     """
     check_number(steps_name, steps, minimum=1, integer=True)
     config, components = resolve(model, data=data, loss=loss, metrics=metrics, config=config)
@@ -53,12 +52,12 @@ def resolve_side_by_side(
 
 
 def train_steps(config: TrainConfig, components: Components, run_data: RunData) -> TrainingRun:
-    """Trains `config.steps` steps of the run `mpt-train` assembles, on the current strategy."""
+    """Trains `config.steps` steps of `mpt-train`'s run on the current strategy."""
     run = assemble(config, components, run_data)
     train = run_data.train_batches(
         config.data.batch_size, config.seed, shuffle_buffer=config.data.shuffle_buffer
     )
-    # One step per Keras epoch: the logged loss is then that step's, not a running mean.
+    # One step per Keras epoch: the logged loss is that step's, not a running mean.
     history = run.model.fit(train, epochs=config.steps, steps_per_epoch=1, shuffle=False, verbose=0)
     validation = run_data.eval_batches(config.data.eval_batch_size)
     metrics = run.model.evaluate(validation, return_dict=True, verbose=0)

@@ -1,8 +1,7 @@
-"""`run_training`: a training run, from a config to the files in its `model_dir`.
+"""`run_training`: a config to the files in its `model_dir`.
 
-Components, strategy, data, the run assembled in the strategy's scope, only then
-`config.json`; the latest checkpoint restored, the fit loop (`fit_loop`), and
-the final metrics and models written.
+Components, strategy, data, the run assembled in scope, only then `config.json`; then the
+latest checkpoint, the fit loop, the final metrics and models.
 """
 
 from __future__ import annotations
@@ -46,11 +45,8 @@ _LOGGER = logging.getLogger(__name__)
 class Runtime:
     """Where and how a run executes; nothing here changes what it computes.
 
-    Attributes:
-        verbose: Keras `fit` verbosity; `None`: a progress bar on a terminal,
-            one line per checkpoint interval otherwise.
-        callbacks: More Keras callbacks, after the toolkit's.
-        metrics_port: Serve Prometheus metrics on this port, from the chief.
+    `verbose`: `fit`'s; `None`: a progress bar on a terminal, else a line per checkpoint
+    interval. `callbacks`: after ours. `metrics_port`: the chief's Prometheus port.
     """
 
     model_dir: str
@@ -62,13 +58,10 @@ class Runtime:
 def run_training(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
     """Trains `config` into `runtime.model_dir`, resuming from its checkpoints.
 
-    The config is checked whole before `config.json` is written, so a bad
-    value never locks a `model_dir`.
-
-    Returns:
-        `metrics.json`'s values: `step`, `precision`, `loss_scale`,
-        `skipped_steps`, `bad_batches` and the `val_` metrics (with
-        `val_perplexity` and `val_bits_per_byte` for the language model).
+    The config is checked whole before `config.json` is written: a bad value never locks a
+    `model_dir`. Returns `metrics.json`'s values (`step`, `precision`, `loss_scale`,
+    `skipped_steps`, `bad_batches`, `val_` metrics; the LM's `val_perplexity`,
+    `val_bits_per_byte`).
 
     Raises:
         UserInputError: For a bad config, manifest, dataset or `model_dir`.
@@ -103,13 +96,13 @@ def _run(
 ) -> dict[str, Any]:
     chief = workers.is_chief(strategy)
     model_dir = runtime.model_dir
-    # Before the data, which a first run prepares: a bad manifest fails at once.
+    # Before the data (a first run prepares it): a bad manifest fails at once.
     manifest_file = PrecisionManifest.from_json(config.manifest) if config.manifest else None
     run_data = components.data()
 
     with multi_worker.peer_failures_as_errors(strategy, model_dir), strategy.scope():
         run = assemble(config, components, run_data, manifest_file)
-        # Everything is checked: now the run may claim model_dir.
+        # All checked: the run may claim model_dir.
         prepare_model_dir(model_dir, config, write_config=chief)
         with workers.worker_write_dir(model_dir, strategy) as write_dir:
             checkpointer = Checkpointer(
@@ -145,7 +138,7 @@ def _run(
             else:
                 _LOGGER.info("Step %d of %d already done: evaluating only.", step, config.steps)
             metrics = _final_metrics(run.model, validation, components.task, run.report)
-            # Every worker saves (saving reads variables collectively); the chief's counts.
+            # Every worker saves (saving reads variables collectively); the chief's file counts.
             _save_model_atomic(run.model, os.path.join(write_dir, MODEL_FILE))
             _save_for_users(run.model, write_dir)
     if chief:
@@ -155,7 +148,7 @@ def _run(
 
 
 def _save_for_users(model: keras.Model, write_dir: str) -> None:
-    """`serving.keras` if the model loads without mpt_keras, and the SavedModel."""
+    """`serving.keras` (if loadable without mpt_keras) and the SavedModel."""
     try:
         serving.save_for_serving(model, os.path.join(write_dir, serving.SERVING_MODEL_FILE))
     except serving.NotServableError as error:
@@ -179,14 +172,14 @@ def _final_metrics(
     metrics.update({f"val_{name}": float(value) for name, value in results.items()})
     if task == models.LANGUAGE_MODEL:
         loss = metrics["val_loss"]
-        # A diverged run's loss may be past what exp() takes: its perplexity is inf.
+        # A diverged run's loss may overflow exp(): its perplexity is inf.
         metrics["val_perplexity"] = math.inf if loss > _LOG_FLOAT_MAX else math.exp(loss)
         metrics["val_bits_per_byte"] = metrics["val_loss"] / math.log(2)
     return metrics
 
 
 def _save_model_atomic(model: keras.Model, path: str) -> None:
-    # Keras insists on the .keras suffix, so the temporary name keeps it.
+    # Keras insists on the .keras suffix.
     partial = os.path.join(os.path.dirname(path), ".partial." + os.path.basename(path))
     model.save(partial)
     os.replace(partial, path)

@@ -1,14 +1,12 @@
 """`validate`: a candidate precision against a float32 baseline, with pass/fail.
 
-Training parity: each model trains `steps` steps side by side (`side_by_side`)
-and is evaluated. Forward parity (`forward_parity`): the candidate then takes
-the weights float32 reached (keeping its float8 state), and every layer's
-output is compared. Trained weights, because random ones give near-uniform
-logits whose argmax ties rounding breaks (top-1 agreement 0.881 there, 0.983
-after 50 steps, for the bundled Transformer's float8 manifest).
+Training parity: each model trains `steps` steps side by side, then is evaluated. Forward
+parity: every layer's output is compared, the candidate on float32's trained weights (its
+float8 state kept); trained, as random weights give near-uniform logits whose argmax ties
+rounding breaks (top-1 agreement 0.881, vs 0.983 after 50 steps, bundled float8 Transformer).
 
-    final_loss_gap     |candidate - baseline| / baseline of the mean loss over
-                       the last max(1, steps // 5) steps
+    final_loss_gap     |candidate - baseline| / baseline, mean loss of the last
+                       max(1, steps // 5) steps
     metric_delta       baseline - candidate val_accuracy, with an accuracy metric
     skipped_fraction   candidate steps skipped for non-finite gradients / steps
 
@@ -49,13 +47,9 @@ def validate(
 ) -> ValidationReport:
     """Compares `candidate` with float32 on the same weights and data.
 
-    Args:
-        model: A run config, or a function returning a fresh model, or a
-            functional/Sequential model (cloned), with `data` (`(train, eval)`
-            of unbatched elements), `loss`, `metrics` and `config` (the
-            settings; default `TrainConfig()`'s) as `resolution.resolve` takes them.
-        candidate: A precision or the path of a precision manifest (JSON).
-        steps: Training-parity steps of each model.
+    `model`: a run config; or a model factory or functional/Sequential model (cloned), with
+    `data`, `loss`, `metrics`, `config` as `resolution.resolve` takes them. `candidate`: a
+    precision or a manifest's path. `steps`: training-parity steps per model.
 
     Raises:
         UserInputError: For a bad candidate, config, manifest or dataset.
@@ -72,7 +66,7 @@ def validate(
     parity = forward_parity(
         baseline_run.model,
         candidate_run.model,
-        # Parity compares the models with each other, not with labels.
+        # Parity compares the models with each other, not labels.
         (
             keras.utils.unpack_x_y_sample_weight(batch)[0]
             for batch in run_data.eval_batches(config.data.eval_batch_size)
@@ -103,12 +97,8 @@ def run_validation(
     **objects: Any,
 ) -> ValidationReport:
     """`mpt-validate`: `validate`, then `output` (JSON), `<stem>.txt`, `<stem>.png` and
-    TensorBoard loss curves under `log_dir` (default `<stem>_logs`).
-
-    `**objects`: `validate`'s `data`, `loss`, `metrics` and `config`.
-
-    Raises:
-        UserInputError: As `validate`, or when `output` cannot be written.
+    TensorBoard loss curves under `log_dir` (default `<stem>_logs`). `UserInputError`: as
+    `validate`, or `output` unwritable.
     """
     output = os.fspath(output)
     stem = os.path.splitext(output)[0]

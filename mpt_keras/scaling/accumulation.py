@@ -37,12 +37,10 @@ def accumulate(
     overwritten: list[bool],
     finite: tf.Tensor,
 ) -> Window:
-    """Adds a finite micro-batch to the window.
+    """Adds a finite micro-batch to the window; `rows`: each gradient's per-variable state row.
 
-    Args:
-        rows: Per gradient, its variable's row in the per-variable state.
-        overwritten: Per gradient, whether it is a float8 new value: the window
-            keeps its largest (the window's amax, as Keras' accumulation), not a sum.
+    A float8 new value (`overwritten`) keeps the window's largest (its amax, as Keras'
+    accumulation), not a sum.
     """
     accumulators = [accumulation.accumulators[row] for row in rows]
     grads = [ops.cast(tf.convert_to_tensor(g), acc.dtype) for acc, g in zip(accumulators, grads)]

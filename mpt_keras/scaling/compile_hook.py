@@ -1,9 +1,8 @@
 """`model.compile` gives a model with float16 layers our loss scaling, never none.
 
-Keras wraps the optimizer only when the model's own policy is `mixed_float16`,
-so a model whose layers a `PrecisionManifest` made float16 trained unscaled,
-silently. `install` hooks Keras' `Trainer.compile` (once); when any layer, at
-any depth, computes in float16, the optimizer passed becomes:
+Keras wraps the optimizer only when the model's own policy is `mixed_float16`, so a model
+whose layers a `PrecisionManifest` made float16 trained unscaled, silently. `install` hooks
+`Trainer.compile`; when any layer computes in float16, the optimizer passed becomes:
 
     a plain optimizer or name    mpt_keras.LossScaleOptimizer around it (info log)
     mpt_keras.LossScaleOptimizer as passed
@@ -111,8 +110,8 @@ def _compile_with_loss_scaling(compile_: Callable[..., Any]) -> Callable[..., An
 def _hand_batches_over(model: keras.Model) -> None:
     """With our optimizer, the train step hands it each batch to judge and logs its state.
 
-    The class's own `train_step` is wrapped, so compiling again does not stack
-    wrappers, and a compile with another optimizer removes it.
+    Wraps the class's `train_step`, so compiling again does not stack wrappers and compiling
+    with another optimizer removes it.
     """
     if _is_hand_over(vars(model).get("train_step")):
         del vars(model)["train_step"]
@@ -137,12 +136,7 @@ def _is_hand_over(step: Any) -> bool:
 
 
 def _loss_scaled(optimizer: Any, auto_scale_loss: bool, why: str) -> Any:
-    """The optimizer a float16 model compiles with: ours, unless the user chose otherwise.
-
-    Args:
-        optimizer: What was passed to `model.compile` (resolved by `keras.optimizers.get`).
-        why: Which model computes in float16, to start the log lines.
-    """
+    """The optimizer a float16 model compiles with: ours, unless the user chose otherwise."""
     optimizer = keras.optimizers.get(optimizer)
     if optimizer is None or isinstance(optimizer, LossScaleOptimizer):
         return optimizer
@@ -172,7 +166,6 @@ def _loss_scaled(optimizer: Any, auto_scale_loss: bool, why: str) -> Any:
 
 
 def _float16_layers(model: keras.Model) -> list[str]:
-    """The paths of the layers of `model`, at any depth, that compute in float16."""
     return [path for path, layer in iter_layers(model) if _computes_in_float16(layer)]
 
 

@@ -17,9 +17,8 @@ def all_reduce_gradients(
 ) -> list[Any]:
     """Sums the gradients over the replicas; a float8 new value (`overwritten`) takes the largest.
 
-    The largest is what one device would compute from the whole batch (the
-    global batch's amax, the shared scale); a sum would multiply it by the
-    replicas. `all_reduce_dtype` is the dtype of the sum on the wire.
+    The largest is what one device would compute from the whole batch (the global amax, the
+    shared scale); a sum would multiply it by the replicas. `all_reduce_dtype`: on the wire.
     """
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync == 1:

@@ -1,7 +1,7 @@
 """What the last train steps left behind: one typed record, read in one sync; no TensorFlow.
 
-`LossScaleOptimizer.health()` fills it from the optimizer's variables; its readers
-(monitor, guards, final metrics) read the record, not the variables one by one.
+`LossScaleOptimizer.health()` fills it; readers (monitor, guards, final metrics) read the
+record, not the variables one by one.
 """
 
 from __future__ import annotations
@@ -23,19 +23,11 @@ FLOAT8_RANGE_USED = "float8_range_used"
 
 @dataclasses.dataclass(frozen=True)
 class StepHealth:
-    """The loss-scaling state after the last step.
+    """The loss-scaling state after the last step, as `LossScaleOptimizer`'s properties.
 
-    Attributes:
-        skipped_steps: Steps (micro-batches) skipped: a non-finite gradient or
-            update, or a bad batch (a NaN or Inf in its loss or batch).
-        bad_batch_steps: The steps (the inner `iterations` after them) of the
-            latest `BAD_BATCH_MEMORY` bad batches, oldest first.
-        last_loss: The loss, summed over replicas, of the last step with a
-            finite batch (0 before any).
-        gradient_norm: The last step's unscaled global norm, before clipping;
-            inf or NaN after an overflow.
-        nonfinite_counts: Per variable path, the steps whose gradient or
-            update was non-finite.
+    `bad_batch_steps`: the inner `iterations` after each of the latest `BAD_BATCH_MEMORY` bad
+    batches, oldest first. `last_loss` is 0 before a finite batch; `gradient_norm` is inf or
+    NaN after an overflow.
     """
 
     loss_scale: float

@@ -25,8 +25,8 @@ _FULL_PRECISION = ("float32", "float64")
 class ModelVariables:
     """The model variables the optimizer was built on, and those an update is checked on.
 
-    One object, not list attributes: Keras' tracker takes an optimizer's list
-    attributes' variables for its own, to be saved and loaded by position.
+    One object, not list attributes: Keras' tracker would save and load the variables of an
+    optimizer's list attributes by position, as its own.
     """
 
     variables: tuple[keras.Variable, ...]  # In `build`'s order.
@@ -68,13 +68,9 @@ def apply_inner(
     variables: list[keras.Variable],
     model: ModelVariables,
 ) -> tf.Tensor | None:
-    """Runs `inner.apply()` in the cross-replica context.
-
-    Returns:
-        With low-precision variables, per built variable whether the update
-        went non-finite (and was undone; a slot's overflow is blamed on every
-        checked variable); else `None`.
-    """
+    """Runs `inner.apply()` in the cross-replica context. With low-precision variables,
+    returns per built variable whether the update went non-finite and was undone (a slot's
+    overflow blames every checked variable); else None."""
     restored = model.update_restored
     # tf.identity reads a copy; ops.convert_to_tensor gives the variable back.
     before = [tf.identity(tf_variable(v)) for v in restored] if restored else []

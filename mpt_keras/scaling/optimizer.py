@@ -1,8 +1,4 @@
-"""Dynamic loss scaling that stays correct under tf.distribute, clipping and XLA.
-
-`LossScaleOptimizer`, a drop-in subclass of `keras.optimizers.LossScaleOptimizer`,
-owns the loss-scaling part of a step and leaves the update to the inner `apply()`.
-"""
+"""Dynamic loss scaling that stays correct under tf.distribute, clipping and XLA."""
 
 from __future__ import annotations
 
@@ -37,24 +33,19 @@ compat.install()
 class LossScaleOptimizer(_StockLossScaleOptimizer):
     """Dynamic loss scaling with one verdict for all replicas.
 
-    A `keras.optimizers.LossScaleOptimizer` (so `model.compile` does not wrap
-    it again) that judges the all-reduced, unscaled gradients: an overflow (or
-    an update overflowing float16 variables, undone) is skipped on every
-    replica and backs the scale off; a NaN or Inf batch is skipped as bad data,
-    the scale left alone; a finite step runs the inner `apply()` on the sum, so
-    clipping, weight decay and EMA work as unscaled. The scale grows by
-    `growth_factor` after `growth_interval` finite steps and backs off by
-    `backoff_factor` from the `hysteresis`-th overflow since the last growth,
-    within `[min_scale, max_scale]`. It takes over the inner
-    `gradient_accumulation_steps` and `loss_scale_factor`. All state is
-    optimizer variables. docs/loss_scaling.md compares it with Keras',
-    tf-keras' and PyTorch's. TensorFlow only.
+    A `keras.optimizers.LossScaleOptimizer` (so `model.compile` does not wrap it again) that
+    judges the all-reduced, unscaled gradients: an overflow (or an update overflowing float16
+    variables, undone) is skipped on every replica and backs the scale off; a NaN or Inf batch
+    is skipped as bad data, the scale left alone; a finite step runs the inner `apply()` on
+    the sum, so clipping, weight decay and EMA work as unscaled. The scale grows by
+    `growth_factor` after `growth_interval` finite steps and backs off by `backoff_factor`
+    from the `hysteresis`-th overflow since the last growth, within `[min_scale, max_scale]`.
+    It takes over the inner `gradient_accumulation_steps` and `loss_scale_factor`; all state
+    is optimizer variables. TensorFlow only. docs/loss_scaling.md compares it with Keras',
+    tf-keras' and PyTorch's.
 
     Args:
-        inner_optimizer: The `keras.optimizers.Optimizer` to wrap.
-        initial_scale, growth_factor, backoff_factor, growth_interval,
-            hysteresis, min_scale, max_scale, dynamic, all_reduce_dtype: The
-            `LossScaleSettings` (checked, and defaulted, there).
+        initial_scale, ..., all_reduce_dtype: `LossScaleSettings` (checked, defaulted there).
         dynamic_growth_steps: Keras' name of `growth_interval`; both, differing, is an error.
         **kwargs: The stock class's, for deserialization only.
 
@@ -210,14 +201,12 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         return _read(self._last_loss, float)
 
     def step_logs(self) -> dict[str, tf.Tensor]:
-        """The loss-scaling state for a train step's logs, read in its graph after `apply()`.
-
-        So each step's logs hold that step's values even where callbacks lag.
-        """
+        """The loss-scaling state for a train step's logs, read in its graph after `apply()`
+        so each step's logs hold its own values even where callbacks lag."""
         return readings.step_logs(self._own_variables())
 
     def health(self) -> StepHealth:
-        """Everything the last steps left in this optimizer, in one record (call eagerly)."""
+        """The `StepHealth` the last steps left, in one read (call eagerly)."""
         return readings.health(self._own_variables())
 
     def bad_batch_steps(self) -> list[int]:
@@ -243,10 +232,8 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         return self.scale_loss(loss)
 
     def get_unscaled_gradients(self, grads: Sequence[tf.Tensor | None]) -> list[tf.Tensor | None]:
-        """Keras 2 (tf-keras) API: `grads` unscaled, each in its dtype.
-
-        This replica's next `apply` takes its gradients as unscaled. Not for
-        float8 layers (their new scales would be divided too).
+        """Keras 2 (tf-keras) API: `grads` unscaled, each in its dtype, as this replica's next
+        `apply` then takes them. Not for float8 layers (their new scales would be divided too).
         """
         self._handed_over.put(unscaled=True)
         return [None if g is None else unscaled_like(g, self.dynamic_scale) for g in grads]
@@ -266,15 +253,10 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
     ) -> tf.Tensor:
         """Applies one step: unscale, judge, then the inner `apply()` or a skip.
 
-        Args:
-            loss, batch: This replica's unscaled loss and batch, unless handed
-                over (`scale_loss`, `hand_over_batch`): a NaN or Inf in either
-                makes the step a bad batch.
-            state: `state_before(variables)` of what the forward pass updates:
-                put back if the step is skipped.
-
-        Returns:
-            Whether the step was a bad batch on any replica (a bool tensor).
+        `loss`, `batch`: this replica's unscaled loss and batch unless handed over
+        (`scale_loss`, `hand_over_batch`); a NaN or Inf in either makes a bad batch. `state`:
+        `state_before(variables)` of what the forward pass updates, put back on a skip.
+        Returns whether the step was a bad batch on any replica (a bool tensor).
         """
         if tf.distribute.in_cross_replica_context():
             raise ValueError(

@@ -1,7 +1,4 @@
-"""What the loss-scale optimizer reports: its step logs and `StepHealth`, read from its variables.
-
-The state lives in optimizer variables (saved with the model): each report is a read.
-"""
+"""What the loss-scale optimizer reports (step logs, `StepHealth`), read from its variables."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""How the loss scale moves: growth after a run of finite steps, backoff with hysteresis.
-
-Written in graph ops on the optimizer's variables, within `[min_scale, max_scale]`.
-"""
+"""How the loss scale moves: growth after a run of finite steps, backoff with hysteresis."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The settings of dynamic loss scaling, checked whole; imports no TensorFlow.
 
-`LossScaleSettings` is both what `LossScaleOptimizer` is built with and a run
-config's `loss_scale` section: one home for their defaults and checks.
+`LossScaleSettings` is what `LossScaleOptimizer` is built with and a run config's
+`loss_scale` section: one home for defaults and checks.
 """
 
 from __future__ import annotations
@@ -25,17 +25,11 @@ DEFAULT_GROWTH_INTERVAL = 2000
 
 @dataclasses.dataclass(frozen=True)
 class LossScaleSettings:
-    """How the loss scale moves (see `LossScaleOptimizer` for the dynamics).
+    """How the loss scale moves (see `LossScaleOptimizer`); `check_settings` checks it.
 
-    Attributes:
-        growth_factor: Applied after `growth_interval` finite steps (Keras'
-            `dynamic_growth_steps`).
-        hysteresis: Overflows since the last growth before the scale backs off.
-        dynamic: If False, the scale stays at `initial_scale`.
-        all_reduce_dtype: Of the cross-replica gradient sum; `None`: the gradients'.
-
-    Raises:
-        UserInputError: See `check_settings`.
+    `growth_interval` is Keras' `dynamic_growth_steps`; `hysteresis`: the overflows since the
+    last growth that back the scale off; `dynamic=False` pins it at `initial_scale`;
+    `all_reduce_dtype`: of the cross-replica gradient sum (None: the gradients').
     """
 
     initial_scale: float = 2.0**15
@@ -57,16 +51,10 @@ def check_settings(
     what: Callable[[str], str] = "Argument {}".format,
     show: Callable[[Any], str] = repr,
 ) -> None:
-    """Checks every field's value of `LossScaleSettings`, given by name.
-
-    Args:
-        what: A field's name in messages (a config passes its key).
-        show: How a received value is written (`checks.as_json` for JSON).
-
-    Raises:
-        UserInputError: The first value not allowed (in order: later checks
-            compare values that earlier ones proved numbers).
-    """
+    """Checks every field's value of `LossScaleSettings`, given by name; raises
+    `UserInputError` at the first one not allowed (later checks compare values that earlier
+    ones proved numbers). `what` names a field (a config passes its key); `show` writes a
+    received value (`checks.as_json` for JSON)."""
     number = {name: _plain(value) for name, value in values.items()}
     for name in ("initial_scale", "min_scale", "max_scale"):
         check_number(what(name), number[name], minimum=SCALE_LOW, maximum=SCALE_HIGH, show=show)
@@ -98,11 +86,7 @@ def check_settings(
 
 
 def growth_interval(growth_interval: int | None, dynamic_growth_steps: int | None) -> Any:
-    """One growth interval from our argument and Keras' name for it.
-
-    Raises:
-        UserInputError: Both are given and differ.
-    """
+    """One growth interval from ours and Keras' name for it; refuses both, differing."""
     if growth_interval is None:
         return DEFAULT_GROWTH_INTERVAL if dynamic_growth_steps is None else dynamic_growth_steps
     if dynamic_growth_steps is not None and dynamic_growth_steps != growth_interval:

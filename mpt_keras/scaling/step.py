@@ -25,8 +25,7 @@ from mpt_keras.scaling.scale_rule import ScaleVariables
 from mpt_keras.scaling.step_record import StepRecord
 from mpt_keras.scaling.verdict import batch_verdict, judge_gradients, spread_over, unscale
 
-# `mpt_keras.LossScaleOptimizer` (not imported: it imports this module); the step
-# reads its public settings, `dynamic_scale` and `inner_optimizer`.
+# Ours (not imported: it imports this module); read: settings, `dynamic_scale`, the inner.
 _Optimizer = keras.optimizers.LossScaleOptimizer
 
 
@@ -131,11 +130,8 @@ def _write_step(
     state_variables: list[keras.Variable],
     checked_batch: bool,
 ) -> None:
-    """Writes the step in the cross-replica context, where a cond may write mirrored variables.
-
-    Args:
-        rows: The per-variable state rows of the judged gradients, then of the float8 new values.
-    """
+    """Writes the step in the cross-replica context, where a cond may write mirrored variables;
+    `rows`: the state rows of the judged gradients, then of the float8 new values."""
     record = record.shared(distribution)
     write = Writer(distribution)
     dynamic = optimizer.dynamic

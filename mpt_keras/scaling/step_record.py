@@ -13,11 +13,8 @@ from mpt_keras.scaling.cross_replica import first_replica
 
 
 class StepRecord(NamedTuple):
-    """What the write of one step needs.
-
-    `grads`, `accumulated` and `state` are each replica's own values; the
-    rest, computed from all-reduced values, is alike on every replica.
-    """
+    """What the write of one step needs: `grads`, `accumulated` and `state` per replica; the
+    rest, from all-reduced values, alike on every replica."""
 
     grads: list[Any]  # For the inner apply: unscaled, all-reduced (a window's mean).
     accumulated: list[Any]  # New values of the accumulation variables.

@@ -29,9 +29,9 @@ def judge_gradients(
 ) -> GradientVerdict:
     """Judges the gradients; `overwritten` marks float8 new values (judged, not normed).
 
-    A half sum of squares is finite iff every element is and the norm is below
-    about 1.8e19 (where Adam's second moment overflows). A float8 layer clips
-    what it quantizes: an overflow may show in its new values only.
+    A half sum of squares is finite iff every element is and the norm is below about 1.8e19
+    (where Adam's second moment overflows). A float8 layer clips what it quantizes, so an
+    overflow may show in its new values only.
     """
     judged = [i for i, o in enumerate(overwritten) if not o]
     new_values = [i for i, o in enumerate(overwritten) if o]
@@ -47,8 +47,8 @@ def judge_gradients(
 def batch_verdict(loss: tf.Tensor | None, batch: Any) -> tuple[tf.Tensor, tf.Tensor]:
     """Whether any replica's batch (or, without one, loss) is bad data; and the summed loss.
 
-    With the batch, a NaN or Inf in it is bad data (a non-finite loss from a
-    finite batch is an overflow); without, a NaN loss is, an infinite one is not.
+    With the batch, a NaN or Inf in it is bad data (a non-finite loss from a finite batch is
+    an overflow); without, a NaN loss is, an infinite one is not.
     """
     if loss is None:
         loss = ops.zeros((), "float32")

@@ -1,10 +1,9 @@
-"""Diagnosis: the first layer whose output is not finite, or the first non-finite gradient.
+"""Diagnosis: the first layer with a non-finite output, or the first non-finite gradient.
 
-A loss scale says that a float16 step overflowed, not where. The layer named
-(by its path, what a manifest rule matches) is the innermost that first made an
-inf or NaN, or the model when only its own code did; its inputs are taken
-before Keras casts them (`layer_calls.calls_before_cast`), so a float32 value
-too large for float16 names the float16 layer it feeds.
+A loss scale says a float16 step overflowed, not where. The layer named (by path, as a
+manifest rule matches) is the innermost that first made an inf or NaN, or the model when only
+its own code did; inputs are taken before Keras casts them (`calls_before_cast`), so a float32
+value too large for float16 names the float16 layer it feeds.
 
 Example:
 
@@ -33,17 +32,13 @@ from mpt_keras.keras_bridge.layer_paths import iter_layers
 
 @dataclasses.dataclass(frozen=True)
 class NonfiniteReport:
-    """Where a batch first stops being finite; None where nothing is to say.
+    """Where a batch first stops being finite; None fields: nothing to say.
 
-    Attributes:
-        first_layer: The first layer, in forward order, with a non-finite output.
-        input_max, output_max: The largest finite magnitude of its inputs
-            (before the cast) and of its outputs.
-        inputs_finite: False when it passed on a non-finite input, not made one.
-        first_nonfinite_gradient: The first variable, in `trainable_variables`
-            order, whose gradient is not finite (taken only after a finite
-            forward pass).
-        loss: The loss the gradients were taken of, scaled as a train step does.
+    `first_layer`: the first, in forward order, with a non-finite output; `input_max`,
+    `output_max`: its inputs' (before the cast) and outputs' largest finite magnitude;
+    `inputs_finite`: False when it passed a non-finite input on. `first_nonfinite_gradient`:
+    the first variable (`trainable_variables` order) with one, taken only after a finite
+    forward pass. `loss`: scaled as a train step does.
     """
 
     first_layer: str | None = None
@@ -64,9 +59,8 @@ class NonfiniteReport:
         )
 
     def summary(self) -> str:
-        """One line: `first non-finite output: <path> (<dtype>), input max <x>`,
-        `first non-finite gradient: <path>`, `all outputs finite` or `all outputs
-        and gradients finite`, plus `, loss inf` for a non-finite loss."""
+        """One line: `first non-finite output: <path> (<dtype>), input max <x>`, `first
+        non-finite gradient: <path>` or `all outputs [and gradients] finite`, `, loss inf`."""
         if self.first_layer is not None:
             line = f"first non-finite output: {self.first_layer} ({self.compute_dtype}), "
             line += (
@@ -94,18 +88,12 @@ def diagnose_nonfinite(
     sample_weight: Any = None,
     loss: Callable[..., Any] | None = None,
 ) -> NonfiniteReport:
-    """Runs one batch through `model` (eagerly, `training=False`) and names where it
-    first stops being finite; the model is left as it was.
+    """Runs one batch through `model` (eagerly, `training=False`), naming where it first
+    stops being finite; the model is left as it was.
 
-    Args:
-        y: The targets: when given and the forward pass is finite, the
-            gradients are checked too (in a `tf.function`, under a tape).
-        loss: Instead of the train step's loss (the compiled loss times the
-            optimizer's `scale_loss`): `loss(y, y_pred, sample_weight=...)`,
-            not scaled.
-
-    Raises:
-        UserInputError: `y` given without `loss` or a compiled model.
+    With `y` and a finite forward pass, the gradients are checked too (traced), of `loss(y,
+    y_pred, sample_weight=...)` unscaled if given, else of the train step's (compiled loss x
+    `scale_loss`). `UserInputError`: `y` without `loss` or a compiled model.
     """
     if y is not None and loss is None and not model.compiled:
         raise refusal(
@@ -159,13 +147,13 @@ def diagnose_nonfinite(
 
 
 def describe_for_log(step: int, report: NonfiniteReport) -> str:
-    """The log line of a diagnosis at a step: `step 412: first non-finite output: ...`."""
+    """A diagnosis's log line: `step 412: first non-finite output: ...`."""
     return f"step {step}: {report.summary()}"
 
 
 @dataclasses.dataclass(frozen=True)
 class _Range:
-    """The floating-point values of a nest of tensors: largest finite magnitude, all finite."""
+    """A nest's floats: largest finite magnitude, whether all finite."""
 
     max: float | None
     finite: bool
@@ -186,7 +174,7 @@ class _Range:
 
 @dataclasses.dataclass(frozen=True)
 class _Call:
-    """One call of a layer, as it returned: its inputs before the cast and its outputs."""
+    """One returned layer call: its inputs before the cast, and its outputs."""
 
     layer: keras.layers.Layer
     inputs: _Range
@@ -195,7 +183,7 @@ class _Call:
 
 @contextlib.contextmanager
 def _recorded_calls() -> Iterator[list[_Call]]:
-    """Records the eager calls of layers made in this thread, in the order they return."""
+    """Records this thread's eager layer calls, in the order they return."""
     calls: list[_Call] = []
 
     def record(layer, args, kwargs, outputs) -> None:
@@ -209,7 +197,7 @@ def _recorded_calls() -> Iterator[list[_Call]]:
 
 
 def _values(value: Any) -> tf.Tensor | None:
-    """`dense_values`, numpy arrays and Keras variables (a layer's arguments) included."""
+    """`dense_values`, also of numpy arrays and Keras variables (layer arguments)."""
     if isinstance(value, (np.ndarray, np.generic, keras.Variable)):
         return tf.convert_to_tensor(value)
     return dense_values(value)

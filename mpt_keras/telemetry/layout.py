@@ -1,7 +1,5 @@
-"""Tag names of the train telemetry and their TensorBoard custom-scalars layout.
-
-One home for both, so the tags `MixedPrecisionMonitor` writes and the charts of
-`write_layout`'s "Mixed precision" dashboard cannot drift apart.
+"""Train telemetry's tag names and their TensorBoard custom-scalars layout, in one place so
+the tags `MixedPrecisionMonitor` writes and the dashboard's charts cannot drift apart.
 """
 
 from __future__ import annotations
@@ -25,21 +23,21 @@ PEAK_MEMORY = "peak_memory_mib/"  # + device, e.g. "CPU:0"
 NONFINITE = "nonfinite/"  # + variable path
 NONFINITE_TEXT = "nonfinite_gradients"
 NONFINITE_DIAGNOSIS = "nonfinite_diagnosis"
-# Sample-batch statistics, + layer name (activations) or variable path (gradients).
+# Sample batch, + layer name (activations) or variable path (gradients).
 ACTIVATION = "activation"
 GRADIENT = "gradient"
 LOG2_MAGNITUDE = "_log2_magnitude/"
 ABOVE_FLOAT16_MAX = "_above_float16_max/"
 BELOW_FLOAT16_NORMAL = "_below_float16_normal/"
-# Per float8 layer: + layer path + "/" + a name of `Float8LayerStatistics.scalars()`
-# (`inputs/scale`, ..., `kernel/saturated`), e.g. "float8/block_0/mlp_up/inputs/amax".
+# + layer path + "/" + a `Float8LayerStatistics.scalars()` name, e.g.
+# "float8/block_0/mlp_up/inputs/amax".
 FLOAT8 = "float8/"
 
 LAYOUT_TITLE = "Mixed precision"
 
 
 def _regex(tag: str) -> str:
-    """The regex a chart selects `tag` by; a tag ending in "/" is a family: a line per member."""
+    """The regex a chart selects `tag` by; a tag ending in "/": a line per family member."""
     return f"^{tag}" if tag.endswith("/") else f"^{tag}$"
 
 
@@ -64,7 +62,7 @@ _RANGE_CHARTS = tuple(
         ("below the float16 min normal (fraction)", BELOW_FLOAT16_NORMAL),
     )
 )
-# One chart per statistic (the last part of a `float8/` tag), a line per layer and tensor.
+# A chart per statistic (a `float8/` tag's last part), a line per layer and tensor.
 _FLOAT8_CHARTS = tuple(
     (title, f"^{FLOAT8}.*/{statistic}$")
     for title, statistic in (
@@ -78,13 +76,13 @@ _FLOAT8_CHARTS = tuple(
 
 
 def float8_tag(layer_path: str, statistic: str) -> str:
-    """The tag of a float8 layer's statistic (a name of `Float8LayerStatistics.scalars()`)."""
+    """The tag of a float8 layer's statistic (`Float8LayerStatistics.scalars()` name)."""
     return f"{FLOAT8}{layer_path}/{statistic}"
 
 
 def layout(histograms: bool, float8: bool = False) -> layout_pb2.Layout:
-    """The dashboard: one chart per quantity; the float16-range charts if `histograms`, the
-    float8 ones if `float8` (the model has float8 layers)."""
+    """The dashboard: a chart per quantity, float16-range charts if `histograms`, float8 ones
+    if `float8`."""
     charts = _CHARTS + (_RANGE_CHARTS if histograms else ()) + (_FLOAT8_CHARTS if float8 else ())
     return layout_pb2.Layout(
         category=[

@@ -1,11 +1,7 @@
-"""`model_dir/metrics.csv`: a run's train figures as a table, one row per interval.
-
-A row every `every` steps (`mpt-train`: `log_every`): `step` and the step's Keras
-logs (loss and metrics as epoch running means; with `LossScaleOptimizer` its
-`step_logs`); validation figures join the row of their step. A later column
-widens the whole file; a missing value is empty. A resumed run drops the rows
-after the step it resumes from, so no step has two rows. The file is rewritten
-atomically at each row: a killed run leaves the last complete table.
+"""`model_dir/metrics.csv`: a row every `every` steps: `step` and the step's Keras logs (epoch
+running means; with `LossScaleOptimizer` its `step_logs`); validation joins its step's row.
+A later column widens the file; a missing value is empty. A resumed run drops rows after its
+step. Rewritten atomically per row: a killed run leaves the last complete table.
 """
 
 from __future__ import annotations
@@ -25,14 +21,10 @@ STEP = "step"
 
 
 class MetricsCsv(GlobalStepCallback):
-    """A Keras callback writing the run's figures to a CSV file; only the chief writes.
+    """A Keras callback writing the run's figures to `path` (chief only), a row per `every`.
 
-    Args:
-        path: The CSV file; its rows up to the step training starts from are kept.
-        every: Steps between rows.
-
-    Raises:
-        UserInputError: `every` is not an integer >= 1.
+    Rows up to the step training starts from are kept. `UserInputError`: `every` not an
+    integer >= 1.
     """
 
     def __init__(self, path: str, every: int):

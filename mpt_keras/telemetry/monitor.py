@@ -1,9 +1,8 @@
-"""TensorBoard telemetry of a mixed-precision training run: `MixedPrecisionMonitor`.
+"""`MixedPrecisionMonitor`: a run's TensorBoard telemetry.
 
-Train scalars every `update_freq` steps and at the end of `fit` under
-`log_dir/train`, sample-batch histograms every `histogram_freq` steps,
-validation under `log_dir/validation` (Keras' TensorBoard layout) and the
-dashboard in `log_dir`. Tag names: `layout`; what each means: docs/telemetry.md.
+Train scalars every `update_freq` steps and at `fit`'s end under `log_dir/train`, sample-batch
+histograms every `histogram_freq` steps, validation under `log_dir/validation` (Keras'
+layout), the dashboard in `log_dir`. Tags: `layout`; meanings: docs/telemetry.md.
 """
 
 from __future__ import annotations
@@ -37,36 +36,29 @@ _LOGGER = logging.getLogger("mpt_keras.telemetry.monitor")
 
 
 class MixedPrecisionMonitor(GlobalStepCallback):
-    """A Keras callback writing mixed-precision telemetry for TensorBoard (module docstring).
+    """A Keras callback writing mixed-precision telemetry for TensorBoard (see the module).
 
-    It reads optimizer and device state only at a write, so it is `async_safe`
-    (Keras may run its batch hook on a thread, behind the steps): a step's
-    values are what it logged (`LossScaleOptimizer.step_logs`). Step time
-    leaves out each epoch's first batch (tracing) and the time between epochs.
-    Only the chief writes or logs (`workers.is_chief`).
+    `async_safe`: it reads optimizer and device state only at a write (Keras may run its batch
+    hook on a thread, behind the steps); a step's values are what it logged. Step time leaves
+    out each epoch's first batch (tracing) and between-epoch time. Only the chief writes.
 
     Args:
         histogram_freq: Steps between histograms; 0: none.
-        histogram_data: `(x, y)`, the histograms' batch (callbacks do not see
-            the train data); required with `histogram_freq`.
+        histogram_data: `(x, y)` for the histograms (callbacks do not see the train data);
+            required with `histogram_freq`.
         examples_per_step: Global batch size, for `examples_per_second`.
-        diagnosis_data: A batch `(x, y[, sample_weight])`, or a function of a
-            step returning its batch: `diagnose_nonfinite` runs on it when a
-            step skips a bad batch, overflows at the scale's floor or its loss
-            turns non-finite (a WARNING and a `nonfinite_diagnosis` event).
-        diagnosis_every: At most one diagnosis in this many steps.
+        diagnosis_data: A batch `(x, y[, sample_weight])` or step -> batch function,
+            diagnosed (`diagnose_nonfinite`: a WARNING, a `nonfinite_diagnosis` event) when a
+            step skips a bad batch, overflows at the scale's floor or its loss turns
+            non-finite; at most once per `diagnosis_every` steps.
 
     Raises:
-        UserInputError: A count out of range, or `histogram_freq` without
-            `histogram_data`.
+        UserInputError: A count out of range, or `histogram_freq` without `histogram_data`.
 
-    Example:
-
-        monitor = mpt_keras.MixedPrecisionMonitor("/tmp/run/logs", update_freq=2)
-        model.fit(x, y, callbacks=[monitor])  # then: tensorboard --logdir /tmp/run/logs
+    Example: `model.fit(x, y, callbacks=[MixedPrecisionMonitor("/tmp/logs", update_freq=2)])`.
     """
 
-    # Keras runs `fit`'s batch hooks on a thread when every callback with one says so.
+    # Keras runs batch hooks on a thread when all callbacks with one say so.
     async_safe = True
 
     def __init__(
@@ -144,8 +136,8 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         self._last_batch_end = None  # The time between epochs (validation) is not a step's.
 
     def on_train_batch_end(self, batch, logs=None):
-        # Maybe on a worker thread, two calls at once (`async_safe`): a lock, and
-        # a batch arriving after a later one is dropped (its values are older).
+        # Maybe on a thread, two calls at once (`async_safe`): a lock; a batch arriving after a
+        # later one is dropped (older values).
         with self._lock:
             if self.is_older_batch(batch):
                 return
@@ -182,14 +174,13 @@ class MixedPrecisionMonitor(GlobalStepCallback):
     def on_train_end(self, logs=None):
         if not self._is_writer:
             return
-        # The steps since the last write, so that no overflow goes unreported.
+        # Steps since the last write: no overflow goes unreported.
         if self.global_step > self._interval_start_step:
             self._write_interval()
         self._summaries.flush()
 
     def _went_wrong(self, previous_logs: dict[str, Any]) -> bool:
-        """Whether this step was skipped for a bad batch or at the scale's floor, or the
-        loss turned non-finite."""
+        """Whether the step skipped (bad batch, scale's floor) or its loss went non-finite."""
         logs, optimizer = self._last_logs, self.model.optimizer
         if "loss" in logs and not math.isfinite(float(logs["loss"])):
             if math.isfinite(float(previous_logs.get("loss", 0.0))):
@@ -240,7 +231,7 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         )
         if isinstance(optimizer, LossScaleOptimizer):
             skipped = int(skipped)
-            # Bad batches are skipped too, but are no overflow (the guards report them).
+            # Bad batches are skipped too, but are no overflow (guards report them).
             bad = int(float(self._last_logs.get(tags.BAD_BATCHES, self._bad_batches)))
             overflows = skipped - self._skipped_steps - (bad - self._bad_batches)
             if overflows > 0:
@@ -249,7 +240,6 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         self._start_interval()
 
     def _report_overflow(self, optimizer: LossScaleOptimizer, skipped: int) -> None:
-        """Logs and writes which variables had non-finite gradients in the interval."""
         counts = optimizer.nonfinite_counts()
         new = new_nonfinite(self._nonfinite_counts, counts)
         self._nonfinite_counts = counts
@@ -265,15 +255,12 @@ class MixedPrecisionMonitor(GlobalStepCallback):
 
 
 def crossed(previous_step: int, step: int, every: int) -> bool:
-    """Whether a multiple of `every` lies in (previous_step, step].
-
-    A batch can run several steps (`steps_per_execution`), jumping over the multiple.
-    """
+    """Whether a multiple of `every` lies in (previous_step, step]."""
     return step // every > previous_step // every
 
 
 def _check_count(what: str, value: Any, minimum: int) -> None:
-    # numpy integers count as integers, as they always did here.
+    # numpy integers count as integers.
     count = int(value) if isinstance(value, np.integer) else value
     check_number(what, count, minimum=minimum, integer=True)
 

@@ -1,14 +1,12 @@
-"""What an interval's overflows touched: the variables with new non-finite gradients, in words.
-
-The monitor logs the line and writes the table as TensorBoard text, so a user sees
-which layers overflowed without reading the per-variable counts.
+"""What an interval's overflows touched (variables with new non-finite gradients), in words:
+which layers overflowed, without reading per-variable counts.
 """
 
 from __future__ import annotations
 
 
 def new_nonfinite(before: dict[str, int], counts: dict[str, int]) -> dict[str, int]:
-    """Per variable path, the non-finite steps counted since `before` (only those with some)."""
+    """Per variable path, non-finite steps since `before` (those with some)."""
     return {
         path: count - before.get(path, 0)
         for path, count in counts.items()
@@ -21,9 +19,7 @@ def describe_overflow(
 ) -> tuple[str, str]:
     """The log line and the Markdown report of `skipped` overflows in steps `first`-`last`.
 
-    Args:
-        new: `new_nonfinite` of the interval.
-        counts: The run's non-finite steps per variable path so far.
+    `new`: the interval's `new_nonfinite`; `counts`: the run's so far, per variable path.
     """
     layers = ", ".join(sorted({_layer_of(path) for path in new}))
     line = (

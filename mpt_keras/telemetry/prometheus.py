@@ -1,9 +1,8 @@
-"""Prometheus metrics of a training run: `PrometheusExporter`, and `mpt-train --metrics_port`.
+"""`PrometheusExporter` (`mpt-train --metrics_port`): a run's Prometheus metrics.
 
-`http://HOST:PORT/metrics`, from the chief only, label `run` on every series
-(`GAUGES`, `COUNTERS`, `FLOAT8_GAUGE`; what each means: docs/telemetry.md,
-charted by `grafana/mpt_keras.json`). Per-step figures come from the step's
-logs: no sync per step. A resumed run's counters start at its totals so far.
+`http://HOST:PORT/metrics`, chief only, label `run` on every series (`GAUGES`, `COUNTERS`,
+`FLOAT8_GAUGE`; meanings: docs/telemetry.md; charts: `grafana/mpt_keras.json`). Per-step
+figures come from the step's logs (no sync). A resumed run's counters start at its totals.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ GAUGES = {
     "mpt_train_loss": "The train loss Keras logs (running mean over the epoch).",
     "mpt_examples_per_second": "Train examples per second over the last interval.",
 }
-# Labelled by layer path, tensor and statistic besides `run`; see the module docstring.
 FLOAT8_GAUGE = "mpt_float8_statistic"
 FLOAT8_LABELS = ("layer", "tensor", "stat")
 COUNTERS = {
@@ -41,7 +39,7 @@ COUNTERS = {
 
 
 def check_port(port: int, address: str = "0.0.0.0") -> None:
-    """Raises a one-line `UserInputError` if `port` cannot be served on `address`."""
+    """A one-line `UserInputError` if `port` cannot be served on `address`."""
     check_number("metrics_port", port, minimum=1, maximum=65535, integer=True)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -56,25 +54,16 @@ def check_port(port: int, address: str = "0.0.0.0") -> None:
 
 
 class PrometheusExporter(GlobalStepCallback):
-    """A Keras callback serving the run's metrics to Prometheus (module docstring).
+    """A Keras callback serving the run's metrics to Prometheus (see the module).
 
-    Served from `on_train_begin`, on the chief only, until `close()`.
+    Served from `on_train_begin`, chief only, until `close()`. `port` is checked here
+    (`check_port`); `update_every`: steps between reads of the per-variable counts, float8
+    statistics and throughput.
 
-    Args:
-        port: The TCP port of `/metrics`; checked here (`check_port`).
-        run_name: The value of the `run` label.
-        examples_per_step: The global batch size, for examples per second.
-        update_every: Steps between reads of the per-variable counts, the
-            float8 statistics and the throughput.
-
-    Example:
-
-        exporter = mpt_keras.PrometheusExporter(9464, run_name="digits")
-        model.fit(x, y, callbacks=[exporter])
-        exporter.close()
+    Example: `model.fit(x, y, callbacks=[PrometheusExporter(9464, run_name="digits")])`.
     """
 
-    async_safe = True  # No sync per step: figures come from the step's logs.
+    async_safe = True
 
     def __init__(
         self,
@@ -111,7 +100,7 @@ class PrometheusExporter(GlobalStepCallback):
             ["run", *FLOAT8_LABELS],
             registry=self.registry,
         )
-        self._float8 = False  # Whether to read float8 statistics: the chief, of a float8 model.
+        self._float8 = False  # Read float8 statistics: the chief, of a float8 model.
         self._counted = dict.fromkeys(COUNTERS, 0.0)
         self._lock = threading.Lock()
         self._server: Any = None

@@ -1,7 +1,7 @@
 """Activation and gradient magnitudes on a sample batch, against the float16 range.
 
-What `MixedPrecisionMonitor` writes every `histogram_freq` steps: Keras callbacks do
-not see the train data, so these come from a forward/backward pass on a fixed batch.
+Written every `histogram_freq` steps from a pass on a fixed batch: callbacks do not see the
+train data.
 """
 
 from __future__ import annotations
@@ -23,10 +23,9 @@ SamplePass = Callable[[Any, Any], tuple[dict[str, tf.Tensor], dict[str, tf.Tenso
 def sample_pass(model: keras.Model) -> SamplePass:
     """A traced `(x, y) -> (activations, gradients)`, each by name.
 
-    Activations: the top-level layers' outputs (none for a subclassed model).
-    Gradients: of the scaled loss, as in a train step, without float8 scales
-    and amax histories (their "gradients" are their new values). Traced: Keras'
-    float8 layers take no gradient eagerly.
+    Activations: the top-level layers' outputs (none if subclassed). Gradients: of the scaled
+    loss, as a train step's, without float8 scales and amax histories (their "gradients" are
+    new values). Traced: Keras' float8 layers take no gradient eagerly.
     """
     probe = _activation_probe(model)
 
@@ -56,14 +55,14 @@ def sample_pass(model: keras.Model) -> SamplePass:
 def write_sample_statistics(
     activations: dict[str, tf.Tensor], gradients: dict[str, tf.Tensor]
 ) -> None:
-    """Writes each tensor's magnitudes under the default summary writer and step."""
+    """Writes each tensor's magnitudes with the default summary writer and step."""
     for kind, values in ((tags.ACTIVATION, activations), (tags.GRADIENT, gradients)):
         for name, value in values.items():
             _write_magnitudes(kind, name, value)
 
 
 def _activation_probe(model: keras.Model) -> keras.Model | None:
-    """A model returning the prediction and each top-level layer's output; None if subclassed."""
+    """A model returning the prediction and top-level layers' outputs; None if subclassed."""
     if not getattr(model, "inputs", None):
         return None
     activations = {
@@ -84,7 +83,7 @@ def _single_or_list(tensors: list[keras.KerasTensor]) -> keras.KerasTensor | lis
 
 
 def _write_magnitudes(kind: str, name: str, value: Any) -> None:
-    """The shares above the float16 max and below its smallest normal, and log2|x|."""
+    """Shares above float16's max and below its smallest normal, and log2|x|."""
     magnitude = tf.abs(tf.reshape(tf.cast(tf.convert_to_tensor(value), tf.float32), [-1]))
     # NaN compares false, so `not <= max` counts it as overflowed.
     above = ~(magnitude <= FLOAT16_MAX)

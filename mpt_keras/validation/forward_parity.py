@@ -1,19 +1,17 @@
 """Forward parity: each layer's output in a candidate precision against float32's, same weights.
 
-Both models run the same batches with `training=False`, each compared layer's
-`call` wrapped to keep what it returned, so nothing is rebuilt around the model
-(a backbone inside the user's model, dict inputs, shared layers and masks run
-as in training). The rows and what feeds each: `parity_rows`. Rows pair by
-position, by path where the layer classes differ (two builds of one factory may
-name layers `dense` and `dense_1`). Figures, per row:
+Both run the same batches (`training=False`), each compared `call` wrapped to keep its
+return: nothing is rebuilt around the model (nested backbones, dict inputs, shared layers,
+masks run as in training). Rows (`parity_rows`) pair by position, by path where classes differ
+(two builds may name `dense` and `dense_1`). Per row:
 
     max_abs_error      max |candidate - baseline|
     mean_abs_error     mean |candidate - baseline|
     relative_error     ||candidate - baseline||_2 / ||baseline||_2 over all batches
-    error_jump         relative_error minus the largest of its parents' (0 for
-                       the model inputs): the drift this layer adds
+    error_jump         relative_error minus its parents' largest (inputs: 0): the
+                       drift this layer adds
 
-and per model output, taken as logits over the last axis:
+and per model output, as logits over the last axis:
 
     top1_agreement     fraction of predictions whose argmax agrees
     kl_divergence      mean KL(softmax(baseline) || softmax(candidate)), in nats
@@ -38,7 +36,7 @@ _NO_TWIN = "the candidate model has no layer at this path"
 
 @dataclasses.dataclass(frozen=True)
 class LayerParity:
-    """Forward parity of one layer's (or model output's) output; see the module doc."""
+    """One layer's (or model output's) forward parity (module doc)."""
 
     path: str
     compute_dtype: str
@@ -52,7 +50,7 @@ class LayerParity:
 
 @dataclasses.dataclass(frozen=True)
 class ForwardParity:
-    """What `forward_parity` compared (rows in call order, then each output's), and what not."""
+    """What `forward_parity` compared (rows in call order, then outputs), and what not."""
 
     layers: tuple[LayerParity, ...]
     outputs: tuple[LayerParity, ...]
@@ -64,10 +62,8 @@ def forward_parity(
 ) -> ForwardParity:
     """Compares `candidate` on `baseline`'s weights with `baseline`, layer by layer.
 
-    Args:
-        baseline: The float32 model; its weights are copied into `candidate`,
-            which keeps its own float8 state (what it computes with).
-        batches: The model's inputs, batch by batch (no labels).
+    `baseline`: float32; its weights are copied into `candidate`, which keeps its float8 state.
+    `batches`: inputs only.
     """
     for variable, value in zip(learned_weights(candidate), baseline.get_weights(), strict=True):
         variable.assign(value)
@@ -116,7 +112,7 @@ def forward_parity(
 
 
 def nan_as_inf(value: float) -> float:
-    """Orders NaN above everything, so the worst value wins a max()."""
+    """Orders NaN above all, so the worst value wins a max()."""
     return math.inf if math.isnan(value) else value
 
 
@@ -130,7 +126,7 @@ class _ErrorSums:
         self.received_dtype = "float32"
 
     def add(self, expected: Any, received: Any, logits: bool) -> str | None:
-        """Adds one batch; returns why the row cannot be compared, if it cannot."""
+        """Adds one batch; returns why the row cannot be compared, if so."""
         try:
             expected, received = _arrays(expected), _arrays(received)
         except Exception as error:  # A layer may return anything; the others are compared.
@@ -180,7 +176,7 @@ class _ErrorSums:
 
 
 def _paired(rows: list[Row], twins: list[Row]) -> tuple[dict[int, int], dict[int, str]]:
-    """`{row: the candidate's row}`, and `{row: why}` for the rows without a twin."""
+    """`{row: candidate's row}`, and `{row: why}` for rows without a twin."""
     if [type(row.layer) for row in rows] == [type(row.layer) for row in twins]:
         return {index: index for index in range(len(rows))}, {}
     by_path = {row.path: index for index, row in enumerate(twins)}

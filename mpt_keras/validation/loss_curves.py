@@ -1,7 +1,5 @@
-"""The two loss curves of a validation, as a PNG and as TensorBoard scalars.
-
-Drawn with numpy and `tf.io.encode_png`: no plotting library to install.
-"""
+"""A validation's two loss curves, as a PNG (numpy and `tf.io.encode_png`: no plotting
+library) and as TensorBoard scalars."""
 
 from __future__ import annotations
 
@@ -22,8 +20,7 @@ def plot_loss_curves(
 ) -> bytes:
     """The two loss curves as PNG bytes: float32 blue, candidate orange.
 
-    The loss runs from the smallest (bottom) to the largest (top) finite loss
-    of either curve; a non-finite loss is left out.
+    The y axis spans both curves' finite losses; non-finite ones are left out.
     """
     image = np.full((height, width, 3), 255, np.uint8)
     margin = 20
@@ -52,7 +49,7 @@ def plot_loss_curves(
 
 
 def write_loss_curves(log_dir: str, baseline: Sequence[float], candidate: Sequence[float]) -> None:
-    """Writes each curve as scalars `validation/loss` under `log_dir/float32` and `/candidate`."""
+    """Writes the curves as `validation/loss` under `log_dir/float32` and `/candidate`."""
     for name, losses in ((BASELINE, baseline), ("candidate", candidate)):
         writer = tf.summary.create_file_writer(os.path.join(log_dir, name))
         with writer.as_default():

@@ -1,27 +1,21 @@
-"""Parity rows: which calls forward parity compares, in what order, and what feeds each.
+"""Parity rows: the calls forward parity compares (by path, in call order), and what feeds each.
 
-A row is one compared call, by path (`layer_paths`), in the order the model calls them:
-
-    graph calls  every layer a functional or Sequential graph calls, descending
-                 into such a model called in it. A layer called twice is compared
-                 at the call that makes an output of its model, else its first (a
-                 CausalLM's tied embedding: the logits and the token lookup).
-    sublayers    every layer a layer whose call is Python code holds (a block, a
-                 subclassed model), at any depth, at its first call inside its
+    graph calls  every layer a functional or Sequential graph calls, nested graphs
+                 included; a layer called twice at the call making a model output,
+                 else its first (a CausalLM's tied embedding: logits, token lookup).
+    sublayers    every layer, at any depth, held by a layer whose call is Python
+                 (a block, a subclassed model), at its first call inside its
                  holder's compared call; the holder's row comes just before.
-    outputs      a model output an operation makes, read from what the model
-                 returned; so is a subclassed model's whole output.
+    outputs      a model output an operation makes, read from the model's return
+                 (so is a subclassed model's whole output).
 
-Parents, the base of a row's error jump: in a graph, the rows its inputs come
-from through operations and nested models. Inside a holder, as the float32
-model runs: each floating tensor a call takes, matched by identity to the row
-that returned it; one an operation made stands for every row it may come from
-(the holder's inputs' rows and each row returned before in the holder's call),
-so a jump is never overstated, at worst understated.
+Parents (the error jump's base): in a graph, the rows its inputs come from through operations
+and nested models. Inside a holder (as float32 runs): the row returning each floating tensor a
+call takes (by identity); one an operation made stands for every row it may come from, so a
+jump is at worst understated, never overstated.
 
-Unreached, with the reason: held by a graph model but not called by its graph;
-not called inside its holder's call (an attention's softmax beside a fused
-kernel); not seen when the model ran.
+Unreached (with reasons): not called by its graph model; not called inside its holder's call
+(an attention's softmax beside a fused kernel); not seen when the model ran.
 """
 
 from __future__ import annotations
@@ -54,7 +48,7 @@ class UnreachedLayer:
 
 @dataclasses.dataclass(frozen=True)
 class _Graph:
-    """One call of a graph model: where its rows' inputs come from."""
+    """One call of a graph model (where its rows' inputs come from)."""
 
     model: keras.Model
     frame: Frame
@@ -67,12 +61,9 @@ class _Graph:
 class Row:
     """One compared call: a graph's, a sublayer's, or a model output the model returned.
 
-    Attributes:
-        frame: A graph call's place in the run; None for the others.
-        holder: A sublayer's: the row of the layer holding it.
-        returned: A row read from what the model returned: that output's
-            index; None: all of them.
-        node: A graph call's node, or the one making a model output.
+    `frame`: a graph call's place in the run (else None); `holder`: a sublayer's holder row;
+    `returned`: the model output's index a row reads (None: all); `node`: a graph call's
+    node, or the one making a model output.
     """
 
     path: str
@@ -87,16 +78,11 @@ class Row:
 
 
 class ParityRows:
-    """The rows of one model, the layers whose calls are watched, and the unreached layers.
+    """A model's rows, the layers whose calls are watched, and the unreached layers.
 
-    A sublayer's parents are set as `Recorder` runs the model; the others' here.
-
-    Attributes:
-        rows: A graph's in the order it runs them, each holder's sublayers
-            after it, depth first.
-        outputs: The row of each model output.
-        watched: `{id(layer): layer}` of the layers whose calls are watched.
-        model_row: The whole model's row when its call is Python code, else None.
+    Sublayer parents are set as `Recorder` runs the model, the others' here. `rows`: graph
+    order, each holder's sublayers after it, depth first; `outputs`: each model output's row;
+    `watched`: `{id(layer): layer}`; `model_row`: the model's row if its call is Python.
     """
 
     def __init__(self, model: keras.Model):
@@ -125,7 +111,7 @@ class ParityRows:
                 row.parents = tuple(sorted(sources - {index}))
 
     def unseen_reason(self, row: int) -> str:
-        """Why row `row` was not compared when its call was not seen."""
+        """Why row `row`, its call not seen, was not compared."""
         holder = self.rows[row].holder
         if holder is None:
             return _NOT_SEEN
@@ -158,7 +144,7 @@ class ParityRows:
                 )
 
     def _add_sublayers(self, holder: int, prefix: str) -> None:
-        """A row for every layer row `holder`'s layer holds, at its first path."""
+        """A row for each layer `holder`'s layer holds, at its first path."""
         holders = {prefix: holder}  # By the path of a holder's sublayers: "block/" or "".
         seen = {id(self.rows[holder].layer)}
         for path, layer in iter_layers(self.rows[holder].layer, prefix):
@@ -170,7 +156,7 @@ class ParityRows:
             self.rows.append(Row(path, layer, holder=holders[path[: path.rfind("/") + 1]]))
 
     def _output_row(self, tensor: Any, graph: _Graph, index: int) -> int:
-        """The row of model output `index`, made by `tensor` of `graph` (a new one if none is)."""
+        """Model output `index`'s row, made by `tensor` of `graph` (new if none is)."""
         layer, node = compat.producing_layer(tensor), compat.producing_node(tensor)
         inner = self._graph_at.get((graph.frame, id(layer)))
         if inner is not None and inner.node is node:
@@ -179,7 +165,7 @@ class ParityRows:
         row = self._row_at.get((graph.frame, id(layer)))
         if row is not None and self.rows[row].node is node and len(node.output_tensors) == 1:
             return row
-        # Made by an operation, by another call of a layer, or with other outputs beside.
+        # Made by an operation, another call of a layer, or beside other outputs.
         path = graph.prefix + layer.name
         if any(other.path == path for other in self.rows):
             path += f"/output_{index}"
@@ -187,7 +173,7 @@ class ParityRows:
         return len(self.rows) - 1
 
     def _all_sources(self, tensors: Iterable[Any], graph: _Graph) -> frozenset[int]:
-        """The rows whose outputs `tensors` of `graph` are, or are computed from by operations."""
+        """The rows whose outputs `tensors` of `graph` are or derive from by operations."""
         found, seen = set(), set()
         pending = [(tensor, graph) for tensor in tensors]
         while pending:  # Not recursive: a chain of operations may be long.
@@ -221,11 +207,8 @@ class ParityRows:
 
 
 class Recorder:
-    """Runs a model with its watched calls wrapped; keeps what each row's call returned.
-
-    It sets each sublayer row's parents on `rows` at its first call, and
-    numbers the rows in the order their calls start (`in_call_order`).
-    """
+    """Runs a model with its watched calls wrapped, keeping each row's return; sets sublayer
+    rows' parents at their first call and numbers rows by call start (`in_call_order`)."""
 
     def __init__(self, model: keras.Model, rows: ParityRows):
         self._model, self._rows = model, rows
@@ -261,7 +244,7 @@ class Recorder:
         return self._returned
 
     def in_call_order(self, rows: Iterable[int]) -> list[int]:
-        """`rows` in the order the model called them: each holder's sublayers after it."""
+        """`rows` in call order, each holder's sublayers after it."""
 
         def position(row: int) -> tuple[int, int]:
             outermost = row
@@ -272,7 +255,7 @@ class Recorder:
         return sorted(rows, key=position)
 
     def watching(self, layer: keras.layers.Layer, call: Callable[..., Any]) -> Callable[..., Any]:
-        """`call`, numbered per caller, keeping its outputs when it is a row's call."""
+        """`call`, numbered per caller, keeping its outputs if a row's."""
 
         @functools.wraps(call)
         def watched(*args, **kwargs):
@@ -303,7 +286,7 @@ class Recorder:
         return watched
 
     def _sublayer_row(self, layer: keras.layers.Layer, given: Any) -> int | None:
-        """The sublayer row this call of `layer` is (its first in its holder's call), or None."""
+        """The sublayer row this call of `layer` is (first in its holder's call), or None."""
         for row in self._sublayer_rows.get(id(layer), ()):
             holder = self._rows.rows[row].holder
             if holder in self._running and row not in self._returned and row not in self._running:
@@ -329,7 +312,7 @@ class Recorder:
 
 
 def _compared(nodes: list[Any], graph: _Graph) -> Any:
-    """Of a layer's calls in `graph`, the first making an output of its model, else the first."""
+    """A layer's call in `graph` making a model output, else its first."""
     outputs = {id(tensor) for tensor in graph.model.outputs}
     made = [node for node in nodes if any(id(x) in outputs for x in node.output_tensors)]
     return (made or nodes)[0]

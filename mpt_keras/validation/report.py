@@ -1,4 +1,4 @@
-"""ValidationReport: what `validate` returns, and `mpt-validate` prints and writes as JSON."""
+"""ValidationReport: `validate`'s result, which `mpt-validate` prints and writes as JSON."""
 
 from __future__ import annotations
 
@@ -38,10 +38,8 @@ class ValidationReport:
         return [check for check in self.checks if not check.passed]
 
     def drift_entry(self) -> str:
-        """The path of the leaf row with the largest error jump ("" when none).
-
-        Leaves only: a block's jump sums the drift of its sublayers.
-        """
+        """The leaf row with the largest error jump ("" if none); a block's jump sums its
+        sublayers' drift."""
         paths = [layer.path for layer in self.layers]
         leaves = [
             layer

@@ -1,7 +1,5 @@
-"""What a mixed-precision candidate must meet against float32: thresholds and checks.
-
-Free of TensorFlow, so that `mpt-validate` shows its flags' defaults and refuses a
-bad value at once.
+"""What a mixed-precision candidate must meet against float32: thresholds and checks. Free of
+TensorFlow, so `mpt-validate` shows its defaults and refuses a bad value at once.
 """
 
 from __future__ import annotations
@@ -18,10 +16,9 @@ DEFAULT_STEPS = 50
 class Thresholds:
     """What the candidate must meet against the float32 baseline (`validate`'s checks).
 
-    The defaults pass `mixed_bfloat16` and `mixed_float16` on the reference
-    models with a wide margin (output relative errors 0.0002 to 0.0032; the
-    bundled float8 manifest 0.0088). `output_rtol` 5%: bfloat16 rounds by up to
-    0.4% and a few roundings add up through the layers. `max_kl` in nats.
+    The defaults pass `mixed_bfloat16` and `mixed_float16` on the reference models widely
+    (output relative errors 0.0002-0.0032; the float8 manifest 0.0088). `output_rtol` 5%:
+    bfloat16 rounds by up to 0.4%, adding up through layers. `max_kl` in nats.
     """
 
     output_rtol: float = 0.05

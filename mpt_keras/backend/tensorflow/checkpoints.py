@@ -1,8 +1,5 @@
-"""Checkpoints that a rerun on the same `model_dir` resumes from; a torn one is skipped.
-
-The model's weights, the optimizer's state and the steps done, which also
-restore the data position (`mpt_keras.data.pipeline`).
-"""
+"""Checkpoints (weights, optimizer state, steps done: the data position too) a rerun on the
+same `model_dir` resumes from; a torn one is skipped."""
 
 from __future__ import annotations
 
@@ -19,7 +16,7 @@ from mpt_keras.keras_bridge.callbacks import GlobalStepCallback
 
 CHECKPOINT_SUBDIR = "checkpoints"
 _PREFIX = "step"
-# What reading a torn or foreign checkpoint raises.
+# Raised reading a torn or foreign checkpoint.
 _UNREADABLE = (tf.errors.OpError, ValueError, AssertionError, IndexError, KeyError)
 _INDEX_FILE = re.compile(rf"^{_PREFIX}-(\d+)\.index$")
 _LOGGER = logging.getLogger(__name__)
@@ -28,13 +25,8 @@ _LOGGER = logging.getLogger(__name__)
 class Checkpointer:
     """Saves and restores the training state under `model_dir/checkpoints`.
 
-    Args:
-        model, optimizer: Built, so that their variables exist.
-        keep: How many of the latest checkpoints to keep.
-        write_dir: Where to save, if not `model_dir` (a non-chief worker's,
-            `workers.worker_write_dir`).
-        extra_variables: More variables to save, by name (e.g. the learning
-            rate scale of a divergence rollback).
+    `model`, `optimizer`: built. `write_dir`: a non-chief worker's, else `model_dir`.
+    `extra_variables`: more, by name (e.g. a rollback's learning rate scale).
     """
 
     def __init__(
@@ -47,9 +39,8 @@ class Checkpointer:
         extra_variables: Mapping[str, tf.Variable | keras.Variable] | None = None,
     ):
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-        # The variables, not the objects: tf.train.Checkpoint does not track a
-        # Keras 3 model's non-trainable ones. Listed in their (stable) creation
-        # order: their paths carry name suffixes that depend on the process.
+        # Variables, not objects: tf.train.Checkpoint misses a Keras 3 model's non-trainable
+        # ones. In (stable) creation order: their paths carry process-dependent suffixes.
         self._checkpoint = tf.train.Checkpoint(
             model=list(model.variables),
             optimizer=list(optimizer.variables),
@@ -69,10 +60,7 @@ class Checkpointer:
 
     def restore(self) -> int:
         """Restores the newest readable checkpoint; returns its steps done (0: none).
-
-        Raises:
-            UserInputError: If there are checkpoints and none can be read.
-        """
+        `UserInputError` if none of the checkpoints can be read."""
         candidates = checkpoint_prefixes(self._restore_dir)
         problems = []
         for prefix in candidates:
@@ -98,16 +86,14 @@ class Checkpointer:
         return 0
 
     def save(self, step: int) -> str:
-        """Saves the state after `step` train steps; returns the checkpoint path."""
+        """Saves the state after `step` steps; returns the checkpoint path."""
         self._step.assign(step)
         return self._manager.save(checkpoint_number=step)
 
 
 def checkpoint_prefixes(directory: str) -> list[str]:
-    """The checkpoints in `directory` (their path prefixes), newest first, read from the files.
-
-    Not from the `checkpoint` state file: a checkpoint it does not list is still found.
-    """
+    """The checkpoints' path prefixes in `directory`, newest first, from the files (not the
+    `checkpoint` state file, which may miss one)."""
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
@@ -124,12 +110,8 @@ def _first_line(error: Exception) -> str:
 
 
 class SaveCheckpoints(GlobalStepCallback):
-    """Saves a checkpoint at the end of every Keras epoch (one checkpoint interval) of `fit`.
-
-    Args:
-        healthy: Whether the run is worth saving now; False skips the save
-            with a warning. `None`: always save.
-    """
+    """Saves a checkpoint at each Keras epoch's (checkpoint interval's) end in `fit`, unless
+    `healthy()` is False (then warns)."""
 
     def __init__(self, checkpointer: Checkpointer, healthy: Callable[[], bool] | None = None):
         super().__init__()

@@ -1,12 +1,10 @@
 """tf.distribute strategies by name (`backend.names.STRATEGIES`).
 
-auto          a TPU if one is configured (`tpu` given, or TPU devices
-              attached), else `mirrored` over several local GPUs, else
-              TensorFlow's default strategy
+auto          a TPU if configured (`tpu` given, or attached), else `mirrored` over
+              several local GPUs, else TensorFlow's default strategy
 one_device    OneDeviceStrategy on the first GPU, else the CPU
-mirrored      MirroredStrategy over all local GPUs, or over `virtual_cpus`
-              logical CPU devices (to run it on any one machine)
-multi_worker  MultiWorkerMirroredStrategy over the workers in TF_CONFIG
+mirrored      MirroredStrategy over local GPUs, or `virtual_cpus` logical CPUs
+multi_worker  MultiWorkerMirroredStrategy over TF_CONFIG's workers
 tpu           TPUStrategy on the TPU at `tpu`
 """
 
@@ -26,21 +24,15 @@ from mpt_keras.errors import UserInputError
 def make_strategy(
     name: str, virtual_cpus: int = 0, tpu: str | None = None
 ) -> tf.distribute.Strategy:
-    """Creates the strategy `name`; create the model and optimizer under its `scope()`.
+    """Creates strategy `name`; create the model and optimizer under its `scope()`.
 
-    With `virtual_cpus`, call it before any other TensorFlow op: the CPU can be
-    split only before TensorFlow initializes its runtime.
-
-    Args:
-        virtual_cpus: Logical CPU devices to split the CPU into (`mirrored`
-            only; 0: off).
-        tpu: The TPU for `tpu` and `auto`: a gRPC address
-            (`grpc://10.0.0.2:8470`), a Cloud TPU name, or `local` on a TPU VM.
+    `virtual_cpus` (`mirrored` only; 0: off): call before any TF op, as the CPU splits only
+    before TF initializes its runtime. `tpu` (for `tpu`, `auto`): a gRPC address
+    (`grpc://10.0.0.2:8470`), a Cloud TPU name, or `local` on a TPU VM.
 
     Raises:
-        UserInputError: For an unknown name, an argument the strategy does not
-            take, virtual CPUs asked for too late, a missing or malformed
-            TF_CONFIG (`multi_worker`), or no TPU found (`tpu`).
+        UserInputError: An unknown name, an argument the strategy does not take, virtual CPUs
+            too late, a missing or malformed TF_CONFIG, or no TPU found.
     """
     check_choice("strategy", name, STRATEGIES)
     check_number("virtual_cpus", virtual_cpus, minimum=0, integer=True)
@@ -58,7 +50,7 @@ def make_strategy(
         gpus = tf.config.list_logical_devices("GPU")
         return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else "/cpu:0")
     if name == "mirrored":
-        # Without GPUs or virtual_cpus: the logical CPU devices split before.
+        # No GPUs or virtual_cpus: the CPU devices split before.
         return _mirrored(_split_cpu(virtual_cpus) if virtual_cpus else None)
     if name == "multi_worker":
         multi_worker.check_tf_config()
@@ -74,10 +66,9 @@ def make_strategy(
     return tf.distribute.get_strategy()
 
 
-# One MirroredStrategy per device set and process: each new one numbers its
-# collective all-reduces from the same keys, and TensorFlow remembers a key's
-# shape for the life of the process, so a second run with another model there
-# aborted with "Shape mismatch in the collective instance 101".
+# One MirroredStrategy per device set and process: each numbers its all-reduces from the same
+# keys and TF remembers a key's shape for the process's life, so a second run with another
+# model aborted ("Shape mismatch in the collective instance 101").
 _MIRRORED: dict[tuple[str, ...], tf.distribute.MirroredStrategy] = {}
 
 
@@ -89,14 +80,14 @@ def _mirrored(devices: Sequence[str] | None = None) -> tf.distribute.MirroredStr
 
 
 def _split_cpu(virtual_cpus: int) -> list[str]:
-    """Splits the CPU into `virtual_cpus` logical devices; returns their names."""
+    """Splits the CPU into `virtual_cpus` logical devices; returns the names."""
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration()] * virtual_cpus
         )
     except RuntimeError:
-        # Too late to split; fine if the CPU already is split this way.
+        # Too late; fine if already split this way.
         existing = len(tf.config.list_logical_devices("CPU"))
         if existing != virtual_cpus:
             raise UserInputError(

@@ -1,8 +1,8 @@
-"""A `multi_worker` run's cluster: TF_CONFIG checked, and a dead peer reported, not waited on.
+"""A `multi_worker` cluster: TF_CONFIG checked, a dead peer reported, not waited on.
 
-The coordination service aborts every worker's collectives once a peer sent no
-heartbeat for `PEER_TIMEOUT_SECONDS` (or its connection broke): measured on
-loopback after `kill -9`, survivors stop in 4-12 s, under 2 s when the chief dies.
+The coordination service aborts all collectives once a peer sends no heartbeat for
+`PEER_TIMEOUT_SECONDS` or its connection breaks (loopback, `kill -9`: survivors stop in 4-12 s,
+under 2 s when the chief dies).
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ from mpt_keras.backend.tensorflow.tf_errors import first_sentence
 from mpt_keras.compat import tf_distribute
 from mpt_keras.errors import PeerFailedError, UserInputError
 
-# TensorFlow's default, pinned: a busy worker on a loaded machine must not count as dead.
+# TF's default, pinned: a busy worker on a loaded machine must not count as dead.
 PEER_TIMEOUT_SECONDS = 10
 
-# What collectives end with when a peer is gone; INTERNAL only if it names
-# collectives (it is TensorFlow's error for bugs too).
+# How collectives end when a peer is gone; INTERNAL only naming collectives (TF's bug error too).
 _PEER_FAILURE_ERRORS = (
     tf.errors.UnavailableError,
     tf.errors.CancelledError,
@@ -40,13 +39,13 @@ _TF_CONFIG_SHAPE = (
 
 
 def in_multi_worker_mode(strategy: tf.distribute.Strategy) -> bool:
-    """Whether `strategy` is a MultiWorkerMirroredStrategy over several workers."""
+    """Whether `strategy` is MultiWorkerMirroredStrategy over several workers."""
     multi_worker_strategy = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
     return multi_worker_strategy and compat.in_multi_worker_mode(strategy)
 
 
 def check_tf_config() -> None:
-    """Raises UserInputError unless TF_CONFIG names a cluster of workers and this task in it."""
+    """UserInputError unless TF_CONFIG names a worker cluster and this task in it."""
     text = os.environ.get("TF_CONFIG")
     problem = None
     if not text:
@@ -86,10 +85,8 @@ def _tf_config_problem(tf_config: Any) -> str | None:
 
 
 def bound_peer_heartbeats() -> None:
-    """Configures the coordination service with `PEER_TIMEOUT_SECONDS`; call before the strategy.
-
-    The strategy configures it, with its default timeout, only if nothing has yet.
-    """
+    """Configures the coordination service with `PEER_TIMEOUT_SECONDS`; call before the strategy
+    (which configures it, with its default, only if nothing has)."""
     if tf_distribute.coordination_service_configured():
         return
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
@@ -106,12 +103,8 @@ def bound_peer_heartbeats() -> None:
 
 @contextlib.contextmanager
 def peer_failures_as_errors(strategy: tf.distribute.Strategy, model_dir: str) -> Iterator[None]:
-    """Around everything that runs collectives: a dead peer's abort becomes a `PeerFailedError`.
-
-    Raises:
-        PeerFailedError: Naming the peer, TensorFlow's reason and `model_dir`
-            (where a rerun resumes).
-    """
+    """Around all that runs collectives: a dead peer's abort becomes a `PeerFailedError`,
+    naming the peer, TF's reason and `model_dir` (where a rerun resumes)."""
     try:
         yield
     except (*_PEER_FAILURE_ERRORS, tf.errors.InternalError) as error:

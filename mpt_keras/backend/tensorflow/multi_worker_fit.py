@@ -1,8 +1,6 @@
-"""Keras 3's `fit` and `evaluate` under a multi-worker strategy, where they fail unpatched.
-
-Keras 3.15 (keras-team/keras#20585) reduces a whole (x, y) batch with
-`strategy.reduce` to build the model, and each scalar step output with
-`strategy.reduce(..., axis=0)`; both fail across workers.
+"""Keras 3's `fit` and `evaluate` under a multi-worker strategy, where they fail unpatched:
+Keras 3.15 (keras-team/keras#20585) `strategy.reduce`s a whole batch to build the model, and
+each scalar step output with `axis=0`.
 """
 
 from __future__ import annotations
@@ -17,12 +15,10 @@ from mpt_keras.backend.tensorflow.multi_worker import in_multi_worker_mode
 
 
 def support_multi_worker_fit(model: keras.Model) -> None:
-    """Lets Keras' `fit` and `evaluate` run under a multi-worker strategy; call after compiling.
+    """Lets `fit` and `evaluate` run under a multi-worker strategy; call after compiling.
 
-    It builds from the first replica's batch (only shapes and dtypes count) and
-    gives the train and test steps' scalar outputs a length-1 axis, which the
-    reduction averages over the replicas back to a scalar, as on one worker. It
-    wraps the model's current steps. Under any other strategy it does nothing.
+    Builds from the first replica's batch, and gives the steps' scalar outputs a length-1 axis
+    the reduction averages back to a scalar. A no-op under other strategies.
     """
     strategy = model.distribute_strategy
     if not in_multi_worker_mode(strategy):

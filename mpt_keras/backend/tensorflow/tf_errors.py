@@ -1,7 +1,5 @@
-"""TensorFlow's error messages cut to what a one-line message can quote.
-
-They run on with node and kernel details; the first sentence says what failed.
-"""
+"""TensorFlow's error messages cut to their first sentence (what failed; node and kernel
+details follow), for one-line messages."""
 
 from __future__ import annotations
 
@@ -12,6 +10,6 @@ MAX_REASON_CHARACTERS = 160
 
 
 def first_sentence(reason: Any) -> str:
-    """The first sentence of `reason` (an error or text), at most `MAX_REASON_CHARACTERS`."""
+    """`reason`'s (error or text) first sentence, at most `MAX_REASON_CHARACTERS`."""
     text = " ".join(str(reason).split())
     return re.split(r"(?<=\.) ", text, maxsplit=1)[0][:MAX_REASON_CHARACTERS] or "no details"

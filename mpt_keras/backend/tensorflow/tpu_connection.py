@@ -1,8 +1,7 @@
-"""The `tpu` strategy's connection, with bounded waits: no TPU fails in seconds, not never.
+"""The `tpu` strategy's connection with bounded waits: no TPU fails in seconds, not never.
 
-Resolving a TPU name asks the GCE metadata server and the Cloud TPU API, and
-connecting to a gRPC address nothing answers blocks with no time limit
-(measured: more than 120 s); the two timeouts bound both.
+Resolving a name asks the GCE metadata server and Cloud TPU API; a silent gRPC address blocks
+without limit (measured: over 120 s). Two timeouts bound both.
 """
 
 from __future__ import annotations
@@ -22,10 +21,9 @@ TPU_CONNECT_TIMEOUT_SECONDS = 10.0
 
 
 def tpu_strategy(address: str | None) -> tf.distribute.TPUStrategy:
-    """Connects to the TPU at `address` (None: from TPU_NAME) and makes its strategy.
+    """Connects to the TPU at `address` (None: TPU_NAME) and makes its strategy.
 
-    Raises:
-        UserInputError: No TPU found there, with TensorFlow's reason.
+    `UserInputError`: no TPU found there, with TF's reason.
     """
     where = f"at '{address}'" if address else "without an address"
 
@@ -44,7 +42,7 @@ def tpu_strategy(address: str | None) -> tf.distribute.TPUStrategy:
         except Exception as error:  # Reported from the calling thread.
             outcome["error"] = f"{type(error).__name__}: {error}"
 
-    # A daemon thread: a lookup still waiting does not keep the process alive.
+    # Daemon: a waiting lookup does not keep the process alive.
     thread = threading.Thread(target=resolve, name="mpt-resolve-tpu", daemon=True)
     thread.start()
     thread.join(TPU_RESOLVE_TIMEOUT_SECONDS)

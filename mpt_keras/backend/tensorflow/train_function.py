@@ -1,13 +1,10 @@
 """The function `fit` calls for each train step, without Keras' per-step Optional.
 
-Keras wraps each step's outputs in a `tf.experimental.Optional` and unwraps it
-with two eager ops: 17% of the reference MLP's 0.55 ms step, about 2% more per
-further scalar (`benchmarks.stack_ablation`, 2 cores of an AMD EPYC). This one
-takes `iterator.get_next()` inside the function; the end of the data raises
-`OutOfRangeError`, which Keras' epoch iterator also takes as the epoch's end.
-Keras' own function stays for several steps per execution, `run_eagerly`,
-non-iterator batches (`train_on_batch`), multi-worker (where every worker must
-agree on the end of the data) and a model compiled again since.
+Keras' Optional, unwrapped by two eager ops, costs 17% of the reference MLP's 0.55 ms step,
+~2% more per further scalar (`benchmarks.stack_ablation`, 2 EPYC cores). This one calls
+`iterator.get_next()` inside; the data's end raises `OutOfRangeError`, which Keras' epoch
+iterator takes as the end too. Keras' own stays for `steps_per_execution` > 1,
+`run_eagerly`, `train_on_batch`, multi-worker (all must agree on the end) and recompiles.
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ from mpt_keras import compat
 
 
 def install(model: keras.Model) -> None:
-    """Makes `model.make_train_function` give the function above; call it after compiling."""
+    """Makes `model.make_train_function` give this function; call after compiling."""
     compiled_with = compat.compile_config(model)
     keras_make = type(model).make_train_function
 
@@ -43,7 +40,7 @@ def install(model: keras.Model) -> None:
 
 
 def _direct(model: keras.Model, keras_function: Any) -> Any:
-    """The train function: one step on the iterator's next batch, outputs as returned."""
+    """One step on the iterator's next batch, outputs as returned."""
     strategy = model.distribute_strategy
 
     @tf.function(reduce_retracing=True)

@@ -1,4 +1,4 @@
-"""The values of a TensorFlow tensor of any kind: dense, ragged, sparse or indexed slices."""
+"""A tensor's values, of any kind: dense, ragged, sparse, indexed slices."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ import tensorflow as tf
 def dense_values(value: Any) -> tf.Tensor | None:
     """`value`'s values as one dense tensor; None if it is no tensor.
 
-    A ragged tensor gives its flat values, a sparse tensor or indexed slices
-    their stored values: the numbers a finiteness check must see, without the
-    zeros a densified copy would add.
+    Ragged: flat values; sparse, indexed slices: stored values (no densified copy's zeros).
     """
     if isinstance(value, (tf.SparseTensor, tf.IndexedSlices)):
         return value.values

@@ -1,7 +1,5 @@
-"""Which worker of a run writes files: the chief's count, the others write aside.
-
-Under `multi_worker` every worker takes part in saving (saving reads variables
-collectively), so every worker must run the same saves.
+"""Which worker writes files: the chief's count, the others write aside; all run the same
+saves (saving reads variables collectively).
 """
 
 from __future__ import annotations
@@ -15,11 +13,8 @@ import tensorflow as tf
 
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
-    """Whether this worker's checkpoints, summaries and model files count.
-
-    Under MultiWorkerMirroredStrategy: the `chief` task, or worker 0 if
-    TF_CONFIG names no chief (TensorFlow's multi-worker Keras tutorial); under
-    any other strategy, the one process.
+    """Whether this worker's checkpoints, summaries and model files count: under
+    MultiWorkerMirroredStrategy the `chief` task, or worker 0 without one; else the process.
     """
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return True
@@ -31,14 +26,7 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
 def worker_write_dir(model_dir: str, strategy: tf.distribute.Strategy) -> Iterator[str]:
     """Yields the directory this worker saves into: `model_dir` on the chief.
 
-    A non-chief worker gets a temporary directory of its own, removed when the
-    block exits (as in TensorFlow's multi-worker guides). Restore from
-    `model_dir` on every worker.
-
-    Example:
-
-        with worker_write_dir(model_dir, strategy) as write_dir:
-            model.save(os.path.join(write_dir, "model.keras"))
+    A non-chief gets its own temporary directory, removed on exit. All restore from `model_dir`.
     """
     if is_chief(strategy):
         yield model_dir
