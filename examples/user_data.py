@@ -18,7 +18,7 @@ def digits_rgb(image_size: int = 32, eval_fraction: float = 0.2, seed: int = 0):
     """scikit-learn's 1,797 8x8 digits, resized to `image_size` and given 3 channels.
 
     Args:
-        image_size: Height and width of the images (MobileNetV2 takes >= 32).
+        image_size: Height and width of the images (MobileNet takes >= 32).
         eval_fraction: The share of the digits held out for evaluation.
         seed: Seed of the split (the run passes its own).
 

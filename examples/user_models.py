@@ -14,15 +14,15 @@ from collections.abc import Sequence
 import keras
 
 
-def mobilenet_v2(input_shape: Sequence[int], num_classes: int, alpha: float = 0.35) -> keras.Model:
-    """`keras.applications.MobileNetV2` from scratch (no pretrained weights: no network).
+def mobilenet(input_shape: Sequence[int], num_classes: int, alpha: float = 0.25) -> keras.Model:
+    """`keras.applications.MobileNet` from scratch (no pretrained weights: no network).
 
     Args:
         input_shape: `(height, width, 3)`, height and width at least 32.
         num_classes: Classes of the softmax-free head (the model outputs logits).
-        alpha: Width multiplier of MobileNetV2.
+        alpha: Width multiplier of MobileNet.
     """
-    return keras.applications.MobileNetV2(
+    return keras.applications.MobileNet(
         input_shape=tuple(input_shape),
         alpha=alpha,
         weights=None,

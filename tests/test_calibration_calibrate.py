@@ -439,8 +439,8 @@ def test_a_wrapped_keras_applications_model_is_measured_layer_by_layer():
     built = []
 
     def classifier():
-        mobilenet = keras.applications.MobileNetV2(
-            input_shape=(32, 32, 3), weights=None, alpha=0.35, classes=10
+        mobilenet = keras.applications.MobileNet(
+            input_shape=(32, 32, 3), weights=None, alpha=0.25, classes=10
         )
         inputs = keras.Input((32, 32, 3), name="image")
         built.append(keras.Model(inputs, mobilenet(inputs), name="classifier"))
@@ -448,14 +448,14 @@ def test_a_wrapped_keras_applications_model_is_measured_layer_by_layer():
 
     rng = np.random.default_rng(0)
     images = rng.normal(size=(8, 32, 32, 3)).astype("float32")
-    loss = keras.losses.SparseCategoricalCrossentropy()  # MobileNetV2 ends in a softmax.
+    loss = keras.losses.SparseCategoricalCrossentropy()  # MobileNet ends in a softmax.
     result = calibrate(classifier, (images, rng.integers(0, 10, 8)), loss, steps=1, batch_size=8)
 
-    mobilenet = built[0].get_layer("mobilenetv2_0.35_32")
+    mobilenet = built[0].get_layer("mobilenet_0.25_32")
     layers = result.statistics["layers"]
     assert list(layers) == [f"{mobilenet.name}/{layer.name}" for layer in mobilenet.layers[1:]]
-    assert len(layers) == 155
-    assert layers["mobilenetv2_0.35_32/predictions"]["reason"] == "safe default: model output"
+    assert len(layers) == 90
+    assert layers["mobilenet_0.25_32/predictions"]["reason"] == "safe default: model output"
     # The manifest gives every measured layer the policy decided for it.
     report = result.manifest.apply(built[0])
     assert report.unmatched_rules == ()
