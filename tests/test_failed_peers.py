@@ -35,6 +35,7 @@ def _start_workers(tfds_dir, tmp_path, steps):
             "checkpoint_every": INTERVAL,
             "eval_every": INTERVAL,
             "data": {"data_dir": tfds_dir, "batch_size": 16, "eval_examples": 32},
+            "model": {"options": {"hidden_units": [16]}},
         }
     )
     # A killed worker leaves its temporary write_dir behind: keep it in tmp_path.

@@ -16,6 +16,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from launchers import launch_in_process
 from tensorflow.python.framework import config as tf_config
 
 from mpt_keras import data
@@ -175,10 +176,64 @@ class _DeterminismProbe(keras.callbacks.Callback):
         self.enabled = tf_config.is_op_determinism_enabled()
 
 
-def test_deterministic_runs_are_identical_and_scoped_to_the_run(tfds_dir, tmp_path):
-    config = _config(
-        tfds_dir, deterministic=True, model={"options": {"hidden_units": [16], "dropout": 0.3}}
+# Each bundled config's own model, shrunk: the determinism of its layers (dropout
+# included), not their size, is the point.
+_SMALL_MODELS = {
+    "digits_cnn.json": {"model": {"options": {"filters": [4], "dense_units": 16}}},
+    "digits_mlp.json": {"model": {"options": {"hidden_units": [16]}}},
+    "python_source_transformer.json": {
+        "model": {"options": {"num_layers": 1, "d_model": 16, "num_heads": 2}},
+        "data": {"sequence_length": 8},
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "name, jit_compile, xla",
+    [
+        ("digits_cnn.json", "auto", False),  # XLA has no deterministic MaxPool gradient.
+        ("digits_cnn.json", "true", None),  # Refused, below.
+        ("digits_mlp.json", "auto", None),  # Off on CPUs, on on GPUs.
+        ("digits_mlp.json", "true", True),
+        # `auto` turns XLA on for attention models on every device: `true` would be this run.
+        ("python_source_transformer.json", "auto", True),
+    ],
+)
+def test_two_deterministic_runs_of_each_bundled_config_are_identical(
+    tfds_dir, tmp_path, name, jit_compile, xla
+):
+    """With XLA where it can be deterministic; refused in one line where it cannot.
+
+    Op determinism is on during the run, and off again after it.
+    """
+    override = {
+        "steps": 4,
+        "checkpoint_every": 2,
+        "eval_every": 2,
+        **_SMALL_MODELS[name],
+    }
+    override["data"] = {
+        **override.get("data", {}),
+        "data_dir": tfds_dir,
+        "batch_size": 8,
+        "eval_examples": 16,
+    }
+    config = resolve_config(
+        os.path.join(REPO, "configs", name),
+        json.dumps(override),
+        deterministic=True,
+        jit_compile=jit_compile,
     )
+    if name == "digits_cnn.json" and jit_compile == "true":
+        with pytest.raises(UserInputError) as raised:
+            run_training(config, Runtime(str(tmp_path / "a"), verbose=0))
+        assert str(raised.value) == (
+            "jit_compile=true with deterministic: XLA has no deterministic MaxPool gradient "
+            "(layer 'pool_0', MaxPooling2D). Use jit_compile=false or auto (XLA off for this "
+            "model), or train without deterministic"
+        )
+        assert not (tmp_path / "a").exists()
+        return
     probe = _DeterminismProbe()
     run_training(config, Runtime(str(tmp_path / "a"), verbose=0, callbacks=(probe,)))
     assert probe.enabled
@@ -187,6 +242,9 @@ def test_deterministic_runs_are_identical_and_scoped_to_the_run(tfds_dir, tmp_pa
     run_training(config, Runtime(str(tmp_path / "b"), verbose=0))
     for a, b in zip(_weights(str(tmp_path / "a")), _weights(str(tmp_path / "b")), strict=True):
         np.testing.assert_array_equal(a, b)
+    report = json.loads((tmp_path / "a" / "precision_report.json").read_text())
+    if xla is not None:
+        assert report["jit_compile"] is xla, report["jit_compile_reason"]
 
 
 # --- kill -9 and resume -----------------------------------------------------------
@@ -210,31 +268,33 @@ sys.argv[0] = "mpt-train"
 from trainers import train
 train.run()
 """
-KILL_RUN_STEPS = 150
+# The kills come within the first ~20 steps; the rest keeps the run alive past them.
+KILL_RUN_STEPS = 60
 
 
-def _launch(model_dir, tfds_dir, pause_marker=None):
+def _train_flags(model_dir, tfds_dir):
     override = {
         "checkpoint_every": 3,
         "eval_every": 3,
         "data": {"data_dir": tfds_dir, "batch_size": BATCH, "eval_examples": 64},
         "model": {"options": {"hidden_units": [32], "dropout": 0.2}},
     }
+    return [
+        f"--config={os.path.join(REPO, 'configs', 'digits_mlp.json')}",
+        f"--model_dir={model_dir}",
+        "--precision=mixed_float16",
+        f"--steps={KILL_RUN_STEPS}",
+        "--deterministic",
+        f"--config_override={json.dumps(override)}",
+    ]
+
+
+def _launch(model_dir, tfds_dir, pause_marker=None):
     env = dict(os.environ)
     if pause_marker is not None:
         env["MPT_TEST_PAUSE_MARKER"] = str(pause_marker)
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            _TRAIN_CHILD,
-            f"--config={os.path.join(REPO, 'configs', 'digits_mlp.json')}",
-            f"--model_dir={model_dir}",
-            "--precision=mixed_float16",
-            f"--steps={KILL_RUN_STEPS}",
-            "--deterministic",
-            f"--config_override={json.dumps(override)}",
-        ],
+        [sys.executable, "-c", _TRAIN_CHILD, *_train_flags(model_dir, tfds_dir)],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -268,9 +328,13 @@ def _kill(process):
 @pytest.mark.slow
 def test_killed_three_times_then_resumed_matches_an_uninterrupted_run(tfds_dir, tmp_path):
     """kill -9 mid-interval, mid-checkpoint-write and at a random point after a
-    checkpoint; the resumed run ends bit-identical to an uninterrupted one."""
+    checkpoint; the resumed run ends bit-identical to an uninterrupted one.
+
+    The uninterrupted run needs no process of its own: it runs the launcher here.
+    """
     straight = tmp_path / "straight"
-    _finish(_launch(straight, tfds_dir))
+    uninterrupted = launch_in_process("mpt-train", *_train_flags(straight, tfds_dir))
+    assert uninterrupted.status == 0, uninterrupted.stderr
 
     killed = tmp_path / "killed"
     checkpoints = killed / "checkpoints"
@@ -307,40 +371,4 @@ def test_killed_three_times_then_resumed_matches_an_uninterrupted_run(tfds_dir, 
     assert metrics == json.loads((straight / "metrics.json").read_text())
     assert metrics["step"] == KILL_RUN_STEPS
     for a, b in zip(_weights(straight), _weights(killed), strict=True):
-        np.testing.assert_array_equal(a, b)
-
-
-@pytest.mark.parametrize(
-    "name", ["digits_cnn.json", "digits_mlp.json", "python_source_transformer.json"]
-)
-@pytest.mark.parametrize("jit_compile", ["auto", "true"])
-def test_two_deterministic_runs_of_each_bundled_config_are_identical(
-    tfds_dir, tmp_path, name, jit_compile
-):
-    """With XLA where it can be deterministic; refused in one line where it cannot."""
-    override = json.dumps(
-        {
-            "steps": 3,
-            "checkpoint_every": 3,
-            "eval_every": 3,
-            "data": {"data_dir": tfds_dir, "batch_size": 8, "eval_examples": 16},
-        }
-    )
-    config = resolve_config(
-        os.path.join(REPO, "configs", name), override, deterministic=True, jit_compile=jit_compile
-    )
-    if name == "digits_cnn.json" and jit_compile == "true":
-        with pytest.raises(UserInputError) as raised:
-            run_training(config, Runtime(str(tmp_path / "a"), verbose=0))
-        assert str(raised.value) == (
-            "jit_compile=true with deterministic: XLA has no deterministic MaxPool gradient "
-            "(layer 'pool_0', MaxPooling2D). Use jit_compile=false or auto (XLA off for this "
-            "model), or train without deterministic"
-        )
-        assert not (tmp_path / "a").exists()
-        return
-    for run in ("a", "b"):
-        keras.backend.clear_session()
-        run_training(config, Runtime(str(tmp_path / run), verbose=0))
-    for a, b in zip(_weights(str(tmp_path / "a")), _weights(str(tmp_path / "b")), strict=True):
         np.testing.assert_array_equal(a, b)

@@ -2,8 +2,9 @@
 
 The installed `mpt-train` runs in its own process once: on an unwritable
 `model_dir` it fails after importing TensorFlow, whose native start-up lines
-only a new process would show. `python -m` runs and resumes in processes of
-its own. The other cases run the entry point in this process (tests/launchers.py).
+only a new process would show. `python -m` resumes, in a process of its own, a
+run started here. The other cases run the entry point in this process
+(tests/launchers.py).
 """
 
 import json
@@ -26,14 +27,17 @@ def _python_dash_m(*flags):
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
-def _tiny(tfds_dir):
-    return json.dumps(
-        {
-            "checkpoint_every": 2,
-            "eval_every": 2,
-            "data": {"data_dir": tfds_dir, "batch_size": 16, "eval_examples": 32},
-        }
-    )
+def _tiny(tfds_dir, model=True):
+    """Checkpoints and validation every 2 steps on a few examples; `model`: the MLP's
+    hidden layers shrunk to one of 16 units (for configs/digits_mlp.json only)."""
+    override = {
+        "checkpoint_every": 2,
+        "eval_every": 2,
+        "data": {"data_dir": tfds_dir, "batch_size": 16, "eval_examples": 32},
+    }
+    if model:
+        override["model"] = {"options": {"hidden_units": [16]}}
+    return json.dumps(override)
 
 
 @pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16", "mixed_float16"])
@@ -67,15 +71,15 @@ def test_each_precision_trains_end_to_end(tfds_dir, tmp_path, precision):
     assert "Traceback" not in result.stderr
 
 
-def test_python_dash_m_runs_and_resumes_to_the_exact_step(tfds_dir, tmp_path):
+def test_python_dash_m_resumes_to_the_exact_step(tfds_dir, tmp_path):
     model_dir = str(tmp_path / "run")
     flags = [
         f"--config={CONFIG}",
         f"--model_dir={model_dir}",
         f"--config_override={_tiny(tfds_dir)}",
     ]
-    first = _python_dash_m(*flags, "--steps=2")
-    assert first.returncode == 0, first.stderr
+    first = launch_in_process("mpt-train", *flags, "--steps=2")
+    assert first.status == 0, first.stderr
     second = _python_dash_m(*flags, "--steps=4")
     assert second.returncode == 0, second.stderr
     assert f"Resumed from {model_dir}/checkpoints/step-2 at step 2." in second.stderr
@@ -224,7 +228,7 @@ def test_manifest_and_dry_run_print_the_layers_and_write_nothing(tfds_dir, tmp_p
         f"--model_dir={model_dir}",
         f"--manifest={manifest}",
         "--dry_run",
-        f"--config_override={_tiny(tfds_dir)}",
+        f"--config_override={_tiny(tfds_dir, model=False)}",
     )
     assert result.status == 0, result.stderr
     assert result.stdout.splitlines() == [
