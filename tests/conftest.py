@@ -6,15 +6,6 @@ from typing import Any
 # As the launchers do (trainers/__init__.py): CPU memory statistics on every
 # CPU, so the monitor's and the benchmarks' memory figures are tested here too.
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
-# XLA's CPU backend without LLVM's optimizations: the tests compile dozens of
-# steps and run each a few times, and compiling the launcher's CNN step took a
-# third of the time (5.4 s instead of 16.6 s here). XLA's own HLO passes (the
-# fusions and the cross-replica ops the tests read from the dumps) still run;
-# benchmarks/ measure with the default. Child processes inherit it.
-if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
-    ).strip()
 
 import keras
 import pytest
