@@ -53,9 +53,35 @@ def _direct(model: keras.Model, keras_function: Any) -> Any:
         outputs = strategy.run(model.train_step, args=(data,))
         return compat.reduce_per_replica(outputs, strategy)
 
+    first_call = True
+
     def train_function(iterator: Any) -> Any:
+        nonlocal first_call
         if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+            if first_call:
+                first_call = False
+                _build_before_tracing(model, iterator)
             return step_on_iterator(iterator)
         return keras_function(iterator)
 
     return train_function
+
+
+def _build_before_tracing(model: keras.Model, iterator: Any) -> None:
+    """Builds the compiled metrics from the batch's specs before the step is traced.
+
+    Without a strategy Keras builds them inside the first trace, and a `tf.function` whose
+    first trace creates variables is traced again: the whole step twice (the tiny
+    Transformer's validation: 4 traces for 2 models). Keras' own build under a strategy
+    (`compat.symbolic_build`) does it from specs, at the cost of one forward pass traced.
+    A model that cannot be built from specs is left to its first trace, as before.
+    """
+    if not isinstance(iterator, tf.data.Iterator):  # Under a strategy, Keras has built it.
+        return
+    spec = iterator.element_spec
+    if not all(isinstance(leaf, tf.TensorSpec) for leaf in keras.tree.flatten(spec)):
+        return
+    try:
+        compat.symbolic_build(model, spec)
+    except Exception:  # noqa: BLE001 - the first trace builds it, as without this.
+        return
