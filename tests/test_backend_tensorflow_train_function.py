@@ -49,6 +49,26 @@ def test_trains_exactly_as_keras_own_train_function():
         np.testing.assert_array_equal(got, want)
 
 
+def test_the_step_is_traced_once_though_keras_builds_its_metrics_in_the_first_trace():
+    """Without a strategy Keras builds the compiled metrics inside the first trace, and a
+    function whose first trace made variables is traced again; built first: one trace."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.Dense(1)])
+    optimizer = LossScaleOptimizer(keras.optimizers.Adam(0.01))
+    xla.compile_model(model, optimizer=optimizer, loss="mse", metrics=["mae"], jit_compile=False)
+    traces, step = [], model.train_step
+
+    def counting_step(data):
+        traces.append(len(traces))  # Python runs once per trace.
+        return step(data)
+
+    model.train_step = counting_step
+    x, y = _data()
+    history = model.fit(x[:8], y[:8], batch_size=4, epochs=2, verbose=0)
+    assert _is_ours(model) and "mae" in history.history
+    assert traces == [0]
+
+
 @pytest.mark.parametrize(
     "case", ["steps_per_execution", "run_eagerly", "compiled_again", "train_on_batch"]
 )
