@@ -25,15 +25,10 @@ from typing import Any
 import pytest
 from launchers import launch_in_process
 from replicas import run_child
+from tiny_runs import small_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = ("digits_cnn.json", "digits_mlp.json", "python_source_transformer.json")
-# Each config's model, as small as it goes.
-SMALL = {
-    "digits_cnn.json": {"filters": [8, 8], "dense_units": 16},
-    "digits_mlp.json": {"hidden_units": [16]},
-    "python_source_transformer.json": {"num_layers": 1, "d_model": 16, "num_heads": 2},
-}
 # A manifest for any of the configs: the safe defaults, one rule by class.
 GENERIC_MANIFEST = {
     "version": 1,
@@ -107,9 +102,9 @@ def _argv(row: dict[str, Any], model_dir: str, tfds_dir: str, manifest: str) -> 
         "data": {"data_dir": tfds_dir, "batch_size": 8, "eval_examples": 16},
     }
     # The flags are the point, not the width: a smaller step traces and compiles sooner.
-    override["model"] = {"options": SMALL[row["config"]]}
-    if row["config"] == "python_source_transformer.json":
-        override["data"]["sequence_length"] = 8
+    small = small_model(row["config"])
+    override["model"] = small["model"]
+    override["data"].update(small.get("data", {}))
     argv = [
         f"--config={os.path.join(REPO, 'configs', row['config'])}",
         f"--model_dir={model_dir}",

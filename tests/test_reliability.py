@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 from launchers import launch_in_process
 from tensorflow.python.framework import config as tf_config
+from tiny_runs import small_model
 
 from mpt_keras import data
 from mpt_keras.config import TrainConfig, resolve_config
@@ -176,18 +177,6 @@ class _DeterminismProbe(keras.callbacks.Callback):
         self.enabled = tf_config.is_op_determinism_enabled()
 
 
-# Each bundled config's own model, shrunk: the determinism of its layers (dropout
-# included), not their size, is the point.
-_SMALL_MODELS = {
-    "digits_cnn.json": {"model": {"options": {"filters": [4], "dense_units": 16}}},
-    "digits_mlp.json": {"model": {"options": {"hidden_units": [16]}}},
-    "python_source_transformer.json": {
-        "model": {"options": {"num_layers": 1, "d_model": 16, "num_heads": 2}},
-        "data": {"sequence_length": 8},
-    },
-}
-
-
 @pytest.mark.parametrize(
     "name, jit_compile, xla",
     [
@@ -210,7 +199,7 @@ def test_two_deterministic_runs_of_each_bundled_config_are_identical(
         "steps": 4,
         "checkpoint_every": 2,
         "eval_every": 2,
-        **_SMALL_MODELS[name],
+        **small_model(name),  # The determinism of its layers (dropout too), not their size.
     }
     override["data"] = {
         **override.get("data", {}),

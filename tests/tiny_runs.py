@@ -1,4 +1,5 @@
-"""A tiny `run_training` config, and a callback that crashes a run at a step, for tests."""
+"""A tiny `run_training` config, the bundled configs' models shrunk, and a callback that
+crashes a run at a step, for tests."""
 
 from __future__ import annotations
 
@@ -26,6 +27,19 @@ def tiny_config(tfds_dir: str, **changes: Any) -> TrainConfig:
         },
     }
     return TrainConfig.from_dict(values).merged(changes)
+
+
+def small_model(config_name: str) -> dict[str, Any]:
+    """The `--config_override` sections that shrink a bundled config's own model to about the
+    smallest it goes, for tests whose point is not the model's size."""
+    return {
+        "digits_cnn.json": {"model": {"options": {"filters": [4], "dense_units": 16}}},
+        "digits_mlp.json": {"model": {"options": {"hidden_units": [16]}}},
+        "python_source_transformer.json": {
+            "model": {"options": {"num_layers": 1, "d_model": 16, "num_heads": 2}},
+            "data": {"sequence_length": 8},
+        },
+    }[config_name]
 
 
 class Crash(Exception):

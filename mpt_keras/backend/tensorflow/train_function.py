@@ -83,5 +83,5 @@ def _build_before_tracing(model: keras.Model, iterator: Any) -> None:
         return
     try:
         compat.symbolic_build(model, spec)
-    except Exception:  # noqa: BLE001 - the first trace builds it, as without this.
+    except Exception:  # The first trace builds it, as without this.
         return
