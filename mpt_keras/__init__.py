@@ -1,4 +1,4 @@
-"""mpt_keras: mixed-precision training for Keras 3 on TensorFlow.
+"""mpt_keras: mixed-precision training for Keras 3 on TensorFlow and JAX.
 
 Train with float16 or bfloat16 compute while float32 master weights, optimizer
 state and numerically sensitive layers stay in float32, and see what the
@@ -51,6 +51,9 @@ if TYPE_CHECKING:  # what editors and type checkers see; loaded lazily below
     from mpt_keras.validation.report import ValidationReport
     from mpt_keras.validation.thresholds import Thresholds
 
+# What a JAX machine may lack: a public name that needs it says so in one line.
+_TENSORFLOW = ("tensorflow", "tensorflow_datasets")
+
 _HOMES = {
     "AutoPromote": "reliability.auto_promote",
     "BadBatchLimit": "reliability.guards",
@@ -102,7 +105,18 @@ __all__ = sorted(_HOMES)
 def __getattr__(name: str) -> Any:
     if name not in _HOMES:
         raise AttributeError(f"module 'mpt_keras' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"mpt_keras.{_HOMES[name]}"), name)
+    try:
+        module = importlib.import_module(f"mpt_keras.{_HOMES[name]}")
+    except ModuleNotFoundError as error:
+        if error.name is None or error.name.partition(".")[0] not in _TENSORFLOW:
+            raise
+        backend = sys.modules["keras"].backend.backend() if "keras" in sys.modules else "unset"
+        raise ImportError(
+            f"mpt_keras.{name} needs TensorFlow, which cannot be imported here (Keras backend "
+            f"{backend}); on jax, mpt_keras serves: LossScaleOptimizer, LossScaleSettings, "
+            "StepHealth, the config, manifest and hardware names (docs/backends.md)"
+        ) from error
+    value = getattr(module, name)
     if "keras" in sys.modules:
         _hook_into_keras()
     globals()[name] = value

@@ -1,15 +1,46 @@
-"""Fixtures shared by the test files."""
+"""Fixtures shared by the test files, and the choice of files per Keras backend."""
 
+import importlib.abc
 import os
+import sys
 from typing import Any
 
 # As the launchers do (trainers/__init__.py): CPU memory statistics on every
 # CPU, so the monitor's and the benchmarks' memory figures are tested here too.
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
-import keras
-import pytest
-import tensorflow as tf
+
+class _NoTensorFlow(importlib.abc.MetaPathFinder):
+    """Makes `import tensorflow` fail as on a machine without it (tests/test_jax_backend.py)."""
+
+    BLOCKED = ("tensorflow", "tensorflow_datasets", "tf_keras")
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in self.BLOCKED:
+            raise ModuleNotFoundError(f"No module named '{name}' (blocked)", name=name)
+        return None
+
+
+if os.environ.get("MPT_KERAS_BLOCK_TENSORFLOW"):
+    sys.meta_path.insert(0, _NoTensorFlow())
+
+import keras  # noqa: E402
+import pytest  # noqa: E402
+
+# Per backend, the test folders that run there (a file's folder outside these runs on TensorFlow).
+_ON_JAX = ("any_backend", "jax_backend")
+
+
+def pytest_ignore_collect(collection_path, config):
+    """On JAX, only the neutral and JAX folders; on TensorFlow, all but the JAX folder."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    relative = os.path.relpath(str(collection_path), here)
+    if relative == "." or relative.startswith(".."):
+        return None
+    folder = relative.split(os.sep)[0]
+    if keras.backend.backend() == "jax":
+        return None if folder in _ON_JAX or relative.endswith("conftest.py") else True
+    return True if folder == "jax_backend" else None
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -53,6 +84,8 @@ def no_memory_statistics(monkeypatch):
 
     As TensorFlow's default CPU allocator does on a CPU without oneDNN.
     """
+
+    import tensorflow as tf
 
     def untracked(device):
         raise ValueError(f"Allocator stats not available for device '{device}'")

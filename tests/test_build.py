@@ -57,7 +57,11 @@ def test_every_module_has_exactly_one_target():
             assert src not in owners, f"{src} is in targets {owners[src]} and {name}"
             owners[src] = name
     expected = _python_files(
-        "mpt_keras/**/*.py", "trainers/*.py", "tests/*.py", "benchmarks/*.py", "examples/*.py"
+        "mpt_keras/**/*.py",
+        "trainers/*.py",
+        "tests/**/*.py",
+        "benchmarks/*.py",
+        "examples/*.py",
     )
     assert sorted(expected - set(owners)) == [], "modules without a target"
     assert sorted(set(owners) - expected) == [], "targets of files that do not exist"

@@ -5,10 +5,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import keras
 import tensorflow as tf
 
 # Read from every replica's thread: a global under a lock, not a thread-local.
@@ -83,13 +82,3 @@ def gradients_already_reduced() -> Iterator[None]:
     finally:
         with _LOCK:
             _REDUCED_DEPTH -= 1
-
-
-def skip_stock_build(optimizer: keras.optimizers.Optimizer, var_list: Sequence[Any]) -> None:
-    """The base `Optimizer.build`, past the stock `LossScaleOptimizer.build` (a second scale)."""
-    keras.optimizers.Optimizer.build(optimizer, var_list)
-
-
-def learning_rate_schedule(optimizer: keras.optimizers.Optimizer) -> Any:
-    """The learning rate `optimizer` was given: a schedule itself, not its current value."""
-    return optimizer._learning_rate

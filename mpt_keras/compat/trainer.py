@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
-import tensorflow as tf
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 
 def keras_loss_module() -> Any:

@@ -24,9 +24,10 @@ from collections.abc import Iterable
 from typing import Any
 
 import keras
-import tensorflow as tf
+import ml_dtypes
 from keras import ops
 
+from mpt_keras.backend import current
 from mpt_keras.checks import check_choice
 from mpt_keras.errors import UserInputError
 from mpt_keras.keras_bridge.layer_paths import iter_layer_paths
@@ -47,8 +48,8 @@ class Float8Shares:
     """Shares of a tensor's values float8 loses at a scale (floats, or graph tensors):
     `saturated` (clipped to the format's largest; Inf too), `underflowed` (nonzero to zero)."""
 
-    saturated: float | tf.Tensor
-    underflowed: float | tf.Tensor
+    saturated: Any  # A float eagerly, a tensor in a trace.
+    underflowed: Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +181,7 @@ def float8_statistics(model: keras.Model) -> dict[str, Float8LayerStatistics]:
     return statistics
 
 
-def largest_range_used(variables: Iterable[keras.Variable]) -> tf.Tensor | None:
+def largest_range_used(variables: Iterable[keras.Variable]) -> Any:
     """The largest `Float8TensorState.range_used` over the float8 state in `variables`.
 
     `LossScaleOptimizer.step_logs`' `float8_range_used`: a float32 scalar computed in the
@@ -216,7 +217,7 @@ def float8_shares(values: Any, float8_format: str, scale: Any = 1.0) -> Float8Sh
     saturated = ops.sum(ops.cast(ops.abs(scaled) > largest, "float32")) / count
     flushed = (values != 0) & (ops.cast(quantized, "float32") == 0)
     underflowed = ops.sum(ops.cast(flushed, "float32")) / count
-    if tf.executing_eagerly():
+    if not current.is_traced(saturated):
         return Float8Shares(saturated=float(saturated), underflowed=float(underflowed))
     return Float8Shares(saturated=saturated, underflowed=underflowed)
 
@@ -224,7 +225,7 @@ def float8_shares(values: Any, float8_format: str, scale: Any = 1.0) -> Float8Sh
 def format_max(float8_format: str) -> float:
     """The largest finite value of `float8_format` (`e4m3`: 448, `e5m2`: 57344); else refuses."""
     check_choice("float8 format", float8_format, FORMATS)
-    return float(tf.as_dtype(FORMATS[float8_format]).max)
+    return float(ml_dtypes.finfo(FORMATS[float8_format]).max)
 
 
 def _float8_layers(model: keras.Model) -> list[tuple[str, Any]]:

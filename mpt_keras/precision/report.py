@@ -15,9 +15,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import keras
-import tensorflow as tf
 
 from mpt_keras import compat
+from mpt_keras.backend import current
 from mpt_keras.errors import describe_error
 from mpt_keras.keras_bridge.layer_calls import calls_wrapped
 from mpt_keras.keras_bridge.layer_paths import iter_layers
@@ -114,7 +114,8 @@ def precision_report(
     """Describes the precision of every layer of `model`, nested ones included.
 
     Output dtypes come from one forward pass traced as the train step calls it
-    (`training=True`, in a `tf.function` never run: no data, no state change); None if the
+    (`training=True`, in a `tf.function` or `jax.eval_shape` never run: no data, no state
+    change); None if the
     model is not built or the trace fails (logged). A mismatch is a floating tensor the layer
     itself made in another dtype than it computes in (a float32 NumPy constant mixed into
     bfloat16), not one it was given or a sublayer returned.
@@ -171,26 +172,15 @@ def _returned_dtypes(model: keras.Model, inputs: Any) -> dict[int, list[tuple[st
         inputs = _symbolic_inputs(model)
     if not model.built or inputs is None:
         return {}
-    specs = keras.tree.map_structure(
-        lambda value: tf.TensorSpec(
-            tuple(value.shape), keras.backend.standardize_dtype(value.dtype)
-        ),
-        inputs,
-    )
     layers = list({id(layer): layer for _, layer in iter_layers(model)}.values())
     recorder = _CallRecorder()
-
-    @tf.function
-    def train_forward(values):
-        return model(values, training=True)
-
     try:
         with (
             recorder.wrapping(layers),
             compat.call_records_restored([model, *layers]),
             keras.StatelessScope(),  # Nothing the trace assigns or adds as a loss is kept.
         ):
-            train_forward.get_concrete_function(specs)
+            _trace_forward(model, inputs)
     except Exception as error:  # The report still describes the policies.
         # Keras and AutoGraph wrap the error of the layer that failed.
         while error.__cause__ is not None or error.__context__ is not None:
@@ -202,6 +192,30 @@ def _returned_dtypes(model: keras.Model, inputs: Any) -> dict[int, list[tuple[st
         )
         return {}
     return recorder.returned
+
+
+def _trace_forward(model: keras.Model, inputs: Any) -> None:
+    """Traces `model(inputs, training=True)` without running it: a `tf.function`'s concrete
+    function on TensorFlow, `jax.eval_shape` on JAX (a batch of 1 where the size is open)."""
+
+    def dtype(value: Any) -> str:
+        return keras.backend.standardize_dtype(value.dtype)
+
+    def train_forward(values: Any) -> Any:
+        return model(values, training=True)
+
+    if current.is_jax():
+        import jax
+
+        shapes = keras.tree.map_structure(
+            lambda v: jax.ShapeDtypeStruct(tuple(d or 1 for d in v.shape), dtype(v)), inputs
+        )
+        jax.eval_shape(train_forward, shapes)
+        return
+    import tensorflow as tf
+
+    specs = keras.tree.map_structure(lambda v: tf.TensorSpec(tuple(v.shape), dtype(v)), inputs)
+    tf.function(train_forward).get_concrete_function(specs)
 
 
 def _symbolic_inputs(model: keras.Model) -> Any:

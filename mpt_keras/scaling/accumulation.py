@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import keras
-import tensorflow as tf
 from keras import ops
 
 
@@ -24,10 +23,10 @@ class Accumulation(NamedTuple):
 class Window(NamedTuple):
     """This micro-batch's place in the accumulation window."""
 
-    grads: list[tf.Tensor]  # The mean of the window's finite micro-batches (float8: largest).
-    should_apply: tf.Tensor  # The window ends and holds a finite micro-batch.
-    ends: tf.Tensor
-    updates: list[tuple[keras.Variable, tf.Tensor]]  # Accumulator and counter updates.
+    grads: list[Any]  # The mean of the window's finite micro-batches (float8: largest).
+    should_apply: Any  # The window ends and holds a finite micro-batch.
+    ends: Any
+    updates: list[tuple[keras.Variable, Any]]  # Accumulator and counter updates.
 
 
 def accumulate(
@@ -35,7 +34,7 @@ def accumulate(
     rows: list[int],
     grads: list[Any],
     overwritten: list[bool],
-    finite: tf.Tensor,
+    finite: Any,
 ) -> Window:
     """Adds a finite micro-batch to the window; `rows`: each gradient's per-variable state row.
 
@@ -43,12 +42,13 @@ def accumulate(
     accumulation), not a sum.
     """
     accumulators = [accumulation.accumulators[row] for row in rows]
-    grads = [ops.cast(tf.convert_to_tensor(g), acc.dtype) for acc, g in zip(accumulators, grads)]
+    values = [ops.convert_to_tensor(acc) for acc in accumulators]
+    grads = [ops.cast(ops.convert_to_tensor(g), acc.dtype) for acc, g in zip(accumulators, grads)]
     sums = [
         ops.where(finite, ops.maximum(acc, g) if o else acc + g, acc)
-        for acc, g, o in zip(accumulators, grads, overwritten)
+        for acc, g, o in zip(values, grads, overwritten)
     ]
-    count = accumulation.accumulated + ops.cast(finite, "int64")
+    count = accumulation.accumulated + ops.cast(finite, accumulation.accumulated.dtype)
     micro_batch = accumulation.micro_batches + 1
     ends = micro_batch % accumulation.steps == 0
     means = [

@@ -24,6 +24,7 @@ from typing import Any
 import keras
 
 from mpt_keras import compat
+from mpt_keras.backend import current
 from mpt_keras.keras_bridge.layer_paths import iter_layers
 from mpt_keras.scaling.optimizer import LossScaleOptimizer
 
@@ -119,6 +120,11 @@ def _hand_batches_over(model: keras.Model) -> None:
     if not isinstance(optimizer, LossScaleOptimizer):
         return
     class_step = type(model).train_step
+    if current.is_jax():
+        train_step = _jax_train_step(model, optimizer, class_step)
+        setattr(train_step, _HOOK_MARK, True)
+        model.train_step = train_step
+        return
 
     def train_step(data: Any) -> Any:
         optimizer.hand_over_batch(data, state=model.non_trainable_variables)
@@ -129,6 +135,25 @@ def _hand_batches_over(model: keras.Model) -> None:
 
     setattr(train_step, _HOOK_MARK, True)
     model.train_step = train_step
+
+
+def _jax_train_step(
+    model: keras.Model, optimizer: LossScaleOptimizer, class_step: Callable[..., Any]
+) -> Callable[[Any, Any], Any]:
+    """JAX: Keras' step handing over batch and loss (`jax_train_step`); a model's own
+    `train_step` is kept, its logs given the loss-scaling state."""
+    if compat.is_keras_jax_train_step(class_step):
+        from mpt_keras.scaling import jax_train_step
+
+        return functools.partial(jax_train_step.train_step, model, optimizer)
+
+    def train_step(state: Any, data: Any) -> Any:
+        logs, state = class_step(model, state, data)
+        if not isinstance(logs, dict):
+            return logs, state
+        return {**logs, **optimizer.step_logs(state[2], state[0])}, state
+
+    return train_step
 
 
 def _is_hand_over(step: Any) -> bool:

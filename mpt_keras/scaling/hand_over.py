@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import keras
-import tensorflow as tf
+from keras import ops
 
-from mpt_keras.scaling.cross_replica import current_graph, replica_trace_key, tf_variable
+from mpt_keras.backend import current
 
 # The handed-over values that are tensors of the trace they were handed over in.
 _TENSORS = ("loss", "batch", "state")
@@ -28,7 +28,7 @@ class HandOvers:
         return len(self._by_trace)
 
     def put(self, **values: Any) -> None:
-        key = replica_trace_key()
+        key = _replica_trace_key()
         if any(other[0] != key[0] for other in self._by_trace):
             # Left by a trace that never reached `apply` (a `scale_loss` alone).
             self._by_trace = {k: v for k, v in self._by_trace.items() if k[0] == key[0]}
@@ -36,7 +36,11 @@ class HandOvers:
 
     def take(self) -> dict[str, Any]:
         """This replica's values in this trace (none from another graph's trace)."""
-        values = self._by_trace.pop(replica_trace_key(), {})
+        values = self._by_trace.pop(_replica_trace_key(), {})
+        if current.is_jax():  # Eager `apply` only: a JAX trace hands nothing over.
+            return values
+        from mpt_keras.scaling.cross_replica import current_graph
+
         graph = current_graph()
         for name in _TENSORS:
             tensors = keras.tree.flatten(values.get(name))
@@ -45,6 +49,23 @@ class HandOvers:
         return values
 
 
-def state_before(variables: Sequence[keras.Variable]) -> list[tuple[keras.Variable, tf.Tensor]]:
+def state_before(variables: Sequence[keras.Variable]) -> list[tuple[keras.Variable, Any]]:
     """The floating `variables` with a copy of their values now, for `apply(state=...)`."""
-    return [(v, tf.identity(tf_variable(v))) for v in variables if tf.as_dtype(v.dtype).is_floating]
+    floating = [v for v in variables if keras.backend.is_float_dtype(v.dtype)]
+    if current.is_jax():
+        return [(v, ops.copy(v.value)) for v in floating]
+    import tensorflow as tf
+
+    from mpt_keras.scaling.cross_replica import tf_variable
+
+    # tf.identity reads a copy; ops.convert_to_tensor gives the variable back.
+    return [(v, tf.identity(tf_variable(v))) for v in floating]
+
+
+def _replica_trace_key() -> tuple[int, int]:
+    """This replica in this trace (on JAX, where only an eager `apply` takes hand-overs: one)."""
+    if current.is_jax():
+        return (0, 0)
+    from mpt_keras.scaling.cross_replica import replica_trace_key
+
+    return replica_trace_key()

@@ -5,8 +5,6 @@ With float16 or bfloat16 variables a finite gradient can still write an Inf; tha
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -14,51 +12,8 @@ import tensorflow as tf
 from keras import ops
 
 from mpt_keras import compat
-from mpt_keras.precision.float8 import is_float8_state
 from mpt_keras.scaling.cross_replica import Writer, tf_variable
-from mpt_keras.scaling.verdict import spread_over
-
-_FULL_PRECISION = ("float32", "float64")
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelVariables:
-    """The model variables the optimizer was built on, and those an update is checked on.
-
-    One object, not list attributes: Keras' tracker would save and load the variables of an
-    optimizer's list attributes by position, as its own.
-    """
-
-    variables: tuple[keras.Variable, ...]  # In `build`'s order.
-    positions: dict[int, int] = dataclasses.field(compare=False)  # id -> per-variable state row.
-    update_checked: tuple[keras.Variable, ...]  # Low precision: an update may overflow them.
-    update_restored: tuple[keras.Variable, ...]  # Those, float8 state, inner slots: undone.
-
-    @classmethod
-    def of(
-        cls,
-        var_list: Sequence[keras.Variable],
-        in_state_order: Sequence[keras.Variable],
-        inner: Any,
-    ) -> ModelVariables:
-        """`var_list` with its per-variable state in `in_state_order`, for `inner` (built)."""
-        low_precision = [v for v in var_list if v.dtype not in _FULL_PRECISION]
-        return cls(
-            variables=tuple(var_list),
-            positions={id(v): i for i, v in enumerate(in_state_order)},
-            update_checked=tuple(low_precision),
-            update_restored=tuple(
-                low_precision
-                and [
-                    *low_precision,
-                    *(v for v in var_list if is_float8_state(v)),
-                    *(v for v in inner.variables if v.dtype not in ("int32", "int64")),
-                ]
-            ),
-        )
-
-    def position(self, variable: keras.Variable) -> int:
-        return self.positions[id(variable)]
+from mpt_keras.scaling.own_variables import ModelVariables, spread_over
 
 
 def apply_inner(

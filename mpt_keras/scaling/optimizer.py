@@ -1,4 +1,6 @@
-"""Dynamic loss scaling that stays correct under tf.distribute, clipping and XLA."""
+"""Dynamic loss scaling that stays correct under distribution, clipping and XLA, on
+Keras' TensorFlow backend (`step`: variables written in one cross-replica `cond`) and its JAX
+backend (`stateless_step`: the same rules as a function of values)."""
 
 from __future__ import annotations
 
@@ -7,26 +9,22 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
-import tensorflow as tf
 from keras import ops
 
 from mpt_keras import compat
+from mpt_keras.backend import current
 from mpt_keras.checks import refusal
-from mpt_keras.scaling import readings, scale_rule
+from mpt_keras.scaling import readings, scale_rule, stateless_step
 from mpt_keras.scaling import settings as loss_scale_settings
 from mpt_keras.scaling.accumulation import Accumulation
 from mpt_keras.scaling.hand_over import HandOvers, state_before
 from mpt_keras.scaling.health import BAD_BATCH_MEMORY, StepHealth
-from mpt_keras.scaling.inner_update import ModelVariables
+from mpt_keras.scaling.own_variables import ModelVariables, OwnVariables
 from mpt_keras.scaling.scale_rule import ScaleVariables
 from mpt_keras.scaling.settings import LossScaleSettings
-from mpt_keras.scaling.step import OwnVariables, run_step
-from mpt_keras.scaling.verdict import unscaled_like
 
 _StockLossScaleOptimizer = keras.optimizers.LossScaleOptimizer
 _DEFAULTS = LossScaleSettings()
-
-compat.install()
 
 
 @keras.saving.register_keras_serializable(package="mpt_keras")
@@ -41,8 +39,8 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
     `growth_factor` after `growth_interval` finite steps and backs off by `backoff_factor`
     from the `hysteresis`-th overflow since the last growth, within `[min_scale, max_scale]`.
     It takes over the inner `gradient_accumulation_steps` and `loss_scale_factor`; all state
-    is optimizer variables. TensorFlow only. docs/loss_scaling.md compares it with Keras',
-    tf-keras' and PyTorch's.
+    is optimizer variables. On JAX, Keras' trainer calls `stateless_apply`, which takes the
+    same steps as values. docs/loss_scaling.md compares it with Keras', tf-keras' and PyTorch's.
 
     Args:
         initial_scale, ..., all_reduce_dtype: `LossScaleSettings` (checked, defaulted there).
@@ -139,7 +137,8 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         )
 
     def _add_counter(self, name: str, shape: tuple[int, ...] = ()) -> keras.Variable:
-        return self.add_variable(shape=shape, dtype="int64", name=name)
+        # "int": int64 on TensorFlow; on JAX, int32 unless x64 is on (Keras' `iterations` too).
+        return self.add_variable(shape=shape, dtype="int", name=name)
 
     def build(self, var_list: Sequence[keras.Variable]) -> None:
         var_list = list(var_list)
@@ -176,34 +175,43 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             variable.assign(store[str(4 + i)])
 
     @property
-    def loss_scale(self) -> float | tf.Tensor:
+    def loss_scale(self) -> Any:
         """The current loss scale: a float eagerly, a tensor in a graph."""
         return _read(self.dynamic_scale, float)
 
     @property
-    def skipped_steps(self) -> int | tf.Tensor:
+    def skipped_steps(self) -> Any:
         """Steps (micro-batches) skipped: non-finite gradients, updates or batches."""
         return _read(self._skipped_counter, int)
 
     @property
-    def bad_batches(self) -> int | tf.Tensor:
+    def bad_batches(self) -> Any:
         """Steps skipped because their loss or batch held a NaN or Inf."""
         return _read(self._bad_batch_counter, int)
 
     @property
-    def gradient_norm(self) -> tf.Tensor:
+    def gradient_norm(self) -> Any:
         """The last step's unscaled global gradient norm, before clipping (a tensor)."""
         return readings.gradient_norm(self._own_variables())
 
     @property
-    def last_loss(self) -> float | tf.Tensor:
+    def last_loss(self) -> Any:
         """The loss (summed over replicas and elements) of the last step with a finite batch."""
         return _read(self._last_loss, float)
 
-    def step_logs(self) -> dict[str, tf.Tensor]:
+    def step_logs(
+        self, values: Sequence[Any] | None = None, trainable_values: Sequence[Any] = ()
+    ) -> dict[str, Any]:
         """The loss-scaling state for a train step's logs, read in its graph after `apply()`
-        so each step's logs hold its own values even where callbacks lag."""
-        return readings.step_logs(self._own_variables())
+        so each step's logs hold its own values even where callbacks lag; on JAX, of the
+        optimizer `values` and `trainable_values` its `stateless_apply` returned."""
+        if values is None:
+            return readings.step_logs(self._own_variables())
+        mapping = list(zip(self.variables, values))
+        if self.built:
+            mapping += list(zip(self._built_on.variables, trainable_values))
+        with keras.StatelessScope(state_mapping=mapping):
+            return readings.step_logs(self._own_variables())
 
     def health(self) -> StepHealth:
         """The `StepHealth` the last steps left, in one read (call eagerly)."""
@@ -217,25 +225,29 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         """Per variable path, the steps whose gradient or update was non-finite (call eagerly)."""
         return readings.nonfinite_counts(self._own_variables())
 
-    def scale_loss(self, loss: tf.Tensor) -> tf.Tensor:
+    def scale_loss(self, loss: Any) -> Any:
         """The loss times the scale; this replica's next `apply` judges the loss (see `apply`)."""
         loss = ops.convert_to_tensor(loss)  # A number or a tensor of any shape, as the stock.
-        self._handed_over.put(loss=loss)
+        if not (current.is_jax() and current.is_traced(loss)):  # It would leak from jax.grad.
+            self._handed_over.put(loss=loss)
         return ops.multiply(loss, ops.cast(self.dynamic_scale, loss.dtype))
 
-    def get_scaled_loss(
-        self, loss: tf.Tensor | Callable[[], tf.Tensor]
-    ) -> tf.Tensor | Callable[[], tf.Tensor]:
+    def get_scaled_loss(self, loss: Any | Callable[[], Any]) -> Any | Callable[[], Any]:
         """Keras 2 (tf-keras) API: the loss times the scale (for a callable, a callable)."""
         if callable(loss):
             return lambda: self.scale_loss(loss())
         return self.scale_loss(loss)
 
-    def get_unscaled_gradients(self, grads: Sequence[tf.Tensor | None]) -> list[tf.Tensor | None]:
+    def get_unscaled_gradients(self, grads: Sequence[Any | None]) -> list[Any | None]:
         """Keras 2 (tf-keras) API: `grads` unscaled, each in its dtype, as this replica's next
         `apply` then takes them. Not for float8 layers (their new scales would be divided too).
         """
         self._handed_over.put(unscaled=True)
+        if current.is_jax():
+            scale = ops.convert_to_tensor(self.dynamic_scale)
+            return [None if g is None else ops.cast(ops.divide(g, scale), g.dtype) for g in grads]
+        from mpt_keras.scaling.verdict import unscaled_like
+
         return [None if g is None else unscaled_like(g, self.dynamic_scale) for g in grads]
 
     def hand_over_batch(self, batch: Any, state: Sequence[keras.Variable] = ()) -> None:
@@ -244,13 +256,13 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
 
     def apply(
         self,
-        grads: Sequence[tf.Tensor | None],
+        grads: Sequence[Any | None],
         trainable_variables: Sequence[keras.Variable] | None = None,
         *,
-        loss: tf.Tensor | None = None,
+        loss: Any = None,
         batch: Any = None,
-        state: Sequence[tuple[keras.Variable, tf.Tensor]] | None = None,
-    ) -> tf.Tensor:
+        state: Sequence[tuple[keras.Variable, Any]] | None = None,
+    ) -> Any:
         """Applies one step: unscale, judge, then the inner `apply()` or a skip.
 
         `loss`, `batch`: this replica's unscaled loss and batch unless handed over
@@ -258,7 +270,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         `state_before(variables)` of what the forward pass updates, put back on a skip.
         Returns whether the step was a bad batch on any replica (a bool tensor).
         """
-        if tf.distribute.in_cross_replica_context():
+        if _in_cross_replica_context():
             raise ValueError(
                 "apply() must be called in a replica context, e.g. inside "
                 "strategy.run(); it was called in a cross-replica context."
@@ -288,6 +300,12 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             state = handed_over.get("state", ())
         caller_unscaled = handed_over.get("unscaled", False)
         own = self._own_variables()
+        if current.is_jax():
+            return stateless_step.apply_eagerly(
+                self, own, grads, variables, loss, batch, list(state), caller_unscaled
+            )
+        from mpt_keras.scaling.step import run_step
+
         return run_step(self, own, grads, variables, loss, batch, list(state), caller_unscaled)
 
     def _own_variables(self) -> OwnVariables:
@@ -313,14 +331,39 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
 
     def stateless_apply(
         self,
-        optimizer_variables: Sequence[tf.Tensor],
-        grads: Sequence[tf.Tensor],
-        trainable_variables: Sequence[tf.Tensor],
-    ) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
-        # Past the stock one, which would move the scale, unbounded, before failing.
-        return super(_StockLossScaleOptimizer, self).stateless_apply(
-            optimizer_variables, grads, trainable_variables
+        optimizer_variables: Sequence[Any],
+        grads: Sequence[Any],
+        trainable_variables: Sequence[Any],
+        *,
+        loss: Any = None,
+        batch: Any = None,
+    ) -> tuple[list[Any], list[Any]]:
+        """The new trainable and optimizer values of one step (Keras' JAX trainer calls it);
+        `loss` and `batch` as in `apply`. On TensorFlow, the base class's (which refuses)."""
+        if not current.is_jax():
+            # Past the stock one, which would move the scale, unbounded, before failing.
+            return super(_StockLossScaleOptimizer, self).stateless_apply(
+                optimizer_variables, grads, trainable_variables
+            )
+        if not self.built:
+            raise ValueError(
+                "To call `stateless_apply`, the optimizer must be built: call "
+                "`optimizer.build(trainable_variables)` first."
+            )
+        return stateless_step.stateless_step(
+            self,
+            self._own_variables(),
+            optimizer_variables,
+            grads,
+            trainable_variables,
+            loss=loss,
+            batch=batch,
         )
+
+    def stateless_skipped(self, before: Sequence[Any], after: Sequence[Any]) -> Any:
+        """Whether the step from optimizer values `before` to `after` was skipped (a bool
+        tensor): the train step then keeps the forward pass's state as it was."""
+        return stateless_step.step_skipped(self, self._own_variables(), before, after)
 
     def get_config(self) -> dict[str, Any]:
         # The stock keys (`dynamic_growth_steps` among them), then ours.
@@ -338,9 +381,18 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         return config
 
 
+def _in_cross_replica_context() -> bool:
+    if current.is_jax():
+        return False
+    import tensorflow as tf
+
+    return tf.distribute.in_cross_replica_context()
+
+
 def _read(variable: keras.Variable, to_python: type) -> Any:
-    if tf.executing_eagerly():
-        # Not np.array(variable): NumPy 2 warns on Keras' Variable.__array__ (Keras' saving reads
-        # these properties).
-        return to_python(variable.numpy())
-    return ops.convert_to_tensor(variable)
+    value = ops.convert_to_tensor(variable)
+    if current.is_traced(value):
+        return value
+    # Not np.array(variable): NumPy 2 warns on Keras' Variable.__array__ (Keras' saving reads
+    # these properties).
+    return to_python(variable.numpy())

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import tensorflow as tf
+from typing import Any
+
 from keras import ops
 
 from mpt_keras.precision.float8 import largest_range_used
@@ -15,14 +16,14 @@ from mpt_keras.scaling.health import (
     SKIPPED_STEPS,
     StepHealth,
 )
-from mpt_keras.scaling.step import OwnVariables
+from mpt_keras.scaling.own_variables import OwnVariables
 
 
-def gradient_norm(own: OwnVariables) -> tf.Tensor:
+def gradient_norm(own: OwnVariables) -> Any:
     return ops.sqrt(2.0 * ops.convert_to_tensor(own.half_squared_norm))
 
 
-def step_logs(own: OwnVariables) -> dict[str, tf.Tensor]:
+def step_logs(own: OwnVariables) -> dict[str, Any]:
     """Float32 scalars under the `health` keys; `float8_range_used` with float8 layers."""
     logs = {
         LOSS_SCALE: ops.convert_to_tensor(own.scale.scale),

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import keras
 from keras import ops
 
-from mpt_keras.scaling.cross_replica import Writer
+if TYPE_CHECKING:
+    from mpt_keras.scaling.cross_replica import Writer
 
 
 class ScaleVariables(NamedTuple):

@@ -7,7 +7,7 @@ The write is one `cond` on a verdict every replica shares, so each outcome
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -17,30 +17,18 @@ from mpt_keras import compat
 from mpt_keras.errors import UserInputError
 from mpt_keras.precision.float8 import is_float8_state
 from mpt_keras.scaling import scale_rule
-from mpt_keras.scaling.accumulation import Accumulation, accumulate
+from mpt_keras.scaling.accumulation import accumulate
 from mpt_keras.scaling.cross_replica import Writer, all_reduce_gradients
 from mpt_keras.scaling.health import BAD_BATCH_MEMORY
-from mpt_keras.scaling.inner_update import ModelVariables, apply_inner, skip_inner
-from mpt_keras.scaling.scale_rule import ScaleVariables
+from mpt_keras.scaling.inner_update import apply_inner, skip_inner
+from mpt_keras.scaling.own_variables import OwnVariables, spread_over
 from mpt_keras.scaling.step_record import StepRecord
-from mpt_keras.scaling.verdict import batch_verdict, judge_gradients, spread_over, unscale
+from mpt_keras.scaling.verdict import batch_verdict, judge_gradients, unscale
 
 # Ours (not imported: it imports this module); read: settings, `dynamic_scale`, the inner.
 _Optimizer = keras.optimizers.LossScaleOptimizer
 
-
-class OwnVariables(NamedTuple):
-    """The optimizer's variables beyond its public ones: what a step writes, `readings` read."""
-
-    scale: ScaleVariables
-    skipped: keras.Variable
-    nonfinite: keras.Variable | None  # Per built variable (None before `build`).
-    bad_batches: keras.Variable
-    bad_batch_ring: keras.Variable
-    last_loss: keras.Variable
-    half_squared_norm: keras.Variable
-    model: ModelVariables | None  # None before `build`.
-    accumulation: Accumulation | None
+compat.install()  # `gradients_already_reduced`, for `inner_update.apply_inner`.
 
 
 def _scale_is_one(optimizer: _Optimizer) -> bool:

@@ -75,15 +75,6 @@ def batch_verdict(loss: tf.Tensor | None, batch: Any) -> tuple[tf.Tensor, tf.Ten
     return bad, loss
 
 
-def spread_over(flags: tf.Tensor, positions: list[int], count: int) -> tf.Tensor:
-    """`flags` of the variables at `positions`, spread over all `count` (False elsewhere)."""
-    if positions == list(range(count)):
-        return flags
-    where = dict(zip(positions, range(len(positions))))
-    padded = ops.concatenate([flags, ops.zeros((1,), "bool")], axis=0)
-    return ops.take(padded, [where.get(i, len(positions)) for i in range(count)])
-
-
 def unscale(gradient: tf.Tensor, scale: tf.Tensor | keras.Variable) -> tf.Tensor:
     # ops.divide promotes float16 to float32 (the scale's dtype): no flush to zero.
     return ops.divide(gradient, scale)

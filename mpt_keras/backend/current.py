@@ -1,0 +1,35 @@
+"""Which Keras backend runs, and the few questions whose answer depends on it.
+
+The library asks here, never `keras.backend.backend()` itself, so a new backend is one place
+to teach; TensorFlow and JAX are imported only when they are the backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+# The Keras backends mpt_keras serves, its first first.
+BACKENDS = ("tensorflow", "jax")
+
+
+def name() -> str:
+    """Keras' backend ("tensorflow" or "jax"), as set by `KERAS_BACKEND` before Keras loaded."""
+    return keras.backend.backend()
+
+
+def is_jax() -> bool:
+    return name() == "jax"
+
+
+def is_traced(value: Any = None) -> bool:
+    """Whether code runs in a trace (a `tf.function` graph; a JAX tracer for `value`), where a
+    tensor cannot become a Python number."""
+    if is_jax():
+        import jax
+
+        return isinstance(value, jax.core.Tracer)
+    import tensorflow as tf
+
+    return not tf.executing_eagerly()

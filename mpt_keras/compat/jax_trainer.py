@@ -1,0 +1,30 @@
+"""Touches of Keras' JAX trainer: its own train step, and its metric update the loss-scaling
+train step reuses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+
+def update_metrics_variables(
+    model: keras.Model,
+    metrics_variables: list[Any],
+    unscaled_loss: Any,
+    x: Any,
+    y: Any,
+    y_pred: Any,
+    sample_weight: Any,
+) -> tuple[dict[str, Any], list[Any]]:
+    """The step's logs and new metric values, as Keras' JAX `train_step` computes them."""
+    return model._update_metrics_variables(
+        metrics_variables, unscaled_loss, x, y, y_pred, sample_weight
+    )
+
+
+def is_keras_jax_train_step(train_step: Any) -> bool:
+    """Whether `train_step` (a class's) is Keras' JAX one, not a model's override."""
+    from keras.src.backend.jax.trainer import JAXTrainer
+
+    return train_step is JAXTrainer.train_step
