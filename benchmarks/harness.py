@@ -22,6 +22,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from benchmarks import result_files
 from mpt_keras import models
 from mpt_keras.precision.hardware import probe_hardware
 
@@ -181,7 +182,7 @@ def machine() -> dict[str, Any]:
     """The machine and software measured on, for a result's JSON."""
     cpu_flags = probe_hardware().cpu_flags
     return {
-        "cpu": _cpu_model(),
+        "cpu": result_files.cpu_model(),
         "cpu_count": os.cpu_count(),
         "cpu_flags": sorted(flag for flag in _LOW_PRECISION_CPU_FLAGS if flag in cpu_flags),
         "platform": platform.platform(),
@@ -191,15 +192,3 @@ def machine() -> dict[str, Any]:
         "devices": devices(),
         "process_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as file:
-            for line in file:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import platform
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -42,6 +43,19 @@ def record(command: Sequence[str]) -> dict[str, Any]:
         "command": shlex.join(command),
         "cpu_flags": [flag for flag in CPU_FLAGS if flag in cpu_flags],
     }
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), or what Python's platform says."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as file:
+            for line in file:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def stamp(path: str, command: Sequence[str]) -> None:
@@ -87,7 +101,8 @@ def describe(result: Mapping[str, Any], source: str) -> str:
     return (
         f"{machine['cpu']}, {machine['cpu_count']} cores, CPU flags {flags}, "
         + (f"devices {' '.join(accelerators)}, " if accelerators else "")
-        + f"TensorFlow {machine['tensorflow']}, Keras {machine['keras']}"
+        + (f"JAX {machine['jax']}" if "jax" in machine else f"TensorFlow {machine['tensorflow']}")
+        + f", Keras {machine['keras']}"
     )
 
 

@@ -18,7 +18,13 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 
 @pytest.mark.slow
 def test_the_jax_backend_passes_the_neutral_and_jax_tests(tmp_path):
-    env = {**os.environ, "KERAS_BACKEND": "jax", "MPT_KERAS_BLOCK_TENSORFLOW": "1"}
+    env = {
+        **os.environ,
+        "KERAS_BACKEND": "jax",
+        "MPT_KERAS_BLOCK_TENSORFLOW": "1",
+        # Two CPU devices, for keras.distribution.DataParallel.
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+    }
     env.pop("PYTEST_XDIST_WORKER", None)
     report = tmp_path / "jax.xml"
     result = subprocess.run(

@@ -58,3 +58,25 @@ def test_the_other_public_names_say_in_one_line_that_they_need_tensorflow(name):
     message = str(raised.value)
     assert "\n" not in message
     assert f"mpt_keras.{name}" in message and "TensorFlow" in message and "jax" in message
+
+
+def test_under_data_parallel_a_nan_in_one_devices_half_skips_the_step_for_all():
+    """The child runs with two CPU devices (XLA's host platform device count)."""
+    import jax
+    import numpy as np
+
+    assert len(jax.devices()) == 2
+    keras.distribution.set_distribution(keras.distribution.DataParallel())
+    try:
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.set_weights([np.ones((3, 1), "float32"), np.zeros((1,), "float32")])
+        opt = mpt_keras.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+        model.compile(optimizer=opt, loss="mse")
+        x = np.ones((8, 3), "float32")
+        x[5, 0] = np.nan  # In the second device's half of the second batch.
+        model.fit(x, np.ones((8, 1), "float32"), batch_size=4, shuffle=False, verbose=0)
+    finally:
+        keras.distribution.set_distribution(None)
+    assert (opt.skipped_steps, opt.bad_batches, int(opt.iterations)) == (1, 1, 2)
+    assert opt.health().bad_batch_steps == (2,)
+    assert np.isfinite(model.get_weights()[0]).all()

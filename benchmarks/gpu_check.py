@@ -1,0 +1,252 @@
+"""The GPU check: stock Keras against mpt_keras on Keras' JAX backend, one process per cell.
+
+    python -m benchmarks.gpu_check [--small] [--output=benchmarks/results] [--steps=20]
+
+The reference Transformer (`mpt_keras.models.build_transformer_lm`: width 768, 12 heads, 6
+blocks, 512 tokens, batch 16, a 32,768-token vocabulary; 92M parameters) trained in float32
+(XLA's matmul precision "highest"), TF32 ("tensorfloat32"), `mixed_bfloat16`, `mixed_float16`
+and float8 (the bundled float8 manifest's matmuls; bfloat16 elsewhere), each by stock Keras and
+by mpt_keras in its own process, so that peak device memory is that cell's. Per cell: the
+median step, examples/s, peak device memory, the final loss; per precision, ours/stock. Stock
+Keras never imports mpt_keras: its float16 step gets Keras' own LossScaleOptimizer, its float8
+the same layers quantized by `layer.quantize("float8")`.
+
+Written to `<output>/gpu_<date>_<device>.json`, which `python -m benchmarks.docs_tables` makes
+docs/benchmarks.md's table of. `--small` is the CPU dry run the suite runs (width 32, 2 blocks,
+a few steps, cells in this process unless `--per_cell_processes`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+os.environ["KERAS_BACKEND"] = "jax"  # Before Keras loads: the check is of Keras' JAX backend.
+
+from absl import app, flags  # noqa: E402
+
+BENCHMARK = "gpu_check"  # benchmarks.gpu_table's.
+PRECISIONS = ("float32", "tf32", "mixed_bfloat16", "mixed_float16", "float8")
+STACKS = ("stock", "ours")
+FLOAT8_MANIFEST = "configs/manifests/python_source_transformer_float8.json"
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """The Transformer and its batch."""
+
+    width: int
+    heads: int
+    blocks: int
+    tokens: int
+    batch: int
+    vocabulary: int
+
+
+REFERENCE = Shape(width=768, heads=12, blocks=6, tokens=512, batch=16, vocabulary=32768)
+SMALL = Shape(width=32, heads=2, blocks=2, tokens=16, batch=4, vocabulary=64)
+
+
+def measure_cell(precision: str, stack: str, shape: Shape, steps: int) -> dict[str, Any]:
+    """Trains one cell's model for 2 warm-up steps (compilation) and `steps` timed ones."""
+    import jax
+    import keras
+    import numpy as np
+
+    from mpt_keras.models.transformer import build_transformer_lm
+
+    if stack == "ours":  # Our loss scaling for float16, our step logs.
+        from mpt_keras.scaling import compile_hook
+
+        compile_hook.install()
+    elif "mpt_keras.scaling.compile_hook" in sys.modules:
+        raise RuntimeError("a stock cell after mpt_keras hooked Keras' compile")
+    keras.utils.set_random_seed(0)
+    policy = {"float32": "float32", "tf32": "float32", "float8": "mixed_bfloat16"}
+    keras.mixed_precision.set_global_policy(policy.get(precision, precision))
+    model = build_transformer_lm(
+        shape.vocabulary, shape.tokens, num_layers=shape.blocks, d_model=shape.width,
+        num_heads=shape.heads,
+    )  # fmt: skip
+    if precision == "float8":
+        _to_float8(model, stack)
+    model.compile(
+        optimizer=keras.optimizers.AdamW(1e-4),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=True,
+    )
+    rng = np.random.RandomState(0)
+    tokens = rng.randint(0, shape.vocabulary, size=(shape.batch, shape.tokens + 1), dtype="int32")
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    # float32: exact float32 matmuls ("highest"); TF32: XLA's "tensorfloat32" (its GPU default).
+    matmul = {"float32": "highest", "tf32": "tensorfloat32"}.get(precision)
+    times, loss = [], float("nan")
+    with jax.default_matmul_precision(matmul) if matmul else contextlib.nullcontext():
+        for step in range(2 + steps):
+            start = time.perf_counter()
+            loss = float(model.train_on_batch(x, y))  # A host value: the step has finished.
+            if step >= 2:
+                times.append(time.perf_counter() - start)
+    median = statistics.median(times)
+    memory = jax.devices()[0].memory_stats() or {}
+    return {
+        "precision": precision,
+        "stack": stack,
+        "optimizer": type(model.optimizer).__module__ + "." + type(model.optimizer).__name__,
+        "median_step_ms": median * 1000,
+        "step_ms": [t * 1000 for t in times],
+        "examples_per_second": shape.batch / median,
+        "peak_device_bytes": memory.get("peak_bytes_in_use"),
+        "final_loss": loss,
+    }
+
+
+def _to_float8(model: Any, stack: str) -> None:
+    """Ours: the float8 manifest. Stock: Keras' `quantize("float8")` on the layers it names."""
+    from mpt_keras.precision.manifest import PrecisionManifest
+
+    manifest = PrecisionManifest.from_json(os.path.join(_REPO, FLOAT8_MANIFEST))
+    if stack == "ours":
+        manifest.apply(model)
+        return
+    pattern = next(rule.path for rule in manifest.rules if rule.policy == "float8")
+    from mpt_keras.keras_bridge.layer_paths import iter_layers
+
+    for path, layer in iter_layers(model):
+        if re.search(pattern, path):
+            layer.quantize("float8")
+
+
+def run_check(
+    shape: Shape, steps: int, precisions: Sequence[str], per_cell_processes: bool
+) -> dict[str, Any]:
+    """Every cell (in its own process when `per_cell_processes`), with ours/stock per precision."""
+    rows = []
+    for stack in STACKS:  # Stock first: in one process, ours hooks Keras for good.
+        for precision in precisions:
+            try:
+                if per_cell_processes:
+                    rows.append(_cell_in_a_process(precision, stack, shape, steps))
+                else:
+                    rows.append(measure_cell(precision, stack, shape, steps))
+            except Exception as error:  # One failed cell loses no other (a GPU run is one try).
+                message = str(error).strip().splitlines() or [type(error).__name__]
+                rows.append({"precision": precision, "stack": stack, "error": message[-1][:300]})
+    times = {(r["precision"], r["stack"]): r.get("median_step_ms") for r in rows}
+    ratios = {
+        p: times[p, "ours"] / times[p, "stock"]
+        for p in precisions
+        if times[p, "ours"] and times[p, "stock"]
+    }
+    speedups = {
+        f"mixed_bfloat16_over_{base}": times[base, "stock"] / times["mixed_bfloat16", "stock"]
+        for base in ("float32", "tf32")
+        if times.get((base, "stock")) and times.get(("mixed_bfloat16", "stock"))
+    }
+    return {
+        "benchmark": BENCHMARK,
+        "shape": dataclasses.asdict(shape),
+        "steps": steps,
+        "rows": rows,
+        "ours_over_stock": ratios,
+        "speedups": speedups,
+    }
+
+
+def _cell_in_a_process(precision: str, stack: str, shape: Shape, steps: int) -> dict[str, Any]:
+    command = [
+        sys.executable, "-m", "benchmarks.gpu_check", f"--cell={precision},{stack}",
+        f"--steps={steps}", f"--shape={json.dumps(dataclasses.asdict(shape))}",
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=_REPO, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        errors = [line for line in done.stderr.splitlines() if "Error" in line]
+        raise RuntimeError((errors or done.stderr.splitlines() or ["no output"])[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def machine() -> dict[str, Any]:
+    import jax
+    import keras
+
+    from benchmarks import result_files
+
+    return {
+        "cpu": result_files.cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "devices": [f"/device:{d.platform.upper()}:{d.id} {d.device_kind}" for d in jax.devices()],
+        "jax": jax.__version__,
+        "keras": keras.__version__,
+    }
+
+
+def result_path(output: str, device_kind: str, today: datetime.date) -> str:
+    """`<output>/gpu_<date>_<device>.json`, the device's name in lower case with dashes."""
+    device = re.sub(r"[^a-z0-9]+", "-", device_kind.lower()).strip("-") or "unknown"
+    return os.path.join(output, f"gpu_{today.isoformat()}_{device}.json")
+
+
+FLAGS = flags.FLAGS
+flags.DEFINE_bool("small", False, "The CPU dry run: a width-32 model, a few steps.")
+flags.DEFINE_integer("steps", None, "Timed steps per cell (default 20; --small: 3).", lower_bound=1)
+flags.DEFINE_list("precisions", list(PRECISIONS), f"Any of {', '.join(PRECISIONS)}.")
+flags.DEFINE_string("output", "benchmarks/results", "The folder the result file is written to.")
+flags.DEFINE_bool(
+    "per_cell_processes", None, "One process per cell (default: yes, except with --small)."
+)
+flags.DEFINE_string("cell", None, "Internal: measure one cell, `precision,stack`; print JSON.")
+flags.DEFINE_string(
+    "shape",
+    None,
+    "The model's shape as JSON (Shape's fields), instead of --small's or the reference's.",
+)
+
+
+def main(argv: Sequence[str]) -> None:
+    from mpt_keras.checks import refusal
+
+    if FLAGS.cell:
+        precision, stack = FLAGS.cell.split(",")
+        shape = Shape(**json.loads(FLAGS.shape))
+        print(json.dumps(measure_cell(precision, stack, shape, FLAGS.steps)))
+        return
+    unknown = [p for p in FLAGS.precisions if p not in PRECISIONS]
+    if unknown:
+        raise app.UsageError(str(refusal("--precisions", ",".join(unknown), ", ".join(PRECISIONS))))
+    shape = SMALL if FLAGS.small else REFERENCE
+    if FLAGS.shape:
+        shape = Shape(**json.loads(FLAGS.shape))
+    steps = FLAGS.steps or (3 if FLAGS.small else 20)
+    per_cell = not FLAGS.small if FLAGS.per_cell_processes is None else FLAGS.per_cell_processes
+    result = run_check(shape, steps, FLAGS.precisions, per_cell)
+    import jax
+
+    from benchmarks import result_files
+
+    result["machine"] = machine()
+    result["run"] = result_files.record(["python", "-m", "benchmarks.gpu_check", *sys.argv[1:]])
+    path = result_path(FLAGS.output, jax.devices()[0].device_kind, datetime.date.today())
+    os.makedirs(FLAGS.output, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as file:
+        json.dump(result, file, indent=2)
+    for row in result["rows"]:
+        figure = row.get("error") or f"{row['median_step_ms']:.2f} ms a step"
+        print(f"{row['precision']:>15} {row['stack']:>5}: {figure}")
+    for precision, ratio in result["ours_over_stock"].items():
+        print(f"{precision:>15}: ours/stock {ratio:.3f}")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    app.run(main)

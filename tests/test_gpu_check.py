@@ -1,0 +1,55 @@
+"""benchmarks/gpu_check.py's dry run on CPU (`--small`): the script a lent GPU runs once."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import docs_tables
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _check(*flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_check", *flags],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.slow
+def test_the_dry_run_measures_each_cell_in_its_own_process_and_makes_the_docs_table(tmp_path):
+    done = _check("--small", "--per_cell_processes", "--precisions=float8", "--steps=1",
+                  f"--output={tmp_path}")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    path = tmp_path / f"gpu_{datetime.date.today().isoformat()}_cpu.json"
+    result = json.loads(path.read_text())
+    assert result["benchmark"] == "gpu_check" and result["shape"]["width"] == 32
+    assert [(row["precision"], row["stack"]) for row in result["rows"]] == [
+        ("float8", "stock"),
+        ("float8", "ours"),
+    ]
+    for row in result["rows"]:
+        assert row["median_step_ms"] > 0 and math.isfinite(row["final_loss"])
+    ratio = result["ours_over_stock"]["float8"]
+    assert ratio == result["rows"][1]["median_step_ms"] / result["rows"][0]["median_step_ms"]
+    assert result["machine"]["jax"] and "tensorflow" not in result["machine"]
+    assert result["run"]["command"].startswith("python -m benchmarks.gpu_check --small")
+    table = docs_tables.section_lines("gpu.json", result)
+    assert any(line.startswith("| float8 | ours | ") for line in table)
+    assert "JAX " in table[1] and "`python -m benchmarks.gpu_check --small" in table[1]
+
+
+def test_an_unknown_precision_is_one_line():
+    done = _check("--precisions=float32,int4")
+    assert done.returncode != 0
+    assert "--precisions: received int4. Allowed: float32, tf32, mixed_bfloat16" in done.stderr
