@@ -130,6 +130,7 @@ def run_of(result: Mapping[str, Any], source: str) -> dict[str, Any]:
     if "run" not in result:
         raise UserInputError(
             f"{source}: no 'run' record (date, command, CPU flags). Allowed: a result written "
-            "by mpt-bench --output or python -m benchmarks.stack_ablation --add_to"
+            "by mpt-bench --output, python -m benchmarks.stack_ablation --add_to or "
+            "python -m benchmarks.gpu_check"
         )
     return result["run"]

@@ -169,6 +169,7 @@ def test_the_committed_page_matches_the_committed_result_files():
         "benchmarks/results/bench_float8.json",
         "benchmarks/results/bench.json",
         "benchmarks/results/stack_ablation.json",
+        "benchmarks/results/gpu_2026-11-27_cpu.json",
     ]
     assert docs_tables.regenerate(text, REPO) == (text, [])
 
@@ -262,17 +263,18 @@ def test_a_bad_marker_is_named_with_its_line(page, message, tmp_path):
         (
             {key: value for key, value in BENCH.items() if key != "run"},
             "r.json: no 'run' record (date, command, CPU flags). Allowed: a result written by "
-            "mpt-bench --output or python -m benchmarks.stack_ablation --add_to",
+            "mpt-bench --output, python -m benchmarks.stack_ablation --add_to or "
+            "python -m benchmarks.gpu_check",
         ),
         (
             {"benchmark": "matmul"},
             "r.json: received benchmark 'matmul'. Allowed: a result of benchmark 'suite' or "
-            "'stack_ablation'",
+            "'stack_ablation' or 'gpu_check'",
         ),
         (
             [BENCH],
             "r.json: received a JSON list. Allowed: a result of benchmark 'suite' or "
-            "'stack_ablation'",
+            "'stack_ablation' or 'gpu_check'",
         ),
         (
             {"benchmark": "stack_ablation", "cells": [CELLS[0], CELLS[1], CELLS[0]]},

@@ -80,3 +80,57 @@ def test_under_data_parallel_a_nan_in_one_devices_half_skips_the_step_for_all():
     assert (opt.skipped_steps, opt.bad_batches, int(opt.iterations)) == (1, 1, 2)
     assert opt.health().bad_batch_steps == (2,)
     assert np.isfinite(model.get_weights()[0]).all()
+
+
+def test_a_float8_manifest_applies_and_the_report_reads_each_layers_dtypes():
+    import numpy as np
+
+    inputs = keras.Input((8,))
+    hidden = keras.layers.Dense(16, name="hidden")(inputs)
+    normed = keras.layers.LayerNormalization(name="norm")(hidden)
+    model = keras.Model(inputs, keras.layers.Dense(4, name="out")(normed))
+    manifest = mpt_keras.PrecisionManifest.from_dict(
+        {
+            "version": 1,
+            "default": "mixed_bfloat16",
+            "safe_defaults": True,
+            "rules": [{"match": {"path": "hidden"}, "policy": "float8"}],
+        }
+    )
+    report = manifest.apply(model)
+    rows = {layer.path: layer for layer in report.layers}
+    assert rows["hidden"].policy == "float8_from_mixed_bfloat16"
+    assert rows["hidden"].output_dtype == "bfloat16"
+    assert rows["norm"].compute_dtype == "float32"  # A safe default.
+    assert rows["out"].compute_dtype == "float32"  # The output layer, too.
+    assert report.output_dtype_mismatches == ()
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(np.ones((4, 8), "float32"), np.ones((4, 4), "float32"), verbose=0)
+    assert float(keras.ops.convert_to_tensor(model.layers[1].inputs_scale)) > 0
+
+
+@pytest.mark.parametrize(
+    ("capability", "expected"),
+    [("9.0", (9, 0)), ("8.6", (8, 6)), ("", (0, 0))],
+)
+def test_auto_reads_jax_gpus_compute_capability(monkeypatch, capability, expected):
+    import jax
+
+    class Gpu:
+        platform = "gpu"
+        compute_capability = capability
+
+    monkeypatch.setattr(jax, "devices", lambda: [Gpu()])
+    probe = mpt_keras.probe_hardware("/nonexistent")
+    assert probe.gpu_compute_capabilities == (expected,) and not probe.tpu
+    policy = mpt_keras.resolve_auto_policy(probe)[0]
+    assert policy == ("mixed_bfloat16" if expected >= (8, 0) else "float32")
+
+
+def test_auto_on_this_cpu_is_what_its_flags_say():
+    probe = mpt_keras.probe_hardware()
+    assert probe.gpu_compute_capabilities == () and not probe.tpu
+    bfloat16 = {"avx512_bf16", "amx_bf16"} & probe.cpu_flags
+    assert mpt_keras.resolve_auto_policy(probe)[0] == (
+        "mixed_bfloat16" if bfloat16 else "float32"
+    )
