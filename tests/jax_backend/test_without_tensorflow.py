@@ -100,7 +100,8 @@ def test_a_float8_manifest_applies_and_the_report_reads_each_layers_dtypes():
     report = manifest.apply(model)
     rows = {layer.path: layer for layer in report.layers}
     assert rows["hidden"].policy == "float8_from_mixed_bfloat16"
-    assert rows["hidden"].output_dtype == "bfloat16"
+    assert rows["hidden"].compute_dtype == "bfloat16"
+    assert rows["out"].output_dtype == "float32"  # Read from the trace (jax.eval_shape).
     assert rows["norm"].compute_dtype == "float32"  # A safe default.
     assert rows["out"].compute_dtype == "float32"  # The output layer, too.
     assert report.output_dtype_mismatches == ()
@@ -131,6 +132,4 @@ def test_auto_on_this_cpu_is_what_its_flags_say():
     probe = mpt_keras.probe_hardware()
     assert probe.gpu_compute_capabilities == () and not probe.tpu
     bfloat16 = {"avx512_bf16", "amx_bf16"} & probe.cpu_flags
-    assert mpt_keras.resolve_auto_policy(probe)[0] == (
-        "mixed_bfloat16" if bfloat16 else "float32"
-    )
+    assert mpt_keras.resolve_auto_policy(probe)[0] == ("mixed_bfloat16" if bfloat16 else "float32")
