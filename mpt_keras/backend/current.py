@@ -23,6 +23,18 @@ def is_jax() -> bool:
     return name() == "jax"
 
 
+def is_chief(model: Any) -> bool:
+    """Whether this process writes the run's shared files (telemetry, checkpoints) for
+    `model`: `tensorflow.workers.is_chief` of its strategy; on JAX, process 0."""
+    if is_jax():
+        import jax
+
+        return jax.process_index() == 0
+    from mpt_keras.backend.tensorflow import workers
+
+    return workers.is_chief(model.distribute_strategy)
+
+
 def is_traced(value: Any = None) -> bool:
     """Whether code runs in a trace (a `tf.function` graph; a JAX tracer for `value`), where a
     tensor cannot become a Python number."""

@@ -10,6 +10,11 @@ from __future__ import annotations
 import keras
 
 
+def crossed(previous_step: int, step: int, every: int) -> bool:
+    """Whether a multiple of `every` lies in (previous_step, step]."""
+    return step // every > previous_step // every
+
+
 class GlobalStepCallback(keras.callbacks.Callback):
     """Base callback keeping `self.global_step`, the train steps done so far: exact when every
     step advances the optimizer's `iterations` (ours does, skipped steps included) and `fit`

@@ -4,7 +4,8 @@ the tags `MixedPrecisionMonitor` writes and the dashboard's charts cannot drift 
 
 from __future__ import annotations
 
-import tensorflow as tf
+from typing import TYPE_CHECKING
+
 from tensorboard.plugins.custom_scalar import layout_pb2, metadata
 
 # The optimizer's own step logs, written under the same names.
@@ -15,6 +16,9 @@ from mpt_keras.scaling.health import (  # noqa: F401
     LOSS_SCALE,
     SKIPPED_STEPS,
 )
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 OVERFLOW_RATE = "overflow_rate"
 EXAMPLES_PER_SECOND = "examples_per_second"
@@ -101,6 +105,8 @@ def layout(histograms: bool, float8: bool = False) -> layout_pb2.Layout:
 
 def write_layout(writer: tf.summary.SummaryWriter, histograms: bool, float8: bool = False) -> None:
     """Writes the dashboard with `writer`; TensorBoard merges it across runs."""
+    import tensorflow as tf
+
     with writer.as_default():
         tf.summary.write(
             metadata.CONFIG_SUMMARY_TAG,

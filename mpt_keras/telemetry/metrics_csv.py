@@ -11,11 +11,10 @@ import io
 import os
 from typing import Any
 
-from mpt_keras.backend.tensorflow import workers
+from mpt_keras.backend import current
 from mpt_keras.checks import check_number
 from mpt_keras.files import write_text_atomic
-from mpt_keras.keras_bridge.callbacks import GlobalStepCallback
-from mpt_keras.telemetry.monitor import crossed
+from mpt_keras.keras_bridge.callbacks import GlobalStepCallback, crossed
 
 STEP = "step"
 
@@ -37,7 +36,7 @@ class MetricsCsv(GlobalStepCallback):
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
-        self._writes = workers.is_chief(self.model.distribute_strategy)
+        self._writes = current.is_chief(self.model)
         self._rows = [row for row in _read(self.path) if int(row[STEP]) <= self.global_step]
 
     def on_train_batch_end(self, batch, logs=None):

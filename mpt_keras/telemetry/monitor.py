@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from mpt_keras.backend.tensorflow import workers
 from mpt_keras.checks import check_number, refusal
-from mpt_keras.keras_bridge.callbacks import GlobalStepCallback
+from mpt_keras.keras_bridge.callbacks import GlobalStepCallback, crossed
 from mpt_keras.precision.float8 import float8_statistics, float8_variables
 from mpt_keras.scaling.optimizer import LossScaleOptimizer
 from mpt_keras.telemetry import layout as tags
@@ -252,11 +252,6 @@ class MixedPrecisionMonitor(GlobalStepCallback):
             tf.summary.text(tags.NONFINITE_TEXT, report)
             for path in new:
                 tf.summary.scalar(tags.NONFINITE + path, counts[path])
-
-
-def crossed(previous_step: int, step: int, every: int) -> bool:
-    """Whether a multiple of `every` lies in (previous_step, step]."""
-    return step // every > previous_step // every
 
 
 def _check_count(what: str, value: Any, minimum: int) -> None:

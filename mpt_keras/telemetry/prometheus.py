@@ -15,7 +15,7 @@ from typing import Any
 
 import prometheus_client
 
-from mpt_keras.backend.tensorflow import workers
+from mpt_keras.backend import current
 from mpt_keras.checks import check_number
 from mpt_keras.errors import UserInputError
 from mpt_keras.keras_bridge.callbacks import GlobalStepCallback
@@ -63,7 +63,9 @@ class PrometheusExporter(GlobalStepCallback):
     Example: `model.fit(x, y, callbacks=[PrometheusExporter(9464, run_name="digits")])`.
     """
 
-    async_safe = True
+    # On a worker thread under TensorFlow. Not on JAX: reading the model's state syncs it
+    # (`jax_state_sync`) while the next step may have donated those buffers.
+    async_safe = not current.is_jax()
 
     def __init__(
         self,
@@ -108,7 +110,7 @@ class PrometheusExporter(GlobalStepCallback):
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
-        chief = workers.is_chief(self.model.distribute_strategy)
+        chief = current.is_chief(self.model)
         self._float8 = chief and bool(float8_variables(self.model))
         if self._server is None and chief:
             self._server, _ = prometheus_client.start_http_server(

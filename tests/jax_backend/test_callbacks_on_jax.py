@@ -1,0 +1,67 @@
+"""The telemetry and reliability callbacks on Keras' JAX backend (no TensorFlow)."""
+
+from __future__ import annotations
+
+import csv
+import socket
+import urllib.request
+
+import keras
+import numpy as np
+import pytest
+
+from mpt_keras import BadBatchLimit, LossScaleOptimizer, MetricsCsv, PrometheusExporter
+from mpt_keras.errors import RunStoppedError
+
+
+def _model() -> keras.Model:
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.set_weights([np.ones((3, 1), "float32"), np.zeros((1,), "float32")])
+    model.compile(optimizer=LossScaleOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    return model
+
+
+def _data(nan_rows: tuple[int, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
+    x = np.random.RandomState(0).normal(size=(16, 3)).astype("float32")
+    for row in nan_rows:
+        x[row, 0] = np.nan
+    return x, np.ones((16, 1), "float32")
+
+
+def test_metrics_csv_writes_a_row_per_interval_with_the_loss_scaling_state(tmp_path):
+    path = tmp_path / "metrics.csv"
+    model = _model()
+    model.fit(
+        *_data((5,)),
+        batch_size=4,
+        shuffle=False,
+        verbose=0,
+        callbacks=[MetricsCsv(str(path), every=2)],
+    )
+    with open(path, newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert [int(row["step"]) for row in rows] == [2, 4]
+    assert [float(row["skipped_steps"]) for row in rows] == [1.0, 1.0]
+    assert [float(row["bad_batches"]) for row in rows] == [1.0, 1.0]
+    assert float(rows[-1]["loss_scale"]) == 2.0**15
+
+
+def test_bad_batch_limit_stops_the_run_on_jax():
+    with pytest.raises(RunStoppedError, match="3 train batches held NaN or Inf values"):
+        _model().fit(
+            *_data((1, 5, 9)),
+            batch_size=4,
+            shuffle=False,
+            verbose=0,
+            callbacks=[BadBatchLimit(max_bad_batches=2, check_every=1)],
+        )
+
+
+def test_prometheus_serves_the_loss_scale_on_jax():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    exporter = PrometheusExporter(port, run_name="jax", update_every=1, address="127.0.0.1")
+    _model().fit(*_data(), batch_size=4, shuffle=False, verbose=0, callbacks=[exporter])
+    page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert 'mpt_loss_scale{run="jax"} 32768.0' in page
