@@ -7,6 +7,7 @@ in a process with `KERAS_BACKEND=jax` where TensorFlow cannot be imported. Writt
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -348,3 +349,24 @@ def test_get_config_round_trips():
     again = LossScaleOptimizer.from_config(opt.get_config())
     assert again.get_config() == opt.get_config()
     assert (again.hysteresis, again.min_scale, again.max_scale) == (2, 2.0, 1024.0)
+
+
+def test_a_saved_model_loads_with_our_optimizer_and_its_state(tmp_path):
+    x, y = _nan_batch_data()
+    model = _linear_model()
+    model.compile(optimizer=LossScaleOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
+    model.fit(x, y, batch_size=4, shuffle=False, verbose=0)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    opt = loaded.optimizer
+    assert isinstance(opt, LossScaleOptimizer)
+    assert (opt.skipped_steps, opt.bad_batches, int(opt.iterations)) == (1, 1, 3)
+    loaded_health, health = opt.health(), model.optimizer.health()
+    # Keras names the loaded variables without the model's name.
+    assert list(loaded_health.nonfinite_counts.values()) == list(health.nonfinite_counts.values())
+    assert dataclasses.replace(loaded_health, nonfinite_counts={}) == dataclasses.replace(
+        health, nonfinite_counts={}
+    )
+    loaded.fit(x[:4], y[:4], batch_size=4, verbose=0)  # Trains on, from the loaded state.
+    assert int(opt.iterations) == 4 and opt.skipped_steps == 1

@@ -65,3 +65,19 @@ def test_prometheus_serves_the_loss_scale_on_jax():
     _model().fit(*_data(), batch_size=4, shuffle=False, verbose=0, callbacks=[exporter])
     page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     assert 'mpt_loss_scale{run="jax"} 32768.0' in page
+
+
+def test_a_models_own_train_step_is_kept_and_its_logs_get_the_loss_scaling_state():
+    class Counting(keras.Sequential):
+        steps = 0
+
+        def train_step(self, state, data):
+            Counting.steps += 1  # Counted where traced: once per compilation.
+            return super().train_step(state, data)
+
+    model = Counting([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=LossScaleOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    history = model.fit(*_data(), batch_size=4, verbose=0)
+    assert Counting.steps >= 1
+    assert history.history["loss_scale"] == [2.0**15]
+    assert history.history["skipped_steps"] == [0.0]
