@@ -15,22 +15,14 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
 
-from mpt_keras.backend.tensorflow import workers
+from mpt_keras.backend import current
 from mpt_keras.checks import check_number, refusal
 from mpt_keras.keras_bridge.callbacks import GlobalStepCallback, crossed
 from mpt_keras.precision.float8 import float8_statistics, float8_variables
 from mpt_keras.scaling.optimizer import LossScaleOptimizer
 from mpt_keras.telemetry import layout as tags
-from mpt_keras.telemetry.diagnosis import describe_for_log, diagnose_nonfinite
 from mpt_keras.telemetry.overflow_report import describe_overflow, new_nonfinite
-from mpt_keras.telemetry.sample_statistics import (
-    SamplePass,
-    sample_pass,
-    write_sample_statistics,
-)
-from mpt_keras.telemetry.summaries import SummaryWriters
 
 _LOGGER = logging.getLogger("mpt_keras.telemetry.monitor")
 
@@ -58,8 +50,9 @@ class MixedPrecisionMonitor(GlobalStepCallback):
     Example: `model.fit(x, y, callbacks=[MixedPrecisionMonitor("/tmp/logs", update_freq=2)])`.
     """
 
-    # Keras runs batch hooks on a thread when all callbacks with one say so.
-    async_safe = True
+    # Keras runs batch hooks on a thread when all callbacks with one say so. Not on JAX:
+    # reading the model's state there syncs it while the next step may have donated it.
+    async_safe = not current.is_jax()
 
     def __init__(
         self,
@@ -83,6 +76,13 @@ class MixedPrecisionMonitor(GlobalStepCallback):
                 "None",
                 f"(x, y), a batch to take the histograms on, with histogram_freq={histogram_freq}",
             )
+        if current.is_jax() and (histogram_freq or diagnosis_data is not None):
+            raise refusal(
+                "MixedPrecisionMonitor on Keras' JAX backend",
+                "histogram_freq or diagnosis_data",
+                "scalars, float8 statistics and overflow reports; histograms and the "
+                "non-finite diagnosis trace with TensorFlow (docs/backends.md)",
+            )
         self.log_dir = log_dir
         self.update_freq = update_freq
         self.histogram_freq = histogram_freq
@@ -91,11 +91,11 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         self.diagnosis_data = diagnosis_data
         self.diagnosis_every = diagnosis_every
         self._last_diagnosis: int | None = None
-        self._summaries = SummaryWriters(log_dir)
+        self._summaries = _summary_files(log_dir)
         self._is_writer = True
         self._layout_written = False
         self._float8 = False  # Whether the model has float8 layers.
-        self._sample_pass: SamplePass | None = None
+        self._sample_pass: Any = None  # sample_statistics.SamplePass, made on first use.
         self._memory_devices: list[str] = []
         self._last_logs: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -110,18 +110,16 @@ class MixedPrecisionMonitor(GlobalStepCallback):
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
-        self._is_writer = workers.is_chief(self.model.distribute_strategy)
+        self._is_writer = current.is_chief(self.model)
         if not self._is_writer:
             return
         self._float8 = bool(float8_variables(self.model))
         if not self._layout_written:
-            tags.write_layout(
-                self._summaries.writer(""),
-                histograms=bool(self.histogram_freq),
-                float8=self._float8,
-            )
+            self._summaries.write_layout(histograms=bool(self.histogram_freq), float8=self._float8)
             self._layout_written = True
         if self.histogram_freq and self._sample_pass is None:
+            from mpt_keras.telemetry.sample_statistics import sample_pass
+
             self._sample_pass = sample_pass(self.model)
         self._memory_devices = _memory_tracking_devices()
         optimizer = self.model.optimizer
@@ -158,6 +156,8 @@ class MixedPrecisionMonitor(GlobalStepCallback):
             if self.histogram_freq and crossed(
                 previous_step, self.global_step, self.histogram_freq
             ):
+                from mpt_keras.telemetry.sample_statistics import write_sample_statistics
+
                 activations, gradients = self._sample_pass(*self.histogram_data)
                 with self._summaries.writer("train").as_default(step=self.global_step):
                     write_sample_statistics(activations, gradients)
@@ -198,17 +198,21 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         self._last_diagnosis = step
         data = self.diagnosis_data
         batch = tuple(data(step) if callable(data) else data)
+        from mpt_keras.telemetry.diagnosis import describe_for_log, diagnose_nonfinite
+
         line = describe_for_log(step, diagnose_nonfinite(self.model, *batch[:2]))
         _LOGGER.warning("%s", line)
-        with self._summaries.writer("train").as_default(step=step):
-            tf.summary.text(tags.NONFINITE_DIAGNOSIS, line)
+        self._summaries.text("train", step, tags.NONFINITE_DIAGNOSIS, line)
 
     def _start_interval(self) -> None:
         self._interval_start_step = self.global_step
         self._timed_seconds = 0.0
         self._timed_steps = 0
-        for device in self._memory_devices:
-            tf.config.experimental.reset_memory_stats(device)
+        if self._memory_devices:
+            import tensorflow as tf
+
+            for device in self._memory_devices:
+                tf.config.experimental.reset_memory_stats(device)
 
     def _write_interval(self) -> None:
         scalars = dict(self._last_logs)
@@ -217,9 +221,12 @@ class MixedPrecisionMonitor(GlobalStepCallback):
             scalars[tags.STEP_TIME] = step_time
             if self.examples_per_step:
                 scalars[tags.EXAMPLES_PER_SECOND] = self.examples_per_step / step_time
-        for device in self._memory_devices:
-            peak = tf.config.experimental.get_memory_info(device)["peak"]
-            scalars[tags.PEAK_MEMORY + device] = peak / 2**20
+        if self._memory_devices:
+            import tensorflow as tf
+
+            for device in self._memory_devices:
+                peak = tf.config.experimental.get_memory_info(device)["peak"]
+                scalars[tags.PEAK_MEMORY + device] = peak / 2**20
         if self._float8:
             for path, statistics in float8_statistics(self.model).items():
                 for name, value in statistics.scalars().items():
@@ -248,10 +255,9 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         )
         _LOGGER.warning("%s", line)
         # Eagerly: the set of tags changes from one event to the next.
-        with self._summaries.writer("train").as_default(step=self.global_step):
-            tf.summary.text(tags.NONFINITE_TEXT, report)
-            for path in new:
-                tf.summary.scalar(tags.NONFINITE + path, counts[path])
+        self._summaries.text("train", self.global_step, tags.NONFINITE_TEXT, report)
+        for path in new:
+            self._summaries.scalar("train", self.global_step, tags.NONFINITE + path, counts[path])
 
 
 def _check_count(what: str, value: Any, minimum: int) -> None:
@@ -260,7 +266,24 @@ def _check_count(what: str, value: Any, minimum: int) -> None:
     check_number(what, count, minimum=minimum, integer=True)
 
 
+def _summary_files(log_dir: str) -> Any:
+    """`summaries.SummaryWriters` on TensorFlow; `event_files.EventFiles` on JAX."""
+    if current.is_jax():
+        from mpt_keras.telemetry.event_files import EventFiles
+
+        return EventFiles(log_dir)
+    from mpt_keras.telemetry.summaries import SummaryWriters
+
+    return SummaryWriters(log_dir)
+
+
 def _memory_tracking_devices() -> list[str]:
+    """TensorFlow's devices that keep memory statistics; none on JAX (which cannot reset a
+    device's peak per interval)."""
+    if current.is_jax():
+        return []
+    import tensorflow as tf
+
     devices = []
     for device in tf.config.list_logical_devices():
         name = device.name.removeprefix("/device:")

@@ -1,5 +1,6 @@
-"""The monitor's TensorBoard writers; its scalars written in one traced call per tag set,
-reads included (eager reads took a write from 0.46 ms to 1.22, measured).
+"""The monitor's TensorBoard writers on TensorFlow (event_files.py: JAX's); its scalars
+written in one traced call per tag set, reads included (eager reads took a write from 0.46 ms
+to 1.22, measured).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mpt_keras.scaling.optimizer import LossScaleOptimizer
 from mpt_keras.telemetry import layout as tags
+from mpt_keras.telemetry.optimizer_scalars import optimizer_scalars, overflow_rate
 
 ScalarWriter = Callable[[tf.Tensor], "tf.Tensor | None"]
 
@@ -55,25 +56,20 @@ class SummaryWriters:
         arguments = [step, *(interval or (0, 0)), *map(float, scalars.values())]
         return self._scalar_writers[key](tf.constant(np.array(arguments, np.float64)))
 
+    def scalar(self, name: str, step: int, tag: str, value: Any) -> None:
+        with self.writer(name).as_default(step=step):
+            tf.summary.scalar(tag, value)
+
+    def text(self, name: str, step: int, tag: str, text: str) -> None:
+        with self.writer(name).as_default(step=step):
+            tf.summary.text(tag, text)
+
+    def write_layout(self, histograms: bool, float8: bool) -> None:
+        tags.write_layout(self.writer(""), histograms=histograms, float8=float8)
+
     def flush(self) -> None:
         for writer in self._writers.values():
             writer.flush()
-
-
-def optimizer_scalars(
-    optimizer: keras.optimizers.Optimizer, present: Collection[str]
-) -> dict[str, tf.Tensor]:
-    """The optimizer's scalars not in `present` (a custom loop logs none), read in the
-    caller's graph."""
-    scalars = {"learning_rate": optimizer.learning_rate}
-    if isinstance(optimizer, LossScaleOptimizer):
-        readers = {
-            tags.LOSS_SCALE: lambda: optimizer.loss_scale,
-            tags.SKIPPED_STEPS: lambda: tf.cast(optimizer.skipped_steps, tf.float32),
-            tags.GRADIENT_NORM: lambda: optimizer.gradient_norm,
-        }
-        scalars.update({tag: read() for tag, read in readers.items() if tag not in present})
-    return scalars
 
 
 def _scalar_writer(
@@ -95,7 +91,7 @@ def _scalar_writer(
         skipped = scalars.get(tags.SKIPPED_STEPS) if read_scalars else None
         if skipped is not None:
             before, steps = tf.unstack(tf.cast(interval, tf.float32))
-            scalars[tags.OVERFLOW_RATE] = (skipped - before) / steps
+            scalars[tags.OVERFLOW_RATE] = overflow_rate(skipped, before, steps)
         with writer.as_default(step=step):
             for name, value in scalars.items():
                 tf.summary.scalar(name, value)

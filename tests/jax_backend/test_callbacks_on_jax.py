@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import socket
 import urllib.request
+from typing import Any
 
 import keras
 import numpy as np
@@ -81,3 +82,42 @@ def test_a_models_own_train_step_is_kept_and_its_logs_get_the_loss_scaling_state
     assert Counting.steps >= 1
     assert history.history["loss_scale"] == [2.0**15]
     assert history.history["skipped_steps"] == [0.0]
+
+
+def _tensors(log_dir: str) -> dict[str, list[tuple[int, Any]]]:
+    from tensorboard.backend.event_processing import event_accumulator
+    from tensorboard.util import tensor_util
+
+    events = event_accumulator.EventAccumulator(log_dir, size_guidance={"tensors": 0})
+    events.Reload()
+    return {
+        tag: [(e.step, tensor_util.make_ndarray(e.tensor_proto)) for e in events.Tensors(tag)]
+        for tag in events.Tags()["tensors"]
+    }
+
+
+def test_the_monitor_writes_its_scalars_and_overflow_report_with_tensorboards_writer(tmp_path):
+    from mpt_keras import MixedPrecisionMonitor
+
+    model = _model()
+    x, y = _data()
+    x[4:8] *= 1e30  # The second batch's gradient overflows float32: skipped, scale halved.
+    monitor = MixedPrecisionMonitor(str(tmp_path), update_freq=2, examples_per_step=4)
+    model.fit(x, y, batch_size=4, shuffle=False, verbose=0, callbacks=[monitor])
+    train = _tensors(str(tmp_path / "train"))
+    assert [step for step, _ in train["loss_scale"]] == [2, 4]
+    assert [float(v) for _, v in train["loss_scale"]] == [2.0**14, 2.0**14]
+    assert [float(v) for _, v in train["skipped_steps"]] == [1.0, 1.0]
+    assert [float(v) for _, v in train["overflow_rate"]] == [0.5, 0.0]
+    assert "step_time_seconds" in train and "learning_rate" in train
+    report = train["nonfinite_gradients"][0]
+    assert report[0] == 2 and b"sequential/dense/kernel" in report[1].item()
+    assert "custom_scalars__config__" in _tensors(str(tmp_path))
+
+
+def test_the_monitors_tensorflow_only_features_are_one_line_on_jax(tmp_path):
+    from mpt_keras import MixedPrecisionMonitor
+    from mpt_keras.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="histograms and the non-finite diagnosis"):
+        MixedPrecisionMonitor(str(tmp_path), histogram_freq=1, histogram_data=_data())

@@ -18,6 +18,7 @@ ON_JAX = (
     "LossScaleOptimizer",
     "LossScaleSettings",
     "MetricsCsv",
+    "MixedPrecisionMonitor",
     "PeerFailedError",
     "PrecisionManifest",
     "PrecisionReport",
