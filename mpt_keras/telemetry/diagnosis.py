@@ -21,10 +21,9 @@ from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from mpt_keras import compat
-from mpt_keras.backend.tensorflow.values import dense_values
+from mpt_keras.backend import current
 from mpt_keras.checks import refusal
 from mpt_keras.keras_bridge.layer_calls import calls_before_cast
 from mpt_keras.keras_bridge.layer_paths import iter_layers
@@ -120,21 +119,17 @@ def diagnose_nonfinite(
         return NonfiniteReport()
     variables = model.trainable_variables
 
-    # In a function: Keras' float8 layers take no gradient eagerly (3.15.1).
-    @tf.function(autograph=False)
-    def loss_and_gradients(x, y, sample_weight):
-        with tf.GradientTape() as tape:
-            y_pred = model(x, training=False)
-            if loss is None:
-                value = compat.compute_loss(model, x, y, y_pred, sample_weight, training=True)
-                scale_loss = getattr(model.optimizer, "scale_loss", None)
-                if scale_loss is not None:
-                    value = scale_loss(value)
-            else:
-                value = loss(y, y_pred, sample_weight=sample_weight)
-        return value, tape.gradient(value, variables)
+    def loss_of(y_pred: Any) -> Any:
+        if loss is not None:
+            return loss(y, y_pred, sample_weight=sample_weight)
+        value = compat.compute_loss(model, x, y, y_pred, sample_weight, training=True)
+        scale_loss = getattr(model.optimizer, "scale_loss", None)
+        return value if scale_loss is None else scale_loss(value)
 
-    value, gradients = loss_and_gradients(x, y, sample_weight)
+    if current.is_jax():
+        value, gradients = _jax_loss_and_gradients(model, x, loss_of)
+    else:
+        value, gradients = _tf_loss_and_gradients(model, x, loss_of)
     first = next(
         (
             variable.path
@@ -144,6 +139,32 @@ def diagnose_nonfinite(
         None,
     )
     return NonfiniteReport(first_nonfinite_gradient=first, loss=float(value))
+
+
+def _tf_loss_and_gradients(model: keras.Model, x: Any, loss_of: Callable) -> tuple[Any, list]:
+    import tensorflow as tf
+
+    # In a function: Keras' float8 layers take no gradient eagerly (3.15.1).
+    @tf.function(autograph=False)
+    def loss_and_gradients(x):
+        with tf.GradientTape() as tape:
+            value = loss_of(model(x, training=False))
+        return value, tape.gradient(value, model.trainable_variables)
+
+    return loss_and_gradients(x)
+
+
+def _jax_loss_and_gradients(model: keras.Model, x: Any, loss_of: Callable) -> tuple[Any, list]:
+    """`jax.value_and_grad` of the loss through `model.stateless_call` (nothing is written)."""
+    import jax
+
+    non_trainable = [v.value for v in model.non_trainable_variables]
+
+    def value_of(trainable: list[Any]) -> Any:
+        y_pred, _ = model.stateless_call(trainable, non_trainable, x, training=False)
+        return loss_of(y_pred)
+
+    return jax.value_and_grad(value_of)([v.value for v in model.trainable_variables])
 
 
 def describe_for_log(step: int, report: NonfiniteReport) -> str:
@@ -161,13 +182,13 @@ class _Range:
     @classmethod
     def of(cls, nest: Any) -> _Range:
         largest, finite = None, True
-        for value in map(_values, keras.tree.flatten(nest)):
-            if value is None or not value.dtype.is_floating or not tf.size(value):
+        for value in map(_float_values, keras.tree.flatten(nest)):
+            if value is None or not value.size:
                 continue
-            is_finite = tf.math.is_finite(value)
-            finite = finite and bool(tf.reduce_all(is_finite))
-            if bool(tf.reduce_any(is_finite)):
-                magnitude = float(tf.reduce_max(tf.where(is_finite, tf.abs(value), 0)))
+            is_finite = np.isfinite(value)
+            finite = finite and bool(is_finite.all())
+            if is_finite.any():
+                magnitude = float(np.max(np.abs(value[is_finite])))
                 largest = magnitude if largest is None else max(largest, magnitude)
         return cls(largest, finite)
 
@@ -187,17 +208,27 @@ def _recorded_calls() -> Iterator[list[_Call]]:
     calls: list[_Call] = []
 
     def record(layer, args, kwargs, outputs) -> None:
-        if tf.executing_eagerly() and not any(
-            isinstance(t, keras.KerasTensor) for t in keras.tree.flatten(outputs)
-        ):
+        flat = keras.tree.flatten(outputs)
+        if not any(isinstance(t, keras.KerasTensor) or current.is_traced(t) for t in flat):
             calls.append(_Call(layer, _Range.of((args, kwargs)), _Range.of(outputs)))
 
     with calls_before_cast(record):
         yield calls
 
 
-def _values(value: Any) -> tf.Tensor | None:
-    """`dense_values`, also of numpy arrays and Keras variables (layer arguments)."""
+def _float_values(value: Any) -> np.ndarray | None:
+    """`value`'s floating values as a NumPy array (a ragged or sparse tensor's stored values,
+    no densified zeros); None if it holds none."""
     if isinstance(value, (np.ndarray, np.generic, keras.Variable)):
-        return tf.convert_to_tensor(value)
-    return dense_values(value)
+        value = keras.ops.convert_to_tensor(value)
+    if not current.is_jax():
+        from mpt_keras.backend.tensorflow.values import dense_values
+
+        value = dense_values(value)
+    elif not keras.ops.is_tensor(value):
+        value = None
+    if value is None or not keras.backend.is_float_dtype(
+        keras.backend.standardize_dtype(value.dtype)
+    ):
+        return None
+    return np.asarray(keras.ops.convert_to_numpy(value))

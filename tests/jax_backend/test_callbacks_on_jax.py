@@ -121,3 +121,25 @@ def test_the_monitors_tensorflow_only_features_are_one_line_on_jax(tmp_path):
 
     with pytest.raises(UserInputError, match="histograms and the non-finite diagnosis"):
         MixedPrecisionMonitor(str(tmp_path), histogram_freq=1, histogram_data=_data())
+
+
+def test_diagnose_nonfinite_names_the_float16_layer_and_the_first_nonfinite_gradient():
+    from mpt_keras import diagnose_nonfinite
+
+    keras.mixed_precision.set_global_policy("float32")
+    inputs = keras.Input((3,))
+    big = keras.layers.Dense(2, name="big")(inputs)
+    out = keras.layers.Dense(1, name="half", dtype="float16")(big)
+    model = keras.Model(inputs, out)
+    model.set_weights([np.full((3, 2), 1e4, "float32"), np.zeros(2, "float32"),
+                       np.ones((2, 1), "float32"), np.zeros(1, "float32")])  # fmt: skip
+    report = diagnose_nonfinite(model, np.full((1, 3), 3.0, "float32"))
+    assert (report.first_layer, report.compute_dtype) == ("half", "float16")
+    assert report.input_max == 9e4 and report.inputs_finite  # 3 x 3.0 x 1e4, over 65504.
+
+    model = _model()
+    # A finite forward pass (3e38); the scaled loss's gradient, 2 x 3e38 x 2**15, is not.
+    model.set_weights([np.full((3, 1), 1e38, "float32"), np.zeros(1, "float32")])
+    report = diagnose_nonfinite(model, np.ones((2, 3), "float32"), np.zeros((2, 1), "float32"))
+    assert report.first_layer is None
+    assert report.first_nonfinite_gradient == "sequential/dense/kernel"
