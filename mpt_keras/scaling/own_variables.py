@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import keras
 from keras import ops
 
+from mpt_keras.errors import UserInputError
 from mpt_keras.precision.float8 import is_float8_state
 from mpt_keras.scaling.accumulation import Accumulation
 from mpt_keras.scaling.scale_rule import ScaleVariables
@@ -71,6 +72,21 @@ class OwnVariables(NamedTuple):
     half_squared_norm: keras.Variable
     model: ModelVariables | None  # None before `build`.
     accumulation: Accumulation | None
+
+
+def refuse_unscaled_float8_state(
+    variables: Sequence[keras.Variable], overwritten: Sequence[bool]
+) -> None:
+    """Raises `UserInputError` if a float8 layer's state is among `variables` (`overwritten`)
+    whose gradients the caller unscaled: that divided its new value by the scale too."""
+    if any(overwritten):
+        first = next(v for v, o in zip(variables, overwritten) if o)
+        raise UserInputError(
+            f"variable '{first.path}' is a float8 layer's state, and the gradients "
+            "passed to apply were unscaled by get_unscaled_gradients(), which divided "
+            "its new value by the loss scale too. Pass the scaled gradients (of "
+            "get_scaled_loss or scale_loss) to apply: it unscales all but float8 state"
+        )
 
 
 def spread_over(flags: Any, positions: list[int], count: int) -> Any:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import keras
 from keras import ops
@@ -53,6 +53,11 @@ def back_off(
     write.assign(scale, ops.where(counted >= hysteresis, backed_off, scale))
     write.assign(finite_steps, 0)
     write.assign(overflows, counted)
+
+
+def scale_is_one(optimizer: Any) -> bool:
+    """The scale is pinned at 1 (bfloat16 and float32 runs): nothing to unscale."""
+    return not optimizer.dynamic and optimizer.initial_scale == 1.0
 
 
 def clamped(scale: float, min_scale: float, max_scale: float) -> float:

@@ -18,9 +18,14 @@ from keras import ops
 
 from mpt_keras.checks import refusal
 from mpt_keras.precision.float8 import is_float8_state
+from mpt_keras.scaling import scale_rule
 from mpt_keras.scaling.accumulation import accumulate
 from mpt_keras.scaling.health import BAD_BATCH_MEMORY
-from mpt_keras.scaling.own_variables import OwnVariables, spread_over
+from mpt_keras.scaling.own_variables import (
+    OwnVariables,
+    refuse_unscaled_float8_state,
+    spread_over,
+)
 
 # Ours (not imported: it imports this module); read: settings, `dynamic_scale`, the inner.
 _Optimizer = keras.optimizers.LossScaleOptimizer
@@ -44,10 +49,9 @@ def stateless_step(
         trainable, inner = _step(
             optimizer, own, list(grads), list(trainable_values), loss, batch, caller_unscaled
         )
-        written = {id(v): v for v in optimizer.variables}
         new_values = []
         for variable, value in zip(optimizer.variables, optimizer_values):
-            current = scope.get_current_value(written[id(variable)])
+            current = scope.get_current_value(variable)
             new_values.append(value if current is None else current)
     positions = {id(v): i for i, v in enumerate(optimizer.variables)}
     for variable, value in inner:
@@ -94,7 +98,9 @@ def apply_eagerly(
     return values[at] > before[at]
 
 
-def step_skipped(optimizer: _Optimizer, own: OwnVariables, old: Sequence[Any], new: Sequence[Any]):
+def step_skipped(
+    optimizer: _Optimizer, own: OwnVariables, old: Sequence[Any], new: Sequence[Any]
+) -> Any:
     """Whether the step from optimizer values `old` to `new` was skipped (a bool tensor)."""
     at = next(i for i, v in enumerate(optimizer.variables) if v is own.skipped)
     return new[at] > old[at]
@@ -115,7 +121,9 @@ def _step(
     checked_batch = loss is not None or batch is not None
     bad_batch, loss = _batch_verdict(loss, batch)
     overwritten = [is_float8_state(v) for v in variables]
-    if not (caller_unscaled or (not optimizer.dynamic and optimizer.initial_scale == 1.0)):
+    if caller_unscaled and not scale_rule.scale_is_one(optimizer):
+        refuse_unscaled_float8_state(variables, overwritten)
+    if not (caller_unscaled or scale_rule.scale_is_one(optimizer)):
         scale = ops.convert_to_tensor(optimizer.dynamic_scale)
         grads = [g if o else ops.divide(g, scale) for g, o in zip(grads, overwritten)]
     judged = [i for i, o in enumerate(overwritten) if not o]

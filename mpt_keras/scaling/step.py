@@ -14,14 +14,17 @@ import tensorflow as tf
 from keras import ops
 
 from mpt_keras import compat
-from mpt_keras.errors import UserInputError
 from mpt_keras.precision.float8 import is_float8_state
 from mpt_keras.scaling import scale_rule
 from mpt_keras.scaling.accumulation import accumulate
 from mpt_keras.scaling.cross_replica import Writer, all_reduce_gradients
 from mpt_keras.scaling.health import BAD_BATCH_MEMORY
 from mpt_keras.scaling.inner_update import apply_inner, skip_inner
-from mpt_keras.scaling.own_variables import OwnVariables, spread_over
+from mpt_keras.scaling.own_variables import (
+    OwnVariables,
+    refuse_unscaled_float8_state,
+    spread_over,
+)
 from mpt_keras.scaling.step_record import StepRecord
 from mpt_keras.scaling.verdict import batch_verdict, judge_gradients, unscale
 
@@ -29,11 +32,6 @@ from mpt_keras.scaling.verdict import batch_verdict, judge_gradients, unscale
 _Optimizer = keras.optimizers.LossScaleOptimizer
 
 compat.install()  # `gradients_already_reduced`, for `inner_update.apply_inner`.
-
-
-def _scale_is_one(optimizer: _Optimizer) -> bool:
-    """The scale is pinned at 1 (bfloat16 and float32 runs): nothing to unscale."""
-    return not optimizer.dynamic and optimizer.initial_scale == 1.0
 
 
 def run_step(
@@ -54,17 +52,11 @@ def run_step(
         bad_batch, loss = ops.convert_to_tensor(False), ops.zeros((), "float32")
     # Float8 scales and amax histories get their new value as "gradient": never unscaled.
     overwritten = [is_float8_state(v) for v in variables]
-    if caller_unscaled and not _scale_is_one(optimizer) and any(overwritten):
-        first = next(v for v, o in zip(variables, overwritten) if o)
-        raise UserInputError(
-            f"variable '{first.path}' is a float8 layer's state, and the gradients "
-            "passed to apply were unscaled by get_unscaled_gradients(), which divided "
-            "its new value by the loss scale too. Pass the scaled gradients (of "
-            "get_scaled_loss or scale_loss) to apply: it unscales all but float8 state"
-        )
+    if caller_unscaled and not scale_rule.scale_is_one(optimizer):
+        refuse_unscaled_float8_state(variables, overwritten)
     # Reduced first: verdict, clipping and state updates then agree on all replicas.
     grads = all_reduce_gradients(grads, overwritten, optimizer.all_reduce_dtype)
-    if not (caller_unscaled or _scale_is_one(optimizer)):
+    if not (caller_unscaled or scale_rule.scale_is_one(optimizer)):
         scale = ops.convert_to_tensor(optimizer.dynamic_scale)
         grads = [g if o else unscale(g, scale) for g, o in zip(grads, overwritten)]
     verdict = judge_gradients(grads, overwritten, bad_batch)

@@ -370,3 +370,17 @@ def test_a_saved_model_loads_with_our_optimizer_and_its_state(tmp_path):
     )
     loaded.fit(x[:4], y[:4], batch_size=4, verbose=0)  # Trains on, from the loaded state.
     assert int(opt.iterations) == 4 and opt.skipped_steps == 1
+
+
+def test_unscaled_gradients_of_a_float8_model_are_refused_in_one_line():
+    """get_unscaled_gradients would divide the float8 state's new values by the scale too."""
+    from mpt_keras.errors import UserInputError
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    model.quantize("float8")
+    variables = model.trainable_variables
+    opt = LossScaleOptimizer(keras.optimizers.SGD(0.01), initial_scale=8.0)
+    opt.build(variables)
+    grads = opt.get_unscaled_gradients([ops.zeros(v.shape, v.dtype) for v in variables])
+    with pytest.raises(UserInputError, match="is a float8 layer's state, and the gradients"):
+        opt.apply(grads, variables)
