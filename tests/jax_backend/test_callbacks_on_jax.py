@@ -143,3 +143,22 @@ def test_diagnose_nonfinite_names_the_float16_layer_and_the_first_nonfinite_grad
     report = diagnose_nonfinite(model, np.ones((2, 3), "float32"), np.zeros((2, 1), "float32"))
     assert report.first_layer is None
     assert report.first_nonfinite_gradient == "sequential/dense/kernel"
+
+
+def test_the_serving_file_is_written_on_jax_and_the_saved_model_needs_tensorflow(tmp_path):
+    from mpt_keras import export_saved_model, save_for_serving
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    model = _model()
+    model.fit(*_data(), batch_size=4, verbose=0)
+    path = str(tmp_path / "serving.keras")
+    save_for_serving(model, path)
+    keras.mixed_precision.set_global_policy("float32")
+    served = keras.models.load_model(path)
+    assert not served.compiled and served.layers[0].compute_dtype == "float16"
+    np.testing.assert_allclose(
+        served.predict(np.ones((1, 3), "float32"), verbose=0),
+        model.predict(np.ones((1, 3), "float32"), verbose=0),
+    )
+    with pytest.raises(ImportError, match="requires the tensorflow module"):  # Keras' line.
+        export_saved_model(model, str(tmp_path / "saved_model"))
