@@ -113,8 +113,7 @@ def __getattr__(name: str) -> Any:
         backend = sys.modules["keras"].backend.backend() if "keras" in sys.modules else "unset"
         raise ImportError(
             f"mpt_keras.{name} needs TensorFlow, which cannot be imported here (Keras backend "
-            f"{backend}); on jax, mpt_keras serves: LossScaleOptimizer, LossScaleSettings, "
-            "StepHealth, the config, manifest and hardware names (docs/backends.md)"
+            f"{backend}); docs/backends.md lists what mpt_keras serves on jax"
         ) from error
     value = getattr(module, name)
     if "keras" in sys.modules:

@@ -53,3 +53,12 @@ def test_an_unknown_precision_is_one_line():
     done = _check("--precisions=float32,int4")
     assert done.returncode != 0
     assert "--precisions: received int4. Allowed: float32, tf32, mixed_bfloat16" in done.stderr
+
+
+def test_a_result_without_rows_is_one_line_naming_the_file():
+    from benchmarks import gpu_table
+    from mpt_keras.errors import UserInputError
+
+    with pytest.raises(UserInputError) as raised:
+        gpu_table.markdown_table({"benchmark": "gpu_check", "rows": []}, "gpu.json")
+    assert str(raised.value) == "gpu.json: received no rows. Allowed: a gpu_check result"

@@ -115,10 +115,9 @@ def precision_report(
 
     Output dtypes come from one forward pass traced as the train step calls it
     (`training=True`, in a `tf.function` or `jax.eval_shape` never run: no data, no state
-    change); None if the
-    model is not built or the trace fails (logged). A mismatch is a floating tensor the layer
-    itself made in another dtype than it computes in (a float32 NumPy constant mixed into
-    bfloat16), not one it was given or a sublayer returned.
+    change); None if the model is not built or the trace fails (logged). A mismatch is a
+    floating tensor the layer itself made in another dtype than it computes in (a float32
+    NumPy constant mixed into bfloat16), not one it was given or a sublayer returned.
 
     `inputs`: example inputs or specs (`keras.Input`, `tf.TensorSpec`) as the model takes
     them; default a functional or Sequential model's own (a subclassed model has none).

@@ -151,7 +151,8 @@ def _jax_train_step(
         logs, state = class_step(model, state, data)
         if not isinstance(logs, dict):
             return logs, state
-        return {**logs, **optimizer.step_logs(state[2], state[0])}, state
+        trainable, _, optimizer_values, _ = state  # Keras' JAX train state.
+        return {**logs, **optimizer.step_logs(optimizer_values, trainable)}, state
 
     return train_step
 

@@ -94,7 +94,7 @@ def apply_eagerly(
     skipped = step_skipped(optimizer, own, before, values)
     for variable, value in state:
         variable.assign(ops.where(skipped, value, ops.convert_to_tensor(variable)))
-    at = next(i for i, v in enumerate(optimizer.variables) if v is own.bad_batches)
+    at = _position(optimizer, own.bad_batches)
     return values[at] > before[at]
 
 
@@ -102,8 +102,13 @@ def step_skipped(
     optimizer: _Optimizer, own: OwnVariables, old: Sequence[Any], new: Sequence[Any]
 ) -> Any:
     """Whether the step from optimizer values `old` to `new` was skipped (a bool tensor)."""
-    at = next(i for i, v in enumerate(optimizer.variables) if v is own.skipped)
+    at = _position(optimizer, own.skipped)
     return new[at] > old[at]
+
+
+def _position(optimizer: _Optimizer, variable: keras.Variable) -> int:
+    """`variable`'s index in `optimizer.variables`, the order of the values a step takes."""
+    return next(i for i, v in enumerate(optimizer.variables) if v is variable)
 
 
 def _step(

@@ -245,19 +245,26 @@ def _nan_batch_data() -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_fit_takes_a_nan_batch_for_bad_data_not_an_overflow():
+    """The train step hands the optimizer the batch: enough to tell, compiled or not."""
     x, y = _nan_batch_data()
-    model = _linear_model()
-    opt = LossScaleOptimizer(keras.optimizers.Adam(0.01))
-    model.compile(optimizer=opt, loss="mse")
-    history = model.fit(x, y, batch_size=4, shuffle=False, verbose=0)
-    assert opt.skipped_steps == opt.bad_batches == 1
-    assert opt.health().bad_batch_steps == (2,)
-    assert int(opt.iterations) == 3
-    assert opt.loss_scale == 2.0**15  # Left alone.
-    assert opt.nonfinite_counts() == {v.path: 0 for v in model.trainable_variables}
-    assert all(np.isfinite(v.numpy()).all() for v in model.trainable_variables)
-    assert history.history["skipped_steps"] == [1.0]
-    assert history.history["loss_scale"] == [2.0**15]
+    weights = {}
+    for jit_compile in (True, False):
+        model = _linear_model()
+        opt = LossScaleOptimizer(keras.optimizers.Adam(0.01))
+        model.compile(optimizer=opt, loss="mse", jit_compile=jit_compile)
+        assert model.jit_compile is jit_compile
+        history = model.fit(x, y, batch_size=4, shuffle=False, verbose=0)
+        assert opt.skipped_steps == opt.bad_batches == 1
+        assert opt.health().bad_batch_steps == (2,)
+        assert int(opt.iterations) == 3
+        assert opt.loss_scale == 2.0**15  # Left alone.
+        assert opt.nonfinite_counts() == {v.path: 0 for v in model.trainable_variables}
+        assert history.history["skipped_steps"] == [1.0]
+        assert history.history["loss_scale"] == [2.0**15]
+        weights[jit_compile] = [v.numpy() for v in model.trainable_variables]
+        assert all(np.isfinite(w).all() for w in weights[jit_compile])
+    for jit, plain in zip(weights[True], weights[False]):
+        np.testing.assert_allclose(jit, plain, rtol=1e-5)
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
