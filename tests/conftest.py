@@ -49,7 +49,7 @@ def pytest_collection_modifyitems(items):
 
     Under `pytest -n 2` (`--dist loadgroup`, setup.cfg) a test file's
     module-scoped fixtures (a child process that trains on two replicas, the
-    launcher's ~20 flag rows) would run once on each worker that receives one
+    launcher's 14 flag rows) would run once on each worker that receives one
     of its tests: the tests that use one are grouped (`xdist_group`), so they
     run on one worker, and it runs once. xdist starts the largest groups first;
     the tests marked `slow` come next, so that no long test is left to the end

@@ -3,8 +3,10 @@
 The models are the ones `examples/` ships: a `keras.applications` MobileNet
 (v1, 91 layers), a keras_hub GPT-2 built from arguments (no preset, no network)
 and a subclassed CNN, fed by data factories over data that ships offline, each
-cut small. Each launcher runs in its own process (the point here), a few
-steps each; `--help` runs in this one (tests/launchers.py).
+cut small, a few steps each. The launchers run in this process
+(tests/launchers.py), as their flags and factories are the point; the subclassed
+model's runs are processes of their own, as splitting the CPU into replicas
+needs one, and the first config error is checked before TensorFlow is imported.
 """
 
 import json
@@ -46,43 +48,43 @@ def _read(path):
 def test_a_keras_applications_model_trains_calibrates_and_validates(tfds_dir, tmp_path):
     override = _override(tfds_dir, batch_size=4, eval_examples=8)
     manifest = str(tmp_path / "mobilenet.json")
-    calibrated = _launch(
-        "calibrate",
+    calibrated = launch_in_process(
+        "mpt-calibrate",
         f"--config={MOBILENET}",
         f"--config_override={override}",
         "--steps=1",
         f"--output={manifest}",
     )
-    assert calibrated.returncode == 0, calibrated.stderr
+    assert calibrated.status == 0, calibrated.stderr
     decided = _read(manifest.replace(".json", ".stats.json"))["layers"]
     # Measured layer by layer inside the application, not as one unit.
     assert {"conv1", "conv_dw_1", "conv_pw_1", "conv_preds"} <= set(decided)
 
     model_dir = str(tmp_path / "run")
-    trained = _launch(
-        "train",
+    trained = launch_in_process(
+        "mpt-train",
         f"--config={MOBILENET}",
         f"--model_dir={model_dir}",
         f"--manifest={manifest}",
         "--steps=2",
         f"--config_override={override}",
     )
-    assert trained.returncode == 0, trained.stderr
+    assert trained.status == 0, trained.stderr
     metrics = _read(os.path.join(model_dir, "metrics.json"))
     assert (metrics["step"], sorted(metrics)[-2:]) == (2, ["val_accuracy", "val_loss"])
     assert _read(os.path.join(model_dir, "config.json"))["model"]["factory"] == (
         "examples.user_models:mobilenet"
     )
 
-    validated = _launch(
-        "validate",
+    validated = launch_in_process(
+        "mpt-validate",
         f"--config={MOBILENET}",
         "--precision=mixed_bfloat16",
         "--steps=2",
         f"--config_override={override}",
         f"--output={tmp_path / 'report.json'}",
     )
-    assert validated.returncode in (0, 1), validated.stderr
+    assert validated.status in (0, 1), validated.stderr
     report = _read(tmp_path / "report.json")
     assert report["steps"] == 2 and len(report["candidate_losses"]) == 2
     assert {check["name"] for check in report["checks"]} >= {"metric_delta", "final_loss_gap"}
@@ -99,25 +101,25 @@ def test_a_keras_hub_model_trains_calibrates_and_validates(tfds_dir, tmp_path):
         options={"sequence_length": 8},
     )
     manifest = str(tmp_path / "gpt2.json")
-    calibrated = _launch(
-        "calibrate",
+    calibrated = launch_in_process(
+        "mpt-calibrate",
         f"--config={GPT2}",
         f"--config_override={override}",
         "--steps=1",
         f"--output={manifest}",
     )
-    assert calibrated.returncode == 0, calibrated.stderr
+    assert calibrated.status == 0, calibrated.stderr
 
     model_dir = str(tmp_path / "run")
-    trained = _launch(
-        "train",
+    trained = launch_in_process(
+        "mpt-train",
         f"--config={GPT2}",
         f"--model_dir={model_dir}",
         f"--manifest={manifest}",
         "--steps=2",
         f"--config_override={override}",
     )
-    assert trained.returncode == 0, trained.stderr
+    assert trained.status == 0, trained.stderr
     assert _read(os.path.join(model_dir, "metrics.json"))["step"] == 2
     layers = _read(os.path.join(model_dir, "precision_report.json"))["layers"]
     # Reported layer by layer inside the backbone's block, not as one unit.
@@ -125,15 +127,15 @@ def test_a_keras_hub_model_trains_calibrates_and_validates(tfds_dir, tmp_path):
         layer["path"] for layer in layers
     }
 
-    validated = _launch(
-        "validate",
+    validated = launch_in_process(
+        "mpt-validate",
         f"--config={GPT2}",
         f"--manifest={manifest}",
         "--steps=2",
         f"--config_override={override}",
         f"--output={tmp_path / 'report.json'}",
     )
-    assert validated.returncode in (0, 1), validated.stderr
+    assert validated.status in (0, 1), validated.stderr
     assert _read(tmp_path / "report.json")["candidate"] == manifest
 
 
@@ -249,8 +251,10 @@ def test_a_model_from_a_keras_file_trains_with_its_compiled_loss(tmp_path):
         )
     )
     model_dir = tmp_path / "run"
-    trained = _launch("train", f"--config={config}", f"--model_dir={model_dir}", "--steps=2")
-    assert trained.returncode == 0, trained.stderr
+    trained = launch_in_process(
+        "mpt-train", f"--config={config}", f"--model_dir={model_dir}", "--steps=2"
+    )
+    assert trained.status == 0, trained.stderr
     metrics = _read(model_dir / "metrics.json")
     assert (metrics["step"], sorted(metrics)[-2:]) == (2, ["val_accuracy", "val_loss"])
     policies = {
