@@ -9,8 +9,9 @@ import pytest
 import tensorflow_datasets as tfds
 from sklearn import datasets as sklearn_datasets
 
+from mpt_keras import data
 from mpt_keras.data import loading
-from mpt_keras.data.python_source import is_validation, stdlib_dir, stdlib_files
+from mpt_keras.data.embedded_arrays import is_validation, stdlib_dir, stdlib_files
 from mpt_keras.errors import UserInputError
 
 _NETWORK_EVENTS = ("socket.connect", "socket.getaddrinfo", "urllib.Request")
@@ -84,7 +85,7 @@ def fixture_dir(tmp_path_factory) -> str:
 
 def test_embedded_datasets_prepare_without_network(data_dir):
     with _no_network():
-        for name in loading.EMBEDDED_DATASETS:
+        for name in data.EMBEDDED_DATASETS:
             assert len(list(loading.load_split(name, "validation", data_dir))) > 0
 
 
@@ -127,7 +128,7 @@ def test_language_model_windows_python_source(data_dir):
     np.testing.assert_array_equal(inputs, windows[:, :-1])
     np.testing.assert_array_equal(targets, windows[:, 1:])
     np.testing.assert_array_equal(targets[:, :-1], inputs[:, 1:])
-    assert 0 <= inputs.min() and inputs.max() < loading.VOCAB_SIZE
+    assert 0 <= inputs.min() and inputs.max() < data.VOCAB_SIZE
 
 
 def test_unknown_dataset_name():

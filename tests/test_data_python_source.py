@@ -8,7 +8,7 @@ import sys
 import pytest
 import tensorflow_datasets as tfds
 
-from mpt_keras.data import python_source
+from mpt_keras.data import embedded_arrays
 
 
 def _prepare(data_dir) -> dict[str, list[tuple[str, str]]]:
@@ -77,7 +77,7 @@ def test_invalid_utf8_is_replaced(tmp_path, monkeypatch):
     (source_dir / "a.py").write_bytes(b"ok = 1\n")
     (source_dir / "f.py").write_bytes(b"bad = '\xff\xfe'\n")  # "f.py" is validation
     (source_dir / "notes.txt").write_bytes(b"not python\n")
-    monkeypatch.setattr(python_source, "stdlib_dir", lambda: str(source_dir))
+    monkeypatch.setattr(embedded_arrays, "stdlib_dir", lambda: str(source_dir))
     splits = _prepare(tmp_path / "data")
     assert splits == {
         "train": [("a.py", "ok = 1\n")],

@@ -1,41 +1,55 @@
-"""Datasets: offline TFDS loading, a run's data sources, deterministic batching.
+"""Datasets: a run's data sources, deterministic batching, offline TFDS loading.
 
-loading.py           TFDS splits, offline, as numpy arrays or unbatched pairs
 sources.py           RunData: a run's data from a factory, a TFDS mapping or a name
-pipeline.py          deterministic, resumable batching of in-memory arrays
-digits.py            the embedded dataset `mpt_digits`
-python_source.py     the embedded dataset `mpt_python_source`
+embedded_arrays.py   the embedded datasets' content as arrays (no TFDS): its one home
+array_batches.py     deterministic, resumable batching of arrays in NumPy (JAX runs)
+tf_datasets.py       a factory's tf.data splits: checked, batched, their dimensions
+loading.py           TFDS splits, offline, as numpy arrays or unbatched pairs
+pipeline.py          deterministic, resumable batching of arrays in tf.data
+digits.py            the embedded dataset `mpt_digits` (TFDS builder)
+python_source.py     the embedded dataset `mpt_python_source` (TFDS builder)
 embedded_builder.py  the embedded builders' shared base
 
-Importing this package registers the embedded builders.
+The TFDS and tf.data names load on first use (`loading` registers the embedded builders),
+so that a JAX process without TensorFlow imports this package.
 """
 
-from mpt_keras.data import digits, python_source  # noqa: F401
-from mpt_keras.data.loading import (
-    EMBEDDED_DATASETS,
-    VOCAB_SIZE,
-    ClassificationData,
-    classification_arrays,
-    feature_pairs,
-    language_model_windows,
-    load_split,
-    reference_shape,
-)
-from mpt_keras.data.pipeline import eval_batches, train_batches
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from mpt_keras.data.embedded_arrays import EMBEDDED_DATASETS, VOCAB_SIZE
 from mpt_keras.data.sources import RunData, checked_split, load_run_data
 
-__all__ = [
-    "EMBEDDED_DATASETS",
-    "RunData",
-    "VOCAB_SIZE",
-    "ClassificationData",
-    "checked_split",
-    "classification_arrays",
-    "eval_batches",
-    "feature_pairs",
-    "language_model_windows",
-    "load_run_data",
-    "load_split",
-    "reference_shape",
-    "train_batches",
-]
+if TYPE_CHECKING:  # what editors and type checkers see; loaded lazily below
+    from mpt_keras.data.loading import (
+        ClassificationData,
+        classification_arrays,
+        feature_pairs,
+        language_model_windows,
+        load_split,
+        reference_shape,
+    )
+    from mpt_keras.data.pipeline import eval_batches, train_batches
+
+_LAZY = {
+    "ClassificationData": "loading",
+    "classification_arrays": "loading",
+    "eval_batches": "pipeline",
+    "feature_pairs": "loading",
+    "language_model_windows": "loading",
+    "load_split": "loading",
+    "reference_shape": "loading",
+    "train_batches": "pipeline",
+}
+
+__all__ = sorted(
+    ["EMBEDDED_DATASETS", "RunData", "VOCAB_SIZE", "checked_split", "load_run_data", *_LAZY]
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'mpt_keras.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"mpt_keras.data.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value

@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 import tensorflow_datasets as tfds
-from sklearn import datasets as sklearn_datasets
 
+from mpt_keras.data import embedded_arrays
 from mpt_keras.data.embedded_builder import EmbeddedBuilder
 
 _DESCRIPTION = """\
@@ -16,7 +16,7 @@ Handwritten Digits" test set, as bundled with scikit-learn
 (`sklearn.datasets.load_digits`). Pixel counts 0..16 are rescaled to uint8 with
 `round(v * 255 / 16)` (0 -> 0, 16 -> 255). Example i (in scikit-learn order) is
 in `validation` iff i % 5 == 0 (360 examples), else in `train` (1,437 examples);
-both splits keep scikit-learn order.
+both splits keep scikit-learn order. The content's one home: `embedded_arrays.py`.
 """
 
 _CITATION = """\
@@ -30,14 +30,6 @@ _CITATION = """\
 """
 
 _HOMEPAGE = "https://archive.ics.uci.edu/dataset/80/optical+recognition+of+handwritten+digits"
-
-_MAX_COUNT = 16
-_VALIDATION_EVERY = 5
-
-
-def _rescale(counts: np.ndarray) -> np.ndarray:
-    """Maps scikit-learn's 0..16 pixel counts to uint8 0..255: `round(counts * 255 / 16)`."""
-    return np.rint(counts * 255.0 / _MAX_COUNT).astype(np.uint8)
 
 
 class MptDigits(EmbeddedBuilder):
@@ -59,18 +51,11 @@ class MptDigits(EmbeddedBuilder):
         self, dl_manager: tfds.download.DownloadManager
     ) -> dict[str, Iterator[tuple[int, dict[str, Any]]]]:
         del dl_manager  # The data ships with scikit-learn.
-        digits = sklearn_datasets.load_digits()
-        images = _rescale(digits.images)[..., np.newaxis]
-        labels = digits.target.astype(np.int64)
-        indices = np.arange(len(labels))
-        is_validation = indices % _VALIDATION_EVERY == 0
-        return {
-            "train": self._generate_examples(images, labels, indices[~is_validation]),
-            "validation": self._generate_examples(images, labels, indices[is_validation]),
-        }
+        return {split: self._generate_examples(split) for split in embedded_arrays.SPLITS}
 
-    def _generate_examples(
-        self, images: np.ndarray, labels: np.ndarray, indices: np.ndarray
-    ) -> Iterator[tuple[int, dict[str, Any]]]:
-        for i in indices:
-            yield int(i), {"image": images[i], "label": int(labels[i])}
+    def _generate_examples(self, split: str) -> Iterator[tuple[int, dict[str, Any]]]:
+        images, labels = embedded_arrays.digits(split)
+        # Keyed by the example's index in scikit-learn's order.
+        indices = embedded_arrays.digit_indices(split)
+        for i, image, label in zip(indices, images, labels, strict=True):
+            yield int(i), {"image": image, "label": int(label)}

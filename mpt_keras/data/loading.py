@@ -19,12 +19,11 @@ from tensorflow_datasets.core import naming
 
 from mpt_keras.checks import check_number
 from mpt_keras.compat import tfds_progress
+
+# Registers the embedded builders with TFDS.
+from mpt_keras.data import digits, python_source  # noqa: F401
+from mpt_keras.data.embedded_arrays import EMBEDDED_DATASETS, text_windows
 from mpt_keras.errors import UserInputError
-
-EMBEDDED_DATASETS = ("mpt_digits", "mpt_python_source")
-
-VOCAB_SIZE = 256
-"""Byte-level tokens: every token is one byte of UTF-8 text."""
 
 _ALLOWED_NAMES = f"Allowed: {', '.join(EMBEDDED_DATASETS)}, or any name in tfds.list_builders()."
 
@@ -103,18 +102,9 @@ def language_model_windows(
         )
     dataset = tfds.load(name, split=split, data_dir=data_dir, download=False)
     texts = dataset.map(lambda example: example["text"]).batch(_READ_BATCH)
-    stream = b"\n".join(text for batch in tfds.as_numpy(texts) for text in batch)
-    window = sequence_length + 1
-    num_windows = len(stream) // window
-    if num_windows == 0:
-        raise UserInputError(
-            f"Split {split!r} of dataset {name!r} has {len(stream)} bytes, fewer "
-            f"than one window of sequence_length + 1 = {window}. Allowed: a "
-            f"sequence_length below {len(stream)}."
-        )
-    tokens = np.frombuffer(stream, dtype=np.uint8, count=num_windows * window)
-    windows = tokens.astype(np.int32).reshape(num_windows, window)
-    return np.ascontiguousarray(windows[:, :-1]), np.ascontiguousarray(windows[:, 1:])
+    return text_windows(
+        [text for batch in tfds.as_numpy(texts) for text in batch], sequence_length, name, split
+    )
 
 
 def reference_shape(name: str, split: str, data_dir: str | None) -> str:

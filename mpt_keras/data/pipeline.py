@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from mpt_keras.checks import check_number
-from mpt_keras.errors import UserInputError
+from mpt_keras.data.array_batches import check_batching
 
 
 def train_batches(
@@ -26,7 +26,7 @@ def train_batches(
     `start_step=0`. `UserInputError`: a bad batch_size or start_step, no examples, or lengths
     differing.
     """
-    num_examples = _check(features, labels, batch_size)
+    num_examples = check_batching(features, labels, batch_size)
     check_number("start_step", start_step, minimum=0, integer=True)
     first_epoch, first_offset = divmod(start_step * batch_size, num_examples)
     seed_tensor = tf.constant(seed, tf.int64)
@@ -61,22 +61,9 @@ def train_batches(
 def eval_batches(features: np.ndarray, labels: np.ndarray, batch_size: int) -> tf.data.Dataset:
     """One in-order pass over (features, labels), keeping the last partial batch; refusals as
     `train_batches`'."""
-    _check(features, labels, batch_size)
+    check_batching(features, labels, batch_size)
     return (
         tf.data.Dataset.from_tensor_slices((features, labels))
         .batch(batch_size)
         .prefetch(tf.data.AUTOTUNE)
     )
-
-
-def _check(features: np.ndarray, labels: np.ndarray, batch_size: int) -> int:
-    """Checks the batching inputs; returns the number of examples."""
-    check_number("batch_size", batch_size, minimum=1, integer=True)
-    num_examples = len(features)
-    if num_examples == 0:
-        raise UserInputError("The dataset has 0 examples. Allowed: at least 1 example.")
-    if len(labels) != num_examples:
-        raise UserInputError(
-            f"Got {num_examples} examples but {len(labels)} labels. Allowed: one label per example."
-        )
-    return num_examples

@@ -1,24 +1,33 @@
 """Where a run's data comes from, unbatched: a data factory, a TFDS mapping or a name.
 
-Arrays resume at any step by index (`pipeline`); a `tf.data.Dataset` is shuffled and batched
-here, and a resumed run reads and skips the batches before its step.
+Arrays resume at any step by index (`pipeline`, or `array_batches` on Keras' JAX backend); a
+`tf.data.Dataset` is shuffled and batched in `tf_datasets`, and a resumed run reads and skips
+the batches before its step. On JAX the data is arrays: the embedded datasets (without TFDS)
+or a factory's; a TFDS name or mapping, or a factory's `tf.data`, is a one-line refusal.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
 
-from mpt_keras import compat
+from mpt_keras.backend import current
 from mpt_keras.config import DataConfig
 from mpt_keras.config.components import DATA_DIMENSIONS, BoundFactory
-from mpt_keras.data import loading, pipeline
+from mpt_keras.data import array_batches, embedded_arrays
 from mpt_keras.errors import UserInputError, describe_error
+
+# What a JAX run reads, for its refusals.
+_ON_JAX = (
+    f"Allowed on Keras' jax backend: data.name {' or '.join(embedded_arrays.EMBEDDED_DATASETS)} "
+    f"(splits {' and '.join(embedded_arrays.SPLITS)}), or a data.factory returning (x, y) "
+    "arrays; TFDS and tf.data need TensorFlow (--backend=tensorflow)"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,29 +38,45 @@ class RunData:
     `dimensions`: what the data decides (`components.DATA_DIMENSIONS`).
     """
 
-    train: tuple[np.ndarray, ...] | tf.data.Dataset
-    eval: tuple[np.ndarray, ...] | tf.data.Dataset
+    train: tuple[np.ndarray, ...] | Any
+    eval: tuple[np.ndarray, ...] | Any
     dimensions: Mapping[str, Any]
 
     def train_batches(
         self, batch_size: int, seed: int, start_step: int = 0, shuffle_buffer: int = 10_000
-    ) -> tf.data.Dataset:
-        """The endless stream of full train batches from `start_step` on."""
-        if isinstance(self.train, tf.data.Dataset):
-            return (
-                self.train.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-                .repeat()
-                .batch(batch_size, drop_remainder=True)
-                .skip(start_step)
-                .prefetch(tf.data.AUTOTUNE)
+    ) -> Any:
+        """The endless stream of full train batches from `start_step` on: a `tf.data.Dataset`,
+        or on JAX a generator of NumPy batches."""
+        if _is_dataset(self.train):
+            from mpt_keras.data import tf_datasets
+
+            return tf_datasets.train_batches(
+                self.train, batch_size, seed, start_step, shuffle_buffer
             )
+        if current.is_jax():
+            return array_batches.train_batches(*self.train, batch_size, seed, start_step)
+        from mpt_keras.data import pipeline
+
         return pipeline.train_batches(*self.train, batch_size, seed=seed, start_step=start_step)
 
-    def eval_batches(self, batch_size: int) -> tf.data.Dataset:
-        """One in-order pass over the evaluation data, the last batch partial."""
-        if isinstance(self.eval, tf.data.Dataset):
-            return self.eval.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    def eval_batches(self, batch_size: int) -> Any:
+        """One in-order pass over the evaluation data, the last batch partial (re-iterable)."""
+        if _is_dataset(self.eval):
+            from mpt_keras.data import tf_datasets
+
+            return tf_datasets.eval_batches(self.eval, batch_size)
+        if current.is_jax():
+            return array_batches.eval_batches(*self.eval, batch_size)
+        from mpt_keras.data import pipeline
+
         return pipeline.eval_batches(*self.eval, batch_size)
+
+    def batch_of_step(
+        self, batch_size: int, seed: int, step: int, shuffle_buffer: int = 10_000
+    ) -> tuple[Any, ...]:
+        """The global batch of (1-based) `step`: the data is a function of the step."""
+        batches = self.train_batches(batch_size, seed, step - 1, shuffle_buffer)
+        return tuple(next(iter(batches)))
 
     def subset(self, train_examples: int, eval_examples: int) -> RunData:
         """The first examples of each split (the canary's small run)."""
@@ -71,7 +96,11 @@ def load_run_data(
     if factory is not None:
         loaded = _from_data_factory(factory, seed, f"data.batch_size: {source.batch_size}")
     elif source.features is not None:
+        if current.is_jax():
+            raise UserInputError(f"data.features {source.features!r}: a TFDS mapping. {_ON_JAX}")
         loaded = _from_tfds_features(source)
+    elif current.is_jax():
+        loaded = _embedded_arrays(source)
     else:
         loaded = _from_reference_shapes(source, shape)
     if source.eval_examples:
@@ -79,8 +108,45 @@ def load_run_data(
     return loaded
 
 
+def _embedded_arrays(source: DataConfig) -> RunData:
+    """An embedded dataset as arrays, without TFDS (the same examples as its TFDS builder)."""
+    name = source.name
+    if name not in embedded_arrays.EMBEDDED_DATASETS:
+        raise UserInputError(f"data.name {name!r}: a TFDS dataset. {_ON_JAX}")
+    for key in ("train_split", "eval_split"):
+        split = getattr(source, key)
+        if split not in embedded_arrays.SPLITS:
+            raise UserInputError(f"data.{key} {split!r}: a TFDS split or slice. {_ON_JAX}")
+    if name == "mpt_digits":
+        (train_x, train_y), (eval_x, eval_y) = (
+            embedded_arrays.digits(split) for split in (source.train_split, source.eval_split)
+        )
+        return RunData(
+            (_unit_images(train_x), train_y.astype(np.int32)),
+            (_unit_images(eval_x), eval_y.astype(np.int32)),
+            {"input_shape": train_x.shape[1:], "num_classes": 10},
+        )
+
+    def windows(split: str) -> tuple[np.ndarray, np.ndarray]:
+        texts = [text.encode("utf-8") for _, _, text in embedded_arrays.python_source(split)]
+        return embedded_arrays.text_windows(texts, source.sequence_length, name, split)
+
+    return RunData(
+        windows(source.train_split),
+        windows(source.eval_split),
+        {"vocab_size": embedded_arrays.VOCAB_SIZE, "sequence_length": source.sequence_length},
+    )
+
+
+def _unit_images(images: np.ndarray) -> np.ndarray:
+    """uint8 images as float32 in [0, 1], as `loading.classification_arrays` gives them."""
+    return images.astype(np.float32) / 255.0
+
+
 def _from_reference_shapes(source: DataConfig, shape: str | None) -> RunData:
     """A dataset in the reference shapes: images and labels, or text."""
+    from mpt_keras.data import loading
+
     if shape is None:
         shape = loading.reference_shape(source.name, source.train_split, source.data_dir)
     if shape == "image":
@@ -100,18 +166,20 @@ def _from_reference_shapes(source: DataConfig, shape: str | None) -> RunData:
     return RunData(
         windows(split=source.train_split),
         windows(split=source.eval_split),
-        {"vocab_size": loading.VOCAB_SIZE, "sequence_length": source.sequence_length},
+        {"vocab_size": embedded_arrays.VOCAB_SIZE, "sequence_length": source.sequence_length},
     )
 
 
 def _from_tfds_features(source: DataConfig) -> RunData:
     """A TFDS dataset of any shape, by the config's `data.features`."""
+    from mpt_keras.data import loading, tf_datasets
+
     splits = [
         loading.feature_pairs(source.name, split, source.data_dir, source.features)
         for split in (source.train_split, source.eval_split)
     ]
     (train, dimensions), (evaluation, _) = splits
-    return RunData(train, evaluation, {**_spec_dimensions(train), **dimensions})
+    return RunData(train, evaluation, {**tf_datasets.spec_dimensions(train), **dimensions})
 
 
 def _from_data_factory(factory: BoundFactory, seed: int, batching: str) -> RunData:
@@ -124,8 +192,9 @@ def _from_data_factory(factory: BoundFactory, seed: int, batching: str) -> RunDa
         raise UserInputError(f"{what} failed: {describe_error(error)}") from None
     if not (isinstance(returned, tuple) and len(returned) in (2, 3)):
         raise UserInputError(
-            f"{what} returned {type(returned).__name__}. Allowed: (train, eval) tf.data.Datasets, "
-            "optionally with a third element, a dict of dimensions such as {'num_classes': 10}"
+            f"{what} returned {type(returned).__name__}. Allowed: (train, eval), each an "
+            "unbatched tf.data.Dataset or (x, y) arrays, optionally with a third element, a "
+            "dict of dimensions such as {'num_classes': 10}"
         )
     train = checked_split(returned[0], f"{what}: train", batching)
     evaluation = checked_split(returned[1], f"{what}: eval", batching)
@@ -135,91 +204,42 @@ def _from_data_factory(factory: BoundFactory, seed: int, batching: str) -> RunDa
             f"{what}: its dimensions {declared!r} are not a dict of known names. "
             f"Allowed: a dict with keys among {', '.join(DATA_DIMENSIONS)}"
         )
-    return RunData(train, evaluation, {**_spec_dimensions(train), **declared})
+    dimensions = {}
+    if _is_dataset(train):
+        from mpt_keras.data import tf_datasets
+
+        dimensions = tf_datasets.spec_dimensions(train)
+    return RunData(train, evaluation, {**dimensions, **declared})
 
 
-def checked_split(split: Any, what: str, batching: str) -> tuple[np.ndarray, ...] | tf.data.Dataset:
+def checked_split(split: Any, what: str, batching: str) -> tuple[np.ndarray, ...] | Any:
     """`split` if a run takes it: a dataset of `(x, y[, sample_weight])` or `(x, y)` arrays.
 
     `what` (its origin) and `batching` (the batching setting, `data.batch_size: 32`, for an
     already batched dataset) name it in the `UserInputError`.
     """
-    if isinstance(split, tf.data.Dataset):
-        spec = split.element_spec
-        if _batched(split):
-            shapes = ", ".join(str(tuple(s.shape)) for s in tf.nest.flatten(spec))
-            raise UserInputError(
-                f"{what}: received a batched tf.data.Dataset (a .batch() in its pipeline; "
-                f"elements of shapes {shapes}), but the run batches the data itself "
-                f"({batching}). Allowed: unbatched (x, y) elements: leave out the .batch() "
-                "(or add .unbatch())"
-            )
-        if isinstance(spec, tuple) and len(spec) in (2, 3):
-            return split
-        raise UserInputError(
-            f"{what}: elements are {spec}. Allowed: unbatched (x, y) or (x, y, sample_weight) "
-            "tuples"
-        )
+    if _is_dataset(split):
+        if current.is_jax():
+            raise UserInputError(f"{what}: received a tf.data.Dataset. {_ON_JAX}")
+        from mpt_keras.data import tf_datasets
+
+        return tf_datasets.checked_dataset(split, what, batching)
     if isinstance(split, tuple) and len(split) == 2 and len(split[0]) == len(split[1]):
         return tuple(np.asarray(array) for array in split)
+    allowed = "" if current.is_jax() else "a tf.data.Dataset of unbatched (x, y) elements, or "
     raise UserInputError(
-        f"{what}: received {type(split).__name__}. Allowed: a tf.data.Dataset of unbatched "
-        "(x, y) elements, or a tuple (x, y) of arrays of equal length"
+        f"{what}: received {type(split).__name__}. Allowed: {allowed}a tuple (x, y) of arrays "
+        "of equal length"
     )
 
 
-def _batched(dataset: tf.data.Dataset) -> bool:
-    """Whether the pipeline's last batching (or unbatching) step batched it.
-
-    From the chain, not shapes (an unknown-length sequence also has a leading None); several
-    inputs: when each is.
-    """
-    inputs = compat.dataset_inputs(dataset)
-    if not inputs:
-        return False
-    if len(inputs) > 1:
-        return all(_batched(each) for each in inputs)
-    (source,) = inputs
-    ranks = _rank_changes(dataset.element_spec, source.element_spec)
-    if ranks == {1}:
-        return True
-    if ranks == {-1}:
-        return False
-    return _batched(source)
+def _is_dataset(value: Any) -> bool:
+    """Whether `value` is a `tf.data.Dataset` (none exists before TensorFlow is imported)."""
+    tensorflow = sys.modules.get("tensorflow")
+    return tensorflow is not None and isinstance(value, tensorflow.data.Dataset)
 
 
-def _rank_changes(spec: Any, source_spec: Any) -> set[int]:
-    """Each component's rank change from `source_spec` to `spec`, trailing dimensions kept
-    (empty if structures differ or a rank is unknown)."""
-    try:
-        pairs = list(zip(tf.nest.flatten(spec), tf.nest.flatten(source_spec), strict=True))
-    except ValueError:
-        return set()
-    changes = set()
-    for after, before in pairs:
-        after, before = getattr(after, "shape", None), getattr(before, "shape", None)
-        if after is None or before is None or after.rank is None or before.rank is None:
-            return set()
-        change = after.rank - before.rank
-        outer, inner = (after, before) if change > 0 else (before, after)
-        if abs(change) != 1 or outer[1:].as_list() != inner.as_list():
-            return {0}
-        changes.add(change)
-    return changes
-
-
-def _spec_dimensions(dataset: tf.data.Dataset) -> dict[str, Any]:
-    """What an element's input says: its shape, and a token sequence's length."""
-    x = dataset.element_spec[0]
-    if not isinstance(x, tf.TensorSpec):
-        return {}
-    dimensions: dict[str, Any] = {"input_shape": tuple(x.shape)}
-    if x.dtype.is_integer and x.shape.rank == 1:
-        dimensions["sequence_length"] = x.shape[0]
-    return dimensions
-
-
-def _first(split: tuple[np.ndarray, ...] | tf.data.Dataset, count: int):
-    if isinstance(split, tf.data.Dataset):
+def _first(split: Any, count: int) -> Any:
+    if _is_dataset(split):
         return split.take(count)
     return tuple(array[:count] for array in split)

@@ -1,0 +1,93 @@
+"""Deterministic, resumable batching of in-memory arrays without TensorFlow (Keras' JAX backend).
+
+The rule of `pipeline.py`: position p = step * batch_size + i holds example `order(p // N)[p % N]`,
+a fresh seeded permutation per data epoch, so a run resumed at step k reads batch k next. The
+permutation here is NumPy's, seeded by `(seed, epoch)`: TensorFlow's `index_shuffle` draws
+another order from the same seed, so the two backends see the examples in different orders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import keras
+import numpy as np
+
+from mpt_keras.checks import check_number
+from mpt_keras.errors import UserInputError
+
+
+def train_batches(
+    features: np.ndarray,
+    labels: np.ndarray,
+    batch_size: int,
+    seed: int,
+    start_step: int = 0,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """An endless stream of full, shuffled `(features, labels)` batches; dtypes kept.
+
+    `start_step=k` yields exactly batches k, k + 1, ... of `start_step=0`. `UserInputError`:
+    as `check_batching`, or a bad start_step.
+    """
+    num_examples = check_batching(features, labels, batch_size)
+    check_number("start_step", start_step, minimum=0, integer=True)
+    position = start_step * batch_size
+    while True:
+        epoch, offset = divmod(position, num_examples)
+        indices = []
+        while len(indices) < batch_size:
+            order = _epoch_order(seed, epoch, num_examples)
+            indices.extend(order[offset : offset + batch_size - len(indices)])
+            epoch, offset = epoch + 1, 0
+        chosen = np.asarray(indices)
+        yield features[chosen], labels[chosen]
+        position += batch_size
+
+
+def eval_batches(
+    features: np.ndarray, labels: np.ndarray, batch_size: int
+) -> keras.utils.PyDataset:
+    """One in-order pass over `(features, labels)`, the last batch partial; re-iterable."""
+    check_batching(features, labels, batch_size)
+    return _InOrder(features, labels, batch_size)
+
+
+def batch_of_step(
+    features: np.ndarray, labels: np.ndarray, batch_size: int, seed: int, step: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Batch `step` (0-based) of `train_batches`' stream."""
+    return next(train_batches(features, labels, batch_size, seed, start_step=step))
+
+
+def check_batching(features: np.ndarray, labels: np.ndarray, batch_size: int) -> int:
+    """Checks the batching inputs; returns the number of examples."""
+    check_number("batch_size", batch_size, minimum=1, integer=True)
+    num_examples = len(features)
+    if num_examples == 0:
+        raise UserInputError("The dataset has 0 examples. Allowed: at least 1 example.")
+    if len(labels) != num_examples:
+        raise UserInputError(
+            f"Got {num_examples} examples but {len(labels)} labels. Allowed: one label per example."
+        )
+    return num_examples
+
+
+def _epoch_order(seed: int, epoch: int, num_examples: int) -> np.ndarray:
+    return np.random.default_rng([seed, epoch]).permutation(num_examples)
+
+
+class _InOrder(keras.utils.PyDataset):
+    """Batches in stored order (Keras re-reads a `PyDataset` each pass, e.g. each validation)."""
+
+    def __init__(self, features: np.ndarray, labels: np.ndarray, batch_size: int):
+        super().__init__()
+        self._features, self._labels, self._batch_size = features, labels, batch_size
+
+    def __len__(self) -> int:
+        return -(-len(self._features) // self._batch_size)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"batch {index} of {len(self)}")
+        window = slice(index * self._batch_size, (index + 1) * self._batch_size)
+        return self._features[window], self._labels[window]

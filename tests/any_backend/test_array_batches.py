@@ -1,0 +1,57 @@
+"""The NumPy batching a JAX run trains on (`data/array_batches.py`), on either backend."""
+
+import numpy as np
+import pytest
+
+from mpt_keras.data import array_batches
+from mpt_keras.errors import UserInputError
+
+FEATURES = np.arange(10, dtype=np.float32).reshape(10, 1) * 10
+LABELS = np.arange(10, dtype=np.int32)
+
+
+def _labels(batches, count):
+    return [next(batches)[1].tolist() for _ in range(count)]
+
+
+def test_each_data_epoch_is_a_seeded_permutation_and_batches_straddle_epochs():
+    stream = _labels(array_batches.train_batches(FEATURES, LABELS, 4, seed=7), 5)
+    flat = [label for batch in stream for label in batch]
+    assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:20]) == list(range(10))
+    assert flat[:10] != flat[10:20]  # A fresh order each data epoch.
+    # The order is NumPy's permutation seeded by (seed, epoch).
+    assert flat[:10] == np.random.default_rng([7, 0]).permutation(10).tolist()
+    assert flat[10:20] == np.random.default_rng([7, 1]).permutation(10).tolist()
+    assert _labels(array_batches.train_batches(FEATURES, LABELS, 4, seed=7), 5) == stream
+    assert _labels(array_batches.train_batches(FEATURES, LABELS, 4, seed=8), 5) != stream
+
+
+@pytest.mark.parametrize("start_step", [1, 2, 3, 7])
+def test_a_resumed_stream_continues_at_the_exact_batch(start_step):
+    whole = _labels(array_batches.train_batches(FEATURES, LABELS, 3, seed=0), 12)
+    resumed = array_batches.train_batches(FEATURES, LABELS, 3, seed=0, start_step=start_step)
+    assert _labels(resumed, 12 - start_step) == whole[start_step:]
+    x, y = array_batches.batch_of_step(FEATURES, LABELS, 3, seed=0, step=start_step)
+    assert y.tolist() == whole[start_step]
+    np.testing.assert_array_equal(x[:, 0], y * 10.0)  # Features stay with their labels.
+    assert (x.dtype, y.dtype) == (np.float32, np.int32)
+
+
+def test_eval_batches_pass_once_in_order_keeping_the_partial_last_batch():
+    batches = array_batches.eval_batches(FEATURES, LABELS, 4)
+    assert [y.tolist() for _, y in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert len(batches) == 3 and [y.tolist() for _, y in batches][-1] == [8, 9]
+
+
+@pytest.mark.parametrize(
+    "features, labels, batch_size, message",
+    [
+        (FEATURES, LABELS, 0, "batch_size: received 0. Allowed: an integer >= 1"),
+        (FEATURES[:0], LABELS[:0], 2, "The dataset has 0 examples. Allowed: at least 1 example."),
+        (FEATURES, LABELS[:9], 2, "Got 10 examples but 9 labels. Allowed: one label per example."),
+    ],
+)
+def test_bad_batching_is_one_line(features, labels, batch_size, message):
+    with pytest.raises(UserInputError) as raised:
+        next(array_batches.train_batches(features, labels, batch_size, seed=0))
+    assert str(raised.value) == message
