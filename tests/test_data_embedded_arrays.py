@@ -18,7 +18,8 @@ def test_a_jax_run_reads_the_arrays_a_tensorflow_run_reads_from_tfds(tfds_dir, m
     monkeypatch.setattr(current, "is_jax", lambda: True)
     without_tfds = load_run_data(_data(tfds_dir, name), seed=0, shape=None, factory=None)
     assert without_tfds.dimensions == from_tfds.dimensions
-    for ours, theirs in zip((*without_tfds.train, *without_tfds.eval), (*from_tfds.train, *from_tfds.eval), strict=True):  # fmt: skip
+    ours_all = (*without_tfds.train, *without_tfds.eval)
+    for ours, theirs in zip(ours_all, (*from_tfds.train, *from_tfds.eval), strict=True):
         assert ours.dtype == theirs.dtype
         np.testing.assert_array_equal(ours, theirs)
 
@@ -32,10 +33,16 @@ def test_a_jax_run_reads_the_arrays_a_tensorflow_run_reads_from_tfds(tfds_dir, m
             "mpt_digits or mpt_python_source (splits train and validation), or a data.factory "
             "returning (x, y) arrays; TFDS and tf.data need TensorFlow (--backend=tensorflow)",
         ),
-        ({"name": "mpt_digits", "train_split": "train[:10%]"}, "data.train_split 'train[:10%]': a TFDS split or slice."),
-        ({"name": "mpt_digits", "features": {"x": "image", "y": "label"}}, "data.features {'x': 'image', 'y': 'label'}: a TFDS mapping."),
+        (
+            {"name": "mpt_digits", "train_split": "train[:10%]"},
+            "data.train_split 'train[:10%]': a TFDS split or slice.",
+        ),
+        (
+            {"name": "mpt_digits", "features": {"x": "image", "y": "label"}},
+            "data.features {'x': 'image', 'y': 'label'}: a TFDS mapping.",
+        ),
     ],
-)  # fmt: skip
+)
 def test_what_needs_tfds_is_one_line_on_jax(monkeypatch, options, message):
     from mpt_keras.errors import UserInputError
 
