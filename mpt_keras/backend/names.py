@@ -1,4 +1,25 @@
 """The strategy names each backend serves; imports no backend, so a config can check them."""
 
-# `backend.tensorflow.distribute`.
-STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
+from mpt_keras.checks import refusal
+from mpt_keras.errors import UserInputError
+
+# Each backend's (`backend.tensorflow.distribute`, `backend.jax.distribution`).
+STRATEGIES_ON = {
+    "tensorflow": ("auto", "one_device", "mirrored", "multi_worker", "tpu"),
+    "jax": ("auto", "one_device", "data_parallel"),
+}
+STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu", "data_parallel")
+
+
+def check_strategy(name: str, backend: str) -> None:
+    """Refuses, in one line, a strategy that `backend` does not serve."""
+    allowed = STRATEGIES_ON[backend]
+    if name in allowed:
+        return
+    if name not in STRATEGIES:
+        raise refusal("strategy", repr(name), ", ".join(allowed))
+    kind = "TensorFlow's tf.distribute" if backend == "jax" else "Keras' JAX distribution"
+    raise UserInputError(
+        f"strategy: received {name!r}, {kind} strategy, not served on Keras backend {backend}. "
+        f"Allowed on {backend}: {', '.join(allowed)}"
+    )

@@ -7,7 +7,13 @@ callback syncs with the device per step.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from typing import Any
+
 import keras
+
+_LOGGER = logging.getLogger(__name__)
 
 
 def crossed(previous_step: int, step: int, every: int) -> bool:
@@ -85,3 +91,22 @@ class IntervalProgbar(keras.callbacks.ProgbarLogger):
     def on_epoch_end(self, epoch, logs=None):
         self._step += self.target
         super().on_epoch_end(epoch, logs)
+
+
+class SaveCheckpoints(GlobalStepCallback):
+    """Saves a checkpoint at each Keras epoch's (checkpoint interval's) end in `fit`, unless
+    `healthy()` is False (then warns). `checkpointer`: any with `save(step) -> path`."""
+
+    def __init__(self, checkpointer: Any, healthy: Callable[[], bool] | None = None):
+        super().__init__()
+        self._checkpointer = checkpointer
+        self._healthy = healthy
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._healthy is not None and not self._healthy():
+            _LOGGER.warning(
+                "Step %d: the loss is unhealthy, no checkpoint saved.", self.global_step
+            )
+            return
+        path = self._checkpointer.save(self.global_step)
+        _LOGGER.info("Step %d: saved %s.", self.global_step, path)

@@ -12,8 +12,6 @@ from __future__ import annotations
 import logging
 import os
 
-import tensorflow as tf
-
 from mpt_keras.checks import check_number
 from mpt_keras.files import write_text_atomic
 from mpt_keras.keras_bridge.callbacks import GlobalStepCallback
@@ -21,6 +19,7 @@ from mpt_keras.keras_bridge.layer_paths import iter_layers
 from mpt_keras.precision.manifest import PrecisionManifest
 from mpt_keras.precision.promote import Promotion, promote
 from mpt_keras.reliability.guards import loss_scale_optimizer
+from mpt_keras.telemetry.monitor import summary_files
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -71,7 +70,7 @@ class AutoPromote(GlobalStepCallback):
         self._last_counts = optimizer.nonfinite_counts()
         self._last_check = self.global_step
         if self.log_dir is not None and self._writer is None:
-            self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "auto_promote"))
+            self._writer = summary_files(self.log_dir)
 
     def on_train_batch_end(self, batch, logs=None):
         super().on_train_batch_end(batch, logs)
@@ -114,8 +113,7 @@ class AutoPromote(GlobalStepCallback):
             self._streaks[promotion.path] = 0
             _LOGGER.warning("AutoPromote %s", message)
             if self._writer is not None:
-                with self._writer.as_default():
-                    tf.summary.text("auto_promote", message, step=self.global_step)
+                self._writer.text("auto_promote", self.global_step, "auto_promote", message)
                 self._writer.flush()
         promoted = {promotion.path for promotion in promotions}
         for path in paths:

@@ -10,12 +10,11 @@ import dataclasses
 import logging
 
 import keras
-import tensorflow as tf
 
 from mpt_keras import compat
+from mpt_keras.backend import current
 from mpt_keras.config import OptimizerConfig, TrainConfig
 from mpt_keras.data import RunData
-from mpt_keras.execution import jit_rule, xla
 from mpt_keras.precision.manifest import PrecisionManifest
 from mpt_keras.precision.report import PrecisionReport
 from mpt_keras.reliability.guards import ScaledLearningRate
@@ -47,22 +46,29 @@ def assemble(
     the run's strategy scope, if any (`jit_compile` resolves for it)."""
     model, manifest, report = build_model(config, components, data, manifest_file)
     optimizer = make_optimizer(config, report)
-    jit_compile, jit_reason = jit_rule.resolve_jit_compile(
-        config.jit_compile,
-        tf.distribute.get_strategy(),
-        report.precision,
-        model,
-        deterministic=config.deterministic,
-    )
+    compiled = {
+        "optimizer": optimizer,
+        "loss": components.loss,
+        "metrics": [make() for make in components.metrics],
+    }
+    if current.is_jax():
+        jit_compile, jit_reason = _jax_jit_compile(config.jit_compile)
+        model.compile(**compiled, jit_compile=jit_compile)  # Our step: scaling.compile_hook.
+    else:
+        import tensorflow as tf
+
+        from mpt_keras.execution import jit_rule, xla
+
+        jit_compile, jit_reason = jit_rule.resolve_jit_compile(
+            config.jit_compile,
+            tf.distribute.get_strategy(),
+            report.precision,
+            model,
+            deterministic=config.deterministic,
+        )
+        xla.compile_model(model, **compiled, jit_compile=jit_compile)
     _LOGGER.info("%s", jit_reason)
     report = dataclasses.replace(report, jit_compile=jit_compile, jit_compile_reason=jit_reason)
-    xla.compile_model(
-        model,
-        optimizer=optimizer,
-        loss=components.loss,
-        metrics=[make() for make in components.metrics],
-        jit_compile=jit_compile,
-    )
     optimizer.build(model.trainable_variables)
     return Run(model, manifest, report, optimizer, jit_compile)
 
@@ -89,6 +95,13 @@ def make_optimizer(config: TrainConfig, report: PrecisionReport) -> LossScaleOpt
     else:
         scaling = {"initial_scale": 1.0, "min_scale": 1.0, "max_scale": 1.0, "dynamic": False}
     return LossScaleOptimizer(inner, **scaling)  # The config checked the settings.
+
+
+def _jax_jit_compile(setting: str) -> tuple[bool, str]:
+    """`(jit_compile, reason)` on JAX, where Keras compiles each step with XLA unless told not."""
+    if setting == "auto":
+        return True, "jit_compile=auto: on Keras' jax backend XLA compiles every step"
+    return setting == "true", f"jit_compile={setting}: as set"
 
 
 def learning_rate_scale(optimizer: LossScaleOptimizer) -> keras.Variable:

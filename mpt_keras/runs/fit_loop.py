@@ -14,14 +14,13 @@ import sys
 from typing import Any
 
 import keras
-import tensorflow as tf
 
-from mpt_keras.backend.tensorflow.checkpoints import Checkpointer, SaveCheckpoints
+from mpt_keras.backend import current
 from mpt_keras.config import TrainConfig
 from mpt_keras.data import RunData
 from mpt_keras.errors import RunStoppedError
 from mpt_keras.files import write_text_atomic
-from mpt_keras.keras_bridge.callbacks import IntervalProgbar, StopAtStep
+from mpt_keras.keras_bridge.callbacks import IntervalProgbar, SaveCheckpoints, StopAtStep
 from mpt_keras.precision.manifest import PrecisionManifest
 from mpt_keras.precision.promote import promote
 from mpt_keras.reliability.auto_promote import AutoPromote
@@ -45,9 +44,9 @@ class Fit:
     model_dir: str
     verbose: int | None
     callbacks: tuple[keras.callbacks.Callback, ...]
-    checkpointer: Checkpointer
+    checkpointer: Any  # `placement.checkpointer`'s
     data: RunData
-    validation: tf.data.Dataset
+    validation: Any  # `sharded_by_data(RunData.eval_batches(...))`
     exporter: PrometheusExporter | None
 
 
@@ -82,8 +81,13 @@ def fit(state: Fit, step: int) -> None:
             )
 
 
-def sharded_by_data(dataset: tf.data.Dataset) -> tf.data.Dataset:
-    """Global batches that multi-worker strategies split by data (no files)."""
+def sharded_by_data(dataset: Any) -> Any:
+    """Global batches that multi-worker strategies split by data (no files); a JAX run's
+    batches as they are."""
+    if current.is_jax():
+        return dataset
+    import tensorflow as tf
+
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return dataset.with_options(options)
@@ -93,7 +97,7 @@ def _mend(state: Fit, diverged: Diverged) -> None:
     if state.config.divergence.action == "rollback":
         scale = learning_rate_scale(state.model.optimizer)
         scale.assign(scale * state.config.divergence.lr_factor)
-        _LOGGER.warning("Learning rate scaled by %g.", float(scale.numpy()))
+        _LOGGER.warning("Learning rate scaled by %g.", float(keras.ops.convert_to_numpy(scale)))
         return
     state.manifest, promotions = promote(
         state.model, state.manifest, reason=f"divergence at {diverged}"
@@ -148,7 +152,10 @@ def _fit_from(state: Fit, step: int, guard: DivergenceGuard | None) -> None:
                 os.path.join(state.model_dir, LOGS_SUBDIR),
                 update_freq=config.log_every,
                 examples_per_step=config.data.batch_size,
-                diagnosis_data=functools.partial(_batch_of_step, state),
+                # On JAX the monitor cannot diagnose a batch yet (docs/backends.md).
+                diagnosis_data=None
+                if current.is_jax()
+                else functools.partial(_batch_of_step, state),
             ),
             MetricsCsv(os.path.join(state.model_dir, METRICS_CSV_FILE), config.log_every),
             *([] if state.exporter is None else [state.exporter]),
@@ -164,13 +171,9 @@ def _fit_from(state: Fit, step: int, guard: DivergenceGuard | None) -> None:
 def _batch_of_step(state: Fit, step: int) -> tuple[Any, ...]:
     """The global batch of (1-based) `step`: the data is a function of the step."""
     config = state.config
-    batches = state.data.train_batches(
-        config.data.batch_size,
-        seed=config.seed,
-        start_step=step - 1,
-        shuffle_buffer=config.data.shuffle_buffer,
+    return state.data.batch_of_step(
+        config.data.batch_size, config.seed, step, config.data.shuffle_buffer
     )
-    return tuple(next(iter(batches.take(1))))
 
 
 def _auto_promote(state: Fit) -> list[AutoPromote]:

@@ -6,6 +6,7 @@ CamelCase) or the user's factory; a `.keras` file brings its model, loss and met
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
@@ -14,9 +15,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import keras
-import tensorflow as tf
 
 from mpt_keras import models
+from mpt_keras.backend import current
 from mpt_keras.config import ComponentConfig, ModelConfig
 from mpt_keras.config.components import bind_factory, resolve_factory
 from mpt_keras.errors import UserInputError
@@ -99,6 +100,16 @@ def fresh_metric(metric: Any) -> Any:
     return metric
 
 
+def _no_runtime_started() -> Any:
+    """On TensorFlow, a graph of its own: checking a name must not start TF's runtime (which
+    would fix the CPU's devices before a strategy splits them); JAX starts nothing here."""
+    if current.is_jax():
+        return contextlib.nullcontext()
+    import tensorflow as tf
+
+    return tf.Graph().as_default()
+
+
 def _keras_component(config: ComponentConfig, module: Any, key: str) -> Callable[[], Any]:
     """A loss or metric maker from a Keras identifier or the user's factory."""
     kind = module.__name__.rpartition(".")[2]
@@ -111,8 +122,7 @@ def _keras_component(config: ComponentConfig, module: Any, key: str) -> Callable
         if kind == "metrics" and config.name in _COMPILE_METRIC_NAMES:
             return functools.partial(str, config.name)
         try:
-            # A graph of its own: checking the name must not start TF's runtime.
-            with tf.Graph().as_default():
+            with _no_runtime_started():
                 module.get(config.name)
         except ValueError:
             raise UserInputError(

@@ -14,17 +14,14 @@ import sys
 from typing import Any
 
 import keras
-import tensorflow as tf
 
 from mpt_keras import models
-from mpt_keras.backend.tensorflow import distribute, multi_worker, workers
-from mpt_keras.backend.tensorflow.checkpoints import Checkpointer
-from mpt_keras.compat import determinism
+from mpt_keras.backend import current
 from mpt_keras.config import TrainConfig
 from mpt_keras.files import write_json_atomic
 from mpt_keras.precision.manifest import PrecisionManifest
 from mpt_keras.precision.report import PrecisionReport
-from mpt_keras.runs import fit_loop, serving
+from mpt_keras.runs import fit_loop, placement, serving
 from mpt_keras.runs.assembly import assemble, learning_rate_scale
 from mpt_keras.runs.model_dir import (
     METRICS_FILE,
@@ -69,10 +66,10 @@ def run_training(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
     """
     components = resolve_components(config)
     check_model_dir(runtime.model_dir, config)
-    # Splitting the CPU into virtual devices must precede any TF op.
-    strategy = distribute.make_strategy(config.strategy, config.virtual_cpus, config.tpu)
+    # Splitting the CPU into virtual devices must precede any backend operation.
+    where = placement.make_placement(config)
     exporter = None
-    if runtime.metrics_port is not None and workers.is_chief(strategy):
+    if runtime.metrics_port is not None and where.chief:
         exporter = PrometheusExporter(
             runtime.metrics_port,
             run_name=os.path.basename(os.path.normpath(runtime.model_dir)),
@@ -80,8 +77,8 @@ def run_training(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
             update_every=config.log_every,
         )
     try:
-        with determinism.op_determinism(config.deterministic):
-            return _run(config, runtime, strategy, components, exporter)
+        with placement.determinism(config.deterministic):
+            return _run(config, runtime, where, components, exporter)
     finally:
         if exporter is not None:
             exporter.close()
@@ -90,28 +87,28 @@ def run_training(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
 def _run(
     config: TrainConfig,
     runtime: Runtime,
-    strategy: tf.distribute.Strategy,
+    where: placement.Placement,
     components: Components,
     exporter: PrometheusExporter | None,
 ) -> dict[str, Any]:
-    chief = workers.is_chief(strategy)
+    chief = where.chief
     model_dir = runtime.model_dir
     # Before the data (a first run prepares it): a bad manifest fails at once.
     manifest_file = PrecisionManifest.from_json(config.manifest) if config.manifest else None
     run_data = components.data()
 
-    with multi_worker.peer_failures_as_errors(strategy, model_dir), strategy.scope():
+    with placement.scope(where, model_dir):
         run = assemble(config, components, run_data, manifest_file)
         # All checked: the run may claim model_dir.
         prepare_model_dir(model_dir, config, write_config=chief)
-        with workers.worker_write_dir(model_dir, strategy) as write_dir:
-            checkpointer = Checkpointer(
+        with placement.write_dir(where, model_dir) as write_dir:
+            checkpointer = placement.checkpointer(
                 model_dir,
                 run.model,
                 run.optimizer,
-                keep=config.keep_checkpoints,
-                write_dir=write_dir,
-                extra_variables={"learning_rate_scale": learning_rate_scale(run.optimizer)},
+                config.keep_checkpoints,
+                write_dir,
+                {"learning_rate_scale": learning_rate_scale(run.optimizer)},
             )
             step = checkpointer.restore()
             if chief:
@@ -148,11 +145,14 @@ def _run(
 
 
 def _save_for_users(model: keras.Model, write_dir: str) -> None:
-    """`serving.keras` (if loadable without mpt_keras) and the SavedModel."""
+    """`serving.keras` (if loadable without mpt_keras) and the SavedModel (TensorFlow's)."""
     try:
         serving.save_for_serving(model, os.path.join(write_dir, serving.SERVING_MODEL_FILE))
     except serving.NotServableError as error:
         _LOGGER.warning("No %s: %s", serving.SERVING_MODEL_FILE, error)
+    if current.is_jax():
+        _LOGGER.info("No %s: a SavedModel needs TensorFlow.", serving.SAVED_MODEL_DIR)
+        return
     serving.export_saved_model(model, os.path.join(write_dir, serving.SAVED_MODEL_DIR))
 
 
@@ -163,7 +163,7 @@ def _final_metrics(
     optimizer = model.optimizer
     health = optimizer.health()
     metrics: dict[str, Any] = {
-        "step": int(optimizer.iterations.numpy()),
+        "step": int(keras.ops.convert_to_numpy(optimizer.iterations)),
         "precision": report.precision,
         "loss_scale": health.loss_scale,
         "skipped_steps": health.skipped_steps,

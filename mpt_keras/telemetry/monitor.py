@@ -91,7 +91,7 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         self.diagnosis_data = diagnosis_data
         self.diagnosis_every = diagnosis_every
         self._last_diagnosis: int | None = None
-        self._summaries = _summary_files(log_dir)
+        self._summaries = summary_files(log_dir)
         self._is_writer = True
         self._layout_written = False
         self._float8 = False  # Whether the model has float8 layers.
@@ -266,7 +266,7 @@ def _check_count(what: str, value: Any, minimum: int) -> None:
     check_number(what, count, minimum=minimum, integer=True)
 
 
-def _summary_files(log_dir: str) -> Any:
+def summary_files(log_dir: str) -> Any:
     """`summaries.SummaryWriters` on TensorFlow; `event_files.EventFiles` on JAX."""
     if current.is_jax():
         from mpt_keras.telemetry.event_files import EventFiles

@@ -6,13 +6,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import keras
 import tensorflow as tf
 
 from mpt_keras.errors import UserInputError
-from mpt_keras.keras_bridge.callbacks import GlobalStepCallback
 
 CHECKPOINT_SUBDIR = "checkpoints"
 _PREFIX = "step"
@@ -107,22 +106,3 @@ def checkpoint_prefixes(directory: str) -> list[str]:
 def _first_line(error: Exception) -> str:
     text = str(getattr(error, "message", None) or error).strip()
     return text.splitlines()[0] if text else type(error).__name__
-
-
-class SaveCheckpoints(GlobalStepCallback):
-    """Saves a checkpoint at each Keras epoch's (checkpoint interval's) end in `fit`, unless
-    `healthy()` is False (then warns)."""
-
-    def __init__(self, checkpointer: Checkpointer, healthy: Callable[[], bool] | None = None):
-        super().__init__()
-        self._checkpointer = checkpointer
-        self._healthy = healthy
-
-    def on_epoch_end(self, epoch, logs=None):
-        if self._healthy is not None and not self._healthy():
-            _LOGGER.warning(
-                "Step %d: the loss is unhealthy, no checkpoint saved.", self.global_step
-            )
-            return
-        path = self._checkpointer.save(self.global_step)
-        _LOGGER.info("Step %d: saved %s.", self.global_step, path)

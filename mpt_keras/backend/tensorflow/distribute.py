@@ -1,4 +1,4 @@
-"""tf.distribute strategies by name (`backend.names.STRATEGIES`).
+"""tf.distribute strategies by name (`backend.names.STRATEGIES_ON["tensorflow"]`).
 
 auto          a TPU if configured (`tpu` given, or attached), else `mirrored` over
               several local GPUs, else TensorFlow's default strategy
@@ -14,10 +14,10 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from mpt_keras.backend.names import STRATEGIES
+from mpt_keras.backend.names import check_strategy
 from mpt_keras.backend.tensorflow import multi_worker
 from mpt_keras.backend.tensorflow.tpu_connection import tpu_strategy
-from mpt_keras.checks import check_choice, check_number
+from mpt_keras.checks import check_number
 from mpt_keras.errors import UserInputError
 
 
@@ -34,7 +34,7 @@ def make_strategy(
         UserInputError: An unknown name, an argument the strategy does not take, virtual CPUs
             too late, a missing or malformed TF_CONFIG, or no TPU found.
     """
-    check_choice("strategy", name, STRATEGIES)
+    check_strategy(name, "tensorflow")
     check_number("virtual_cpus", virtual_cpus, minimum=0, integer=True)
     if virtual_cpus and name != "mirrored":
         raise UserInputError(

@@ -1,0 +1,99 @@
+"""Where a run executes, on either Keras backend: the one place `training.py` asks.
+
+On TensorFlow: a tf.distribute strategy, its chief, peer failures, per-worker write
+directories, op determinism and tf.train checkpoints (`backend/tensorflow/`). On JAX: a Keras
+distribution (`backend/jax/distribution.py`), process 0 as chief, NumPy checkpoints
+(`reliability/array_checkpoints.py`); XLA on CPU is deterministic as it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import keras
+
+from mpt_keras.backend import current
+from mpt_keras.config import TrainConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """`strategy`: the tf.distribute strategy; on JAX the Keras distribution (None: one device)."""
+
+    strategy: Any
+    chief: bool
+
+
+def make_placement(config: TrainConfig) -> Placement:
+    """The run's strategy; call first (CPUs split only before the backend's first operation).
+    `UserInputError` for a strategy or argument this backend does not serve."""
+    if current.is_jax():
+        from mpt_keras.backend.jax import distribution
+
+        made = distribution.make_distribution(config.strategy, config.virtual_cpus, config.tpu)
+        return Placement(made, current.is_chief(None))
+    from mpt_keras.backend.tensorflow import distribute, workers
+
+    strategy = distribute.make_strategy(config.strategy, config.virtual_cpus, config.tpu)
+    return Placement(strategy, workers.is_chief(strategy))
+
+
+@contextlib.contextmanager
+def scope(placement: Placement, model_dir: str) -> Iterator[None]:
+    """Build and train inside: the strategy's scope; on TensorFlow a dead peer's abort becomes
+    a `PeerFailedError` naming `model_dir`."""
+    if current.is_jax():
+        distribution = placement.strategy
+        with distribution.scope() if distribution is not None else contextlib.nullcontext():
+            yield
+        return
+    from mpt_keras.backend.tensorflow import multi_worker
+
+    strategy = placement.strategy
+    with multi_worker.peer_failures_as_errors(strategy, model_dir), strategy.scope():
+        yield
+
+
+@contextlib.contextmanager
+def write_dir(placement: Placement, model_dir: str) -> Iterator[str]:
+    """The directory this worker saves into: `model_dir`, but a TF non-chief's own."""
+    if current.is_jax():
+        yield model_dir
+        return
+    from mpt_keras.backend.tensorflow import workers
+
+    with workers.worker_write_dir(model_dir, placement.strategy) as directory:
+        yield directory
+
+
+def determinism(enabled: bool) -> contextlib.AbstractContextManager[None]:
+    """TensorFlow's op determinism inside, when `enabled`; JAX's CPU programs are already."""
+    if current.is_jax():
+        return contextlib.nullcontext()
+    from mpt_keras.compat import determinism as tf_determinism
+
+    return tf_determinism.op_determinism(enabled)
+
+
+def checkpointer(
+    model_dir: str,
+    model: keras.Model,
+    optimizer: keras.Optimizer,
+    keep: int,
+    write_dir: str,
+    extra_variables: Mapping[str, keras.Variable],
+) -> Any:
+    """The run's checkpointer: tf.train checkpoints on TensorFlow, NumPy files on JAX (both
+    `restore() -> step` and `save(step)`)."""
+    if current.is_jax():
+        from mpt_keras.reliability.array_checkpoints import ArrayCheckpointer
+
+        return ArrayCheckpointer(model_dir, model, optimizer, keep, extra_variables)
+    from mpt_keras.backend.tensorflow.checkpoints import Checkpointer
+
+    return Checkpointer(
+        model_dir, model, optimizer, keep=keep, write_dir=write_dir, extra_variables=extra_variables
+    )
