@@ -170,7 +170,7 @@ def test_a_config_error_comes_before_tensorflow_is_imported(tmp_path):
 @pytest.mark.parametrize(
     "launcher, groups",
     [
-        ("train", ["The run:", "Precision:", "Distribution and XLA:"]),
+        ("train", ["The run:", "Precision:", "Backend, distribution and XLA:"]),
         ("validate", ["The candidate and its run:", "Thresholds:"]),
         ("calibrate", ["Calibration:"]),
         ("bench", ["What is compared:", "How it is measured:", "The models' sizes:"]),

@@ -42,12 +42,15 @@ from absl import flags
 from mpt_keras import config as config_lib
 from mpt_keras.errors import UserInputError
 from mpt_keras.precision.names import POLICY_NAMES
-from trainers import cli, field_flags
+from trainers import backend_flag, cli, field_flags
 from trainers.field_flags import FieldFlag
 
 # The suite's flags take their defaults from it, which imports TensorFlow: quietly.
-cli.import_tensorflow()
-from benchmarks import result_files, suite, suite_settings  # noqa: E402
+try:
+    cli.import_tensorflow()
+    from benchmarks import result_files, suite, suite_settings
+except ModuleNotFoundError as missing:  # A JAX-only machine: benchmarks/gpu_check.py is its.
+    sys.exit(f"mpt-bench: error: it needs {missing.name}, which cannot be imported here")
 
 _CONFIG = flags.DEFINE_string(
     "config",
@@ -111,8 +114,12 @@ _CONFIG_DECIDES = {
 }
 
 
+_BACKEND = backend_flag.define(__name__, backend_flag.TENSORFLOW_ONLY)
+
+
 def main(argv: Sequence[str]) -> None:
     del argv  # Checked by cli.run.
+    backend_flag.check("mpt-bench", _BACKEND.value, backend_flag.TENSORFLOW_ONLY)
     config = None
     if _CONFIG.value is not None:
         for name, key in _CONFIG_DECIDES.items():
@@ -155,6 +162,7 @@ def run() -> None:
                 "stacks",
                 "float8",
                 "output",
+                "backend",
             ),
             "How it is measured": (
                 "rounds",

@@ -26,7 +26,7 @@ from absl import flags
 
 import mpt_keras
 from mpt_keras import config as config_lib
-from trainers import cli
+from trainers import backend_flag, cli
 
 _CONFIG = flags.DEFINE_string("config", None, "Run config file (JSON).", required=True)
 _OUTPUT = flags.DEFINE_string(
@@ -47,8 +47,12 @@ _FLOAT8 = flags.DEFINE_bool(
 )
 
 
+_BACKEND = backend_flag.define(__name__, backend_flag.TENSORFLOW_ONLY)
+
+
 def main(argv: Sequence[str]) -> None:
     del argv  # Checked by cli.run.
+    backend_flag.check("mpt-calibrate", _BACKEND.value, backend_flag.TENSORFLOW_ONLY)
     config = config_lib.resolve_config(_CONFIG.value, _CONFIG_OVERRIDE.value)
     cli.import_tensorflow()
     from mpt_keras.calibration import result as calibration
@@ -76,6 +80,7 @@ def run() -> None:
                 "float8",
                 "output",
                 "stats_output",
+                "backend",
             )
         },
     )

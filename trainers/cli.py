@@ -104,7 +104,11 @@ def _is_required(flag: flags.Flag) -> bool:
 
 
 def import_tensorflow() -> None:
-    """Imports TensorFlow with its native start-up lines silenced; see `trainers`."""
+    """Imports TensorFlow with its native start-up lines silenced; see `trainers`. Not on
+    Keras' JAX backend, which may run where TensorFlow is absent."""
+    keras = sys.modules.get("keras")
+    if keras is not None and keras.backend.backend() != "tensorflow":
+        return
     # TF_CPP_MIN_LOG_LEVEL=0 shows the later C++ info lines.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     # Else only oneDNN's allocator (AVX512 CPUs) keeps statistics, of allocations >= 256 KiB.

@@ -17,7 +17,7 @@ from absl import flags
 import mpt_keras
 from mpt_keras import config as config_lib
 from mpt_keras.precision.names import PRECISIONS
-from trainers import cli, field_flags
+from trainers import backend_flag, cli, field_flags
 from trainers.field_flags import FieldFlag
 
 _CONFIG = flags.DEFINE_string("config", None, "Run config file (JSON).", required=True)
@@ -31,10 +31,12 @@ _CONFIG_FLAGS = field_flags.define(
         "precision": FieldFlag("Global dtype policy; default: the config's.", choices=PRECISIONS),
         "manifest": FieldFlag("Precision manifest (JSON) to apply."),
         "strategy": FieldFlag(
-            "tf.distribute strategy; default: the config's.", choices=config_lib.STRATEGIES
+            "tf.distribute strategy, or on JAX a Keras distribution; default: the config's.",
+            choices=config_lib.STRATEGIES,
         ),
         "virtual_cpus": FieldFlag(
-            "Split the CPU into N logical devices (for mirrored).", lower_bound=0
+            "Split the CPU into N logical devices (for mirrored; data_parallel on JAX).",
+            lower_bound=0,
         ),
         "tpu": FieldFlag("TPU address for --strategy=tpu (grpc://host:port or name)."),
         "auto_promote": FieldFlag(
@@ -70,6 +72,7 @@ _METRICS_PORT = flags.DEFINE_integer(
     lower_bound=1,
     upper_bound=65535,
 )
+_BACKEND = backend_flag.define(__name__)
 _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False, "Print each layer's precision and exit without training."
 )
@@ -78,12 +81,20 @@ _DRY_RUN = flags.DEFINE_bool(
 _HELP_GROUPS = {
     "The run": ("config", "model_dir", "config_override", "steps", "dry_run", "metrics_port"),
     "Precision": ("precision", "manifest", "auto_promote", "canary_steps"),
-    "Distribution and XLA": ("strategy", "virtual_cpus", "tpu", "jit_compile", "deterministic"),
+    "Backend, distribution and XLA": (
+        "backend",
+        "strategy",
+        "virtual_cpus",
+        "tpu",
+        "jit_compile",
+        "deterministic",
+    ),
 }
 
 
 def main(argv: Sequence[str]) -> None:
     del argv  # Checked by cli.run.
+    backend_flag.check("mpt-train", _BACKEND.value)
     flag_values = field_flags.values(_CONFIG_FLAGS)
     if flag_values["precision"] is not None and flag_values["manifest"] is not None:
         raise mpt_keras.UserInputError(

@@ -29,7 +29,7 @@ import mpt_keras
 from mpt_keras import config as config_lib
 from mpt_keras.precision.names import PRECISIONS
 from mpt_keras.validation import thresholds
-from trainers import cli, field_flags
+from trainers import backend_flag, cli, field_flags
 from trainers.field_flags import FieldFlag
 
 CHECK_FAILED = 1
@@ -85,8 +85,12 @@ _THRESHOLDS = field_flags.define(
 )
 
 
+_BACKEND = backend_flag.define(__name__, backend_flag.TENSORFLOW_ONLY)
+
+
 def main(argv: Sequence[str]) -> None:
     del argv  # Checked by cli.run.
+    backend_flag.check("mpt-validate", _BACKEND.value, backend_flag.TENSORFLOW_ONLY)
     if (_PRECISION.value is None) == (_MANIFEST.value is None):
         raise mpt_keras.UserInputError(
             "the candidate: received "
@@ -125,6 +129,7 @@ def run() -> None:
                 "steps",
                 "output",
                 "tensorboard_dir",
+                "backend",
             ),
             "Thresholds": (
                 "output_rtol",

@@ -10,9 +10,6 @@ from typing import Any
 
 import keras
 
-# The Keras backends mpt_keras serves, its first first.
-BACKENDS = ("tensorflow", "jax")
-
 
 def name() -> str:
     """Keras' backend ("tensorflow" or "jax"), as set by `KERAS_BACKEND` before Keras loaded."""

@@ -1,7 +1,11 @@
-"""The strategy names each backend serves; imports no backend, so a config can check them."""
+"""The backends and the strategy names each serves; imports no backend, so a config or a
+launcher's flags can check them before Keras is imported."""
 
 from mpt_keras.checks import refusal
 from mpt_keras.errors import UserInputError
+
+# The Keras backends mpt_keras serves, its first first.
+BACKENDS = ("tensorflow", "jax")
 
 # Each backend's (`backend.tensorflow.distribute`, `backend.jax.distribution`).
 STRATEGIES_ON = {

@@ -33,6 +33,8 @@ def make_placement(config: TrainConfig) -> Placement:
     if current.is_jax():
         from mpt_keras.backend.jax import distribution
 
+        if config.deterministic:
+            distribution.deterministic_gpu_ops()
         made = distribution.make_distribution(config.strategy, config.virtual_cpus, config.tpu)
         return Placement(made, current.is_chief(None))
     from mpt_keras.backend.tensorflow import distribute, workers
@@ -70,7 +72,8 @@ def write_dir(placement: Placement, model_dir: str) -> Iterator[str]:
 
 
 def determinism(enabled: bool) -> contextlib.AbstractContextManager[None]:
-    """TensorFlow's op determinism inside, when `enabled`; JAX's CPU programs are already."""
+    """TensorFlow's op determinism inside, when `enabled`; on JAX `make_placement` asked XLA
+    for deterministic GPU kernels, and its CPU programs are deterministic as they are."""
     if current.is_jax():
         return contextlib.nullcontext()
     from mpt_keras.compat import determinism as tf_determinism

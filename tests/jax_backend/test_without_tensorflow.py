@@ -13,19 +13,11 @@ import mpt_keras
 
 # The public names that still need TensorFlow: each says so in one line on JAX; the rest load.
 NEED_TENSORFLOW = (
-    "AutoPromote",
     "CalibrationResult",
     "CalibrationThresholds",
-    "CanaryResult",
-    "CanaryThresholds",
-    "Runtime",
     "calibrate",
-    "plan_precision",
     "run_calibration",
-    "run_canary",
-    "run_training",
     "run_validation",
-    "train_with_canary",
     "validate",
 )
 ON_JAX = sorted(set(mpt_keras.__all__) - set(NEED_TENSORFLOW))

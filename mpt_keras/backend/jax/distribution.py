@@ -7,6 +7,8 @@ data_parallel  `keras.distribution.DataParallel` over the local devices, or `vir
 
 from __future__ import annotations
 
+import os
+
 import jax
 import keras
 
@@ -41,6 +43,16 @@ def make_distribution(
     if name == "one_device" or (name == "auto" and len(jax.local_devices()) == 1):
         return None
     return keras.distribution.DataParallel()
+
+
+def deterministic_gpu_ops() -> None:
+    """Asks XLA for deterministic GPU kernels (scatter, reductions), as `--deterministic` asks
+    TensorFlow; XLA reads it when JAX starts its backends, so a late call changes nothing (on
+    CPUs XLA's programs are deterministic anyway)."""
+    flag = "--xla_gpu_deterministic_ops=true"
+    existing = os.environ.get("XLA_FLAGS", "")
+    if flag not in existing.split():
+        os.environ["XLA_FLAGS"] = f"{existing} {flag}".strip()
 
 
 def _split_cpu(virtual_cpus: int) -> None:

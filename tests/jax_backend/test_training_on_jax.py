@@ -1,0 +1,135 @@
+"""`run_training`, the canary and `mpt-train` on Keras' JAX backend, TensorFlow blocked.
+
+The child runs with two CPU devices (XLA's host platform device count), so `data_parallel`
+has two replicas. Each run is the digits MLP of `tiny_runs.tiny_config` for 6 steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import keras
+import numpy as np
+import pytest
+from launchers import launch_in_process
+from tiny_runs import Crash, CrashAtStep, tiny_config
+
+import mpt_keras
+from mpt_keras.errors import UserInputError
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _weights(model_dir) -> list[np.ndarray]:
+    return keras.saving.load_model(os.path.join(model_dir, "model.keras")).get_weights()
+
+
+def _run(config, model_dir, **runtime):
+    return mpt_keras.run_training(config, mpt_keras.Runtime(str(model_dir), verbose=0, **runtime))
+
+
+def test_a_run_writes_its_files_checkpoints_as_numpy_and_no_saved_model(tmp_path):
+    metrics = _run(tiny_config(None), tmp_path)
+    assert (metrics["step"], metrics["precision"], metrics["skipped_steps"]) == (6, "float32", 0)
+    assert sorted(os.listdir(tmp_path)) == [
+        "checkpoints",
+        "config.json",
+        "logs",
+        "metrics.csv",
+        "metrics.json",
+        "model.keras",
+        "precision_report.json",
+        "serving.keras",
+    ]
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step-3.npz", "step-6.npz"]
+    report = json.loads((tmp_path / "precision_report.json").read_text())
+    assert (report["jit_compile"], report["jit_compile_reason"]) == (
+        True,
+        "jit_compile=auto: on Keras' jax backend XLA compiles every step",
+    )
+    assert "tensorflow" not in sys.modules
+
+
+def test_a_crashed_data_parallel_float16_run_resumes_to_the_uninterrupted_weights(tmp_path):
+    config = tiny_config(
+        None, precision="mixed_float16", strategy="data_parallel", deterministic=True
+    )
+    whole = _run(config, tmp_path / "whole")
+    with pytest.raises(Crash):
+        _run(config, tmp_path / "crashed", callbacks=(CrashAtStep(5),))
+    keras.backend.clear_session()
+    resumed = _run(config, tmp_path / "crashed")
+    assert resumed == whole and whole["loss_scale"] == 2.0**15
+    for ours, theirs in zip(
+        _weights(tmp_path / "crashed"), _weights(tmp_path / "whole"), strict=True
+    ):
+        np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (
+            {"strategy": "mirrored"},
+            "strategy: received 'mirrored', TensorFlow's tf.distribute strategy, not served on "
+            "Keras backend jax. Allowed on jax: auto, one_device, data_parallel",
+        ),
+        (
+            {"strategy": "one_device", "virtual_cpus": 2},
+            "virtual_cpus=2 needs strategy 'data_parallel' on Keras backend jax; received "
+            "strategy 'one_device'. Allowed: virtual_cpus=0, or strategy 'data_parallel'",
+        ),
+        (
+            {"data": {"name": "cifar10"}},
+            "data.name 'cifar10': a TFDS dataset. Allowed on Keras' jax backend: data.name "
+            "mpt_digits or mpt_python_source (splits train and validation), or a data.factory "
+            "returning (x, y) arrays; TFDS and tf.data need TensorFlow (--backend=tensorflow)",
+        ),
+    ],
+)
+def test_what_needs_tensorflow_is_one_line_and_writes_nothing(tmp_path, changes, message):
+    with pytest.raises(UserInputError) as raised:
+        _run(tiny_config(None, **changes), tmp_path / "run")
+    assert str(raised.value) == message
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_canary_runs_before_the_run_on_jax(tmp_path):
+    config = tiny_config(None, precision="mixed_bfloat16")
+    runtime = mpt_keras.Runtime(str(tmp_path), verbose=0)
+    metrics = mpt_keras.train_with_canary(config, runtime, 2)
+    assert metrics["step"] == 6
+    canary = json.loads((tmp_path / "canary.json").read_text())
+    assert (canary["diverged"], canary["steps"], len(canary["baseline_losses"])) == (False, 2, 2)
+
+
+def test_mpt_train_runs_on_jax_and_refuses_another_backend_in_one_line(tmp_path):
+    override = json.dumps({"checkpoint_every": 2, "eval_every": 2, "log_every": 1})
+    flags = [
+        f"--config={os.path.join(REPO, 'configs', 'digits_mlp.json')}",
+        f"--config_override={override}",
+        "--steps=2",
+    ]
+    trained = launch_in_process(
+        "mpt-train", *flags, "--backend=jax", f"--model_dir={tmp_path / 'run'}"
+    )
+    assert trained.status == 0, trained.stderr
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["step"] == 2
+    refused = launch_in_process(
+        "mpt-train", *flags, "--backend=tensorflow", f"--model_dir={tmp_path / 'other'}"
+    )
+    assert (refused.status, refused.stderr.strip()) == (
+        2,
+        "mpt-train: error: --backend=tensorflow: Keras is already loaded with backend jax in "
+        "this process. Allowed: --backend=jax, or a new process",
+    )
+    validate = launch_in_process("mpt-validate", *flags, f"--output={tmp_path / 'report.json'}")
+    assert (validate.status, validate.stderr.strip()) == (
+        2,
+        "mpt-validate: error: mpt-validate runs on Keras backend tensorflow, and Keras has jax "
+        "(KERAS_BACKEND or ~/.keras/keras.json); docs/backends.md says why. "
+        "Allowed: --backend=tensorflow",
+    )
+    assert "tensorflow" not in sys.modules
