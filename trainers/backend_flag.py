@@ -8,7 +8,6 @@ only it), and `check` refuses a backend this process cannot have any more.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -17,9 +16,6 @@ from absl import flags
 
 from mpt_keras.backend.names import BACKENDS
 from mpt_keras.errors import UserInputError
-
-# Under the logger whose INFO lines the launchers show (`cli.run`).
-_LOGGER = logging.getLogger("mpt_keras.launchers")
 
 # mpt-calibrate, mpt-validate and mpt-bench: docs/backends.md says why.
 TENSORFLOW_ONLY = ("tensorflow",)
@@ -61,7 +57,6 @@ def check(program: str, requested: str | None, served: Sequence[str] = BACKENDS)
             "(KERAS_BACKEND or ~/.keras/keras.json); docs/backends.md says why. "
             f"Allowed: --backend={served[0]}"
         )
-    _LOGGER.info("Keras backend: %s.", loaded)
 
 
 def _flag_value(argv: Sequence[str]) -> str | None:

@@ -52,9 +52,9 @@ _BACKEND = backend_flag.define(__name__, backend_flag.TENSORFLOW_ONLY)
 
 def main(argv: Sequence[str]) -> None:
     del argv  # Checked by cli.run.
-    backend_flag.check("mpt-calibrate", _BACKEND.value, backend_flag.TENSORFLOW_ONLY)
     config = config_lib.resolve_config(_CONFIG.value, _CONFIG_OVERRIDE.value)
     cli.import_tensorflow()
+    backend_flag.check("mpt-calibrate", _BACKEND.value, backend_flag.TENSORFLOW_ONLY)
     from mpt_keras.calibration import result as calibration
 
     result = mpt_keras.run_calibration(

@@ -104,22 +104,25 @@ def _is_required(flag: flags.Flag) -> bool:
 
 
 def import_tensorflow() -> None:
-    """Imports TensorFlow with its native start-up lines silenced; see `trainers`. Not on
-    Keras' JAX backend, which may run where TensorFlow is absent."""
-    keras = sys.modules.get("keras")
-    if keras is not None and keras.backend.backend() != "tensorflow":
-        return
+    """Imports Keras on its backend, and TensorFlow where Keras brings it, with TensorFlow's
+    native start-up lines silenced; see `trainers`. On Keras' JAX backend TensorFlow may be
+    absent, and is not needed."""
     # TF_CPP_MIN_LOG_LEVEL=0 shows the later C++ info lines.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     # Else only oneDNN's allocator (AVX512 CPUs) keeps statistics, of allocations >= 256 KiB.
     os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
-    if "tensorflow" in sys.modules or os.environ.get("MPT_SHOW_TF_STARTUP") == "1":
+    if "keras" in sys.modules or os.environ.get("MPT_SHOW_TF_STARTUP") == "1":
+        import keras  # noqa: F401  (already loaded, or loaded with its lines shown)
+
         return
     with _native_stderr_silenced():
-        import tensorflow as tf
+        import keras
 
-        # The CUDA start-up lines; logical devices stay configurable after it.
-        tf.config.list_physical_devices()
+        if keras.backend.backend() == "tensorflow":
+            import tensorflow as tf
+
+            # The CUDA start-up lines; logical devices stay configurable after it.
+            tf.config.list_physical_devices()
 
 
 @contextlib.contextmanager

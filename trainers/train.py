@@ -94,7 +94,6 @@ _HELP_GROUPS = {
 
 def main(argv: Sequence[str]) -> None:
     del argv  # Checked by cli.run.
-    backend_flag.check("mpt-train", _BACKEND.value)
     flag_values = field_flags.values(_CONFIG_FLAGS)
     if flag_values["precision"] is not None and flag_values["manifest"] is not None:
         raise mpt_keras.UserInputError(
@@ -104,6 +103,7 @@ def main(argv: Sequence[str]) -> None:
     # Checked whole, with no TensorFlow: a bad flag or config answers at once.
     config = config_lib.resolve_config(_CONFIG.value, _CONFIG_OVERRIDE.value, **flag_values)
     cli.import_tensorflow()
+    backend_flag.check("mpt-train", _BACKEND.value)
     if _DRY_RUN.value:
         print(mpt_keras.plan_precision(config).format_table(), end="")
         return

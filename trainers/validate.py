@@ -90,7 +90,6 @@ _BACKEND = backend_flag.define(__name__, backend_flag.TENSORFLOW_ONLY)
 
 def main(argv: Sequence[str]) -> None:
     del argv  # Checked by cli.run.
-    backend_flag.check("mpt-validate", _BACKEND.value, backend_flag.TENSORFLOW_ONLY)
     if (_PRECISION.value is None) == (_MANIFEST.value is None):
         raise mpt_keras.UserInputError(
             "the candidate: received "
@@ -100,6 +99,7 @@ def main(argv: Sequence[str]) -> None:
     config = config_lib.resolve_config(_CONFIG.value, _CONFIG_OVERRIDE.value)
     limits = thresholds.Thresholds(**field_flags.values(_THRESHOLDS))
     cli.import_tensorflow()
+    backend_flag.check("mpt-validate", _BACKEND.value, backend_flag.TENSORFLOW_ONLY)
     report = mpt_keras.run_validation(
         config,
         _PRECISION.value or _MANIFEST.value,

@@ -130,11 +130,12 @@ def _fit_from(state: Fit, step: int, guard: DivergenceGuard | None) -> None:
     first_epoch = step // interval
     verbose = state.verbose if state.verbose is not None else (1 if sys.stdout.isatty() else 2)
     _LOGGER.info(
-        "Training steps %d..%d in intervals of %d (%s).",
+        "Training steps %d..%d in intervals of %d (%s, Keras backend %s).",
         step + 1,
         config.steps,
         interval,
         f"manifest {config.manifest}" if config.manifest else config.precision,
+        current.name(),
     )
     state.model.fit(
         train,

@@ -125,7 +125,9 @@ def test_mpt_train_runs_on_jax_and_refuses_another_backend_in_one_line(tmp_path)
         "mpt-train: error: --backend=tensorflow: Keras is already loaded with backend jax in "
         "this process. Allowed: --backend=jax, or a new process",
     )
-    validate = launch_in_process("mpt-validate", *flags, f"--output={tmp_path / 'report.json'}")
+    validate = launch_in_process(
+        "mpt-validate", *flags, "--precision=mixed_bfloat16", f"--output={tmp_path / 'r.json'}"
+    )
     assert (validate.status, validate.stderr.strip()) == (
         2,
         "mpt-validate: error: mpt-validate runs on Keras backend tensorflow, and Keras has jax "
