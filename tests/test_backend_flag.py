@@ -47,7 +47,7 @@ def test_a_backend_keras_no_longer_can_have_is_one_line():
     )
 
 
-@pytest.mark.parametrize("launcher", ["validate", "calibrate", "bench"])
+@pytest.mark.parametrize("launcher", ["calibrate", "bench"])
 def test_the_tensorflow_only_launchers_list_only_it(launcher):
     result = launch_in_process(f"mpt-{launcher}", "--backend=jax")
     assert result.status == 2

@@ -17,7 +17,7 @@ from absl import flags
 from mpt_keras.backend.names import BACKENDS
 from mpt_keras.errors import UserInputError
 
-# mpt-calibrate, mpt-validate and mpt-bench: docs/backends.md says why.
+# mpt-calibrate and mpt-bench: docs/backends.md says why.
 TENSORFLOW_ONLY = ("tensorflow",)
 
 

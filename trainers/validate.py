@@ -85,7 +85,7 @@ _THRESHOLDS = field_flags.define(
 )
 
 
-_BACKEND = backend_flag.define(__name__, backend_flag.TENSORFLOW_ONLY)
+_BACKEND = backend_flag.define(__name__)
 
 
 def main(argv: Sequence[str]) -> None:
@@ -99,7 +99,7 @@ def main(argv: Sequence[str]) -> None:
     config = config_lib.resolve_config(_CONFIG.value, _CONFIG_OVERRIDE.value)
     limits = thresholds.Thresholds(**field_flags.values(_THRESHOLDS))
     cli.import_tensorflow()
-    backend_flag.check("mpt-validate", _BACKEND.value, backend_flag.TENSORFLOW_ONLY)
+    backend_flag.check("mpt-validate", _BACKEND.value)
     report = mpt_keras.run_validation(
         config,
         _PRECISION.value or _MANIFEST.value,

@@ -1,15 +1,15 @@
-"""A validation's two loss curves, as a PNG (numpy and `tf.io.encode_png`: no plotting
-library) and as TensorBoard scalars."""
+"""A validation's two loss curves, as a PNG (NumPy and zlib: no plotting library) and as
+TensorBoard scalars, on either Keras backend."""
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 
 import numpy as np
-import tensorflow as tf
 
+from mpt_keras.images import encode_png
+from mpt_keras.telemetry.monitor import summary_files
 from mpt_keras.validation.thresholds import BASELINE
 
 _CURVE_COLORS = {"baseline": (31, 119, 180), "candidate": (255, 127, 14)}
@@ -45,14 +45,13 @@ def plot_loss_curves(
             ys = np.linspace(y0, y1, samples).round().astype(int)
             for offset in (-1, 0, 1):  # Three pixels thick, to be seen.
                 image[np.clip(ys + offset, 0, height - 1), xs] = _CURVE_COLORS[name]
-    return tf.io.encode_png(image).numpy()
+    return encode_png(image)
 
 
 def write_loss_curves(log_dir: str, baseline: Sequence[float], candidate: Sequence[float]) -> None:
     """Writes the curves as `validation/loss` under `log_dir/float32` and `/candidate`."""
+    writers = summary_files(log_dir)
     for name, losses in ((BASELINE, baseline), ("candidate", candidate)):
-        writer = tf.summary.create_file_writer(os.path.join(log_dir, name))
-        with writer.as_default():
-            for step, loss in enumerate(losses, start=1):
-                tf.summary.scalar("validation/loss", loss, step=step)
-        writer.close()
+        for step, loss in enumerate(losses, start=1):
+            writers.scalar(name, step, "validation/loss", loss)
+    writers.flush()

@@ -105,7 +105,7 @@ def test_the_canary_runs_before_the_run_on_jax(tmp_path):
     assert (canary["diverged"], canary["steps"], len(canary["baseline_losses"])) == (False, 2, 2)
 
 
-def test_mpt_train_runs_on_jax_and_refuses_another_backend_in_one_line(tmp_path):
+def test_mpt_train_and_validate_run_on_jax_and_calibrate_refuses_in_one_line(tmp_path):
     override = json.dumps({"checkpoint_every": 2, "eval_every": 2, "log_every": 1})
     flags = [
         f"--config={os.path.join(REPO, 'configs', 'digits_mlp.json')}",
@@ -125,13 +125,18 @@ def test_mpt_train_runs_on_jax_and_refuses_another_backend_in_one_line(tmp_path)
         "mpt-train: error: --backend=tensorflow: Keras is already loaded with backend jax in "
         "this process. Allowed: --backend=jax, or a new process",
     )
-    validate = launch_in_process(
+    validated = launch_in_process(
         "mpt-validate", *flags, "--precision=mixed_bfloat16", f"--output={tmp_path / 'r.json'}"
     )
-    assert (validate.status, validate.stderr.strip()) == (
+    assert validated.status in (0, 1), validated.stderr  # 1: a check failed, in its report.
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert (report["steps"], report["candidate"]) == (2, "mixed_bfloat16")
+    assert sorted(os.listdir(tmp_path / "r_logs")) == ["candidate", "float32"]
+    calibrate = launch_in_process("mpt-calibrate", *flags, f"--output={tmp_path / 'm.json'}")
+    assert (calibrate.status, calibrate.stderr.strip()) == (
         2,
-        "mpt-validate: error: mpt-validate runs on Keras backend tensorflow, and Keras has jax "
-        "(KERAS_BACKEND or ~/.keras/keras.json); docs/backends.md says why. "
+        "mpt-calibrate: error: mpt-calibrate runs on Keras backend tensorflow, and Keras has "
+        "jax (KERAS_BACKEND or ~/.keras/keras.json); docs/backends.md says why. "
         "Allowed: --backend=tensorflow",
     )
     assert "tensorflow" not in sys.modules

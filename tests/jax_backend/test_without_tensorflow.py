@@ -17,8 +17,6 @@ NEED_TENSORFLOW = (
     "CalibrationThresholds",
     "calibrate",
     "run_calibration",
-    "run_validation",
-    "validate",
 )
 ON_JAX = sorted(set(mpt_keras.__all__) - set(NEED_TENSORFLOW))
 
