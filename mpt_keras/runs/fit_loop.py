@@ -153,10 +153,7 @@ def _fit_from(state: Fit, step: int, guard: DivergenceGuard | None) -> None:
                 os.path.join(state.model_dir, LOGS_SUBDIR),
                 update_freq=config.log_every,
                 examples_per_step=config.data.batch_size,
-                # On JAX the monitor cannot diagnose a batch yet (docs/backends.md).
-                diagnosis_data=None
-                if current.is_jax()
-                else functools.partial(_batch_of_step, state),
+                diagnosis_data=functools.partial(_batch_of_step, state),
             ),
             MetricsCsv(os.path.join(state.model_dir, METRICS_CSV_FILE), config.log_every),
             *([] if state.exporter is None else [state.exporter]),

@@ -76,12 +76,12 @@ class MixedPrecisionMonitor(GlobalStepCallback):
                 "None",
                 f"(x, y), a batch to take the histograms on, with histogram_freq={histogram_freq}",
             )
-        if current.is_jax() and (histogram_freq or diagnosis_data is not None):
+        if current.is_jax() and histogram_freq:
             raise refusal(
                 "MixedPrecisionMonitor on Keras' JAX backend",
-                "histogram_freq or diagnosis_data",
-                "scalars, float8 statistics and overflow reports; histograms and the "
-                "non-finite diagnosis trace with TensorFlow (docs/backends.md)",
+                f"histogram_freq={histogram_freq}",
+                "histogram_freq=0: the histograms trace the model with TensorFlow "
+                "(docs/backends.md)",
             )
         self.log_dir = log_dir
         self.update_freq = update_freq

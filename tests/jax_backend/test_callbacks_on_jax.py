@@ -115,12 +115,37 @@ def test_the_monitor_writes_its_scalars_and_overflow_report_with_tensorboards_wr
     assert "custom_scalars__config__" in _tensors(str(tmp_path))
 
 
-def test_the_monitors_tensorflow_only_features_are_one_line_on_jax(tmp_path):
+def test_the_monitors_histograms_are_one_line_on_jax(tmp_path):
     from mpt_keras import MixedPrecisionMonitor
     from mpt_keras.errors import UserInputError
 
-    with pytest.raises(UserInputError, match="histograms and the non-finite diagnosis"):
+    with pytest.raises(UserInputError) as raised:
         MixedPrecisionMonitor(str(tmp_path), histogram_freq=1, histogram_data=_data())
+    assert str(raised.value) == (
+        "MixedPrecisionMonitor on Keras' JAX backend: received histogram_freq=1. Allowed: "
+        "histogram_freq=0: the histograms trace the model with TensorFlow (docs/backends.md)"
+    )
+
+
+def test_the_monitor_diagnoses_a_bad_batch_on_its_step(tmp_path, caplog):
+    from mpt_keras import MixedPrecisionMonitor
+
+    x, y = _data((5,))  # The second batch of four holds a NaN.
+
+    def batch_of(step: int) -> tuple[np.ndarray, np.ndarray]:
+        return x[4 * step - 4 : 4 * step], y[:4]
+
+    monitor = MixedPrecisionMonitor(str(tmp_path), update_freq=4, diagnosis_data=batch_of)
+    with caplog.at_level("WARNING"):
+        _model().fit(x, y, batch_size=4, shuffle=False, verbose=0, callbacks=[monitor])
+    diagnoses = _tensors(str(tmp_path / "train"))["nonfinite_diagnosis"]
+    assert [step for step, _ in diagnoses] == [2]
+    line = diagnoses[0][1].item().decode()
+    assert line == (
+        "step 2: first non-finite output: dense (float32), input max 2.6, its inputs already "
+        "non-finite"
+    )
+    assert line in caplog.text
 
 
 def test_diagnose_nonfinite_names_the_float16_layer_and_the_first_nonfinite_gradient():
