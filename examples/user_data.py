@@ -1,17 +1,40 @@
 """Data factories of a user's own, for `"data": {"factory": "examples.user_data:..."}`.
 
-A data factory returns `(train, eval)` `tf.data.Dataset`s of unbatched
-`(x, y)` (or `(x, y, sample_weight)`) elements; the run batches, shuffles,
-shards and repeats them. A third element may declare what the data decides
-about the model that its shapes do not show (`{"num_classes": 10}`). Both
-factories here use data that ships offline: scikit-learn's handwritten digits
-and the Python sources of the standard library (mpt_keras' embedded dataset).
+A data factory returns `(train, eval)`: `tf.data.Dataset`s of unbatched
+`(x, y)` (or `(x, y, sample_weight)`) elements, or `(x, y)` arrays (the only
+kind on Keras' JAX backend); the run batches, shuffles, shards and repeats
+them. A third element may declare what the data decides about the model that
+its shapes do not show (`{"num_classes": 10}`). The factories here use data
+that ships offline: scikit-learn's handwritten digits and the Python sources
+of the standard library (mpt_keras' embedded dataset).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
-import tensorflow as tf
+
+
+def digits_arrays(seed: int = 0, eval_fraction: float = 0.2):
+    """scikit-learn's 1,797 8x8 digits as arrays, for either backend.
+
+    Returns:
+        `((x, y), (x, y), {"num_classes": 10})`: images float32 [N, 8, 8, 1] in [0, 1].
+    """
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = (digits.images / 16.0).astype(np.float32)[..., None]
+    labels = digits.target.astype(np.int32)
+    order = np.random.default_rng(seed).permutation(len(labels))
+    held_out = int(len(labels) * eval_fraction)
+    train, evaluation = order[held_out:], order[:held_out]
+    return (
+        (images[train], labels[train]),
+        (images[evaluation], labels[evaluation]),
+        {"num_classes": 10},
+    )
 
 
 def digits_rgb(image_size: int = 32, eval_fraction: float = 0.2, seed: int = 0):
@@ -25,6 +48,7 @@ def digits_rgb(image_size: int = 32, eval_fraction: float = 0.2, seed: int = 0):
     Returns:
         `(train, eval, {"num_classes": 10})`.
     """
+    import tensorflow as tf
     from sklearn.datasets import load_digits
 
     digits = load_digits()
@@ -33,7 +57,7 @@ def digits_rgb(image_size: int = 32, eval_fraction: float = 0.2, seed: int = 0):
     order = np.random.default_rng(seed).permutation(len(labels))
     held_out = int(len(labels) * eval_fraction)
 
-    def split(indices: np.ndarray) -> tf.data.Dataset:
+    def split(indices: np.ndarray) -> Any:
         resized = tf.image.resize(images[indices], (image_size, image_size))
         return tf.data.Dataset.from_tensor_slices((tf.repeat(resized, 3, axis=-1), labels[indices]))
 
@@ -47,9 +71,11 @@ def python_bytes(sequence_length: int = 64):
         `(train, eval, {"vocab_size": 256, "sequence_length": sequence_length})`
         with elements `({"token_ids", "padding_mask"}, next_tokens)`.
     """
+    import tensorflow as tf
+
     from mpt_keras import data
 
-    def split(name: str) -> tf.data.Dataset:
+    def split(name: str) -> Any:
         inputs, targets = data.language_model_windows(
             "mpt_python_source", name, None, sequence_length
         )

@@ -204,11 +204,12 @@ def _from_data_factory(factory: BoundFactory, seed: int, batching: str) -> RunDa
             f"{what}: its dimensions {declared!r} are not a dict of known names. "
             f"Allowed: a dict with keys among {', '.join(DATA_DIMENSIONS)}"
         )
-    dimensions = {}
     if _is_dataset(train):
         from mpt_keras.data import tf_datasets
 
         dimensions = tf_datasets.spec_dimensions(train)
+    else:
+        dimensions = _array_dimensions(train[0])
     return RunData(train, evaluation, {**dimensions, **declared})
 
 
@@ -231,6 +232,17 @@ def checked_split(split: Any, what: str, batching: str) -> tuple[np.ndarray, ...
         f"{what}: received {type(split).__name__}. Allowed: {allowed}a tuple (x, y) of arrays "
         "of equal length"
     )
+
+
+def _array_dimensions(x: np.ndarray) -> dict[str, Any]:
+    """What an array of inputs says, as `tf_datasets.spec_dimensions` for a dataset: an
+    example's shape, and a token sequence's length."""
+    if x.ndim < 1 or x.dtype == object:
+        return {}
+    dimensions: dict[str, Any] = {"input_shape": tuple(x.shape[1:])}
+    if np.issubdtype(x.dtype, np.integer) and x.ndim == 2:
+        dimensions["sequence_length"] = x.shape[1]
+    return dimensions
 
 
 def _is_dataset(value: Any) -> bool:

@@ -96,6 +96,14 @@ def test_what_needs_tensorflow_is_one_line_and_writes_nothing(tmp_path, changes,
     assert not (tmp_path / "run").exists()
 
 
+def test_a_data_factorys_arrays_train_on_jax(tmp_path):
+    config = tiny_config(None, data={"name": None, "factory": "examples.user_data:digits_arrays"})
+    metrics = _run(config, tmp_path)
+    assert metrics["step"] == 6
+    report = json.loads((tmp_path / "precision_report.json").read_text())
+    assert [layer["path"] for layer in report["layers"]][-1] == "logits"
+
+
 def test_the_canary_runs_before_the_run_on_jax(tmp_path):
     config = tiny_config(None, precision="mixed_bfloat16")
     runtime = mpt_keras.Runtime(str(tmp_path), verbose=0)
