@@ -51,9 +51,6 @@ if TYPE_CHECKING:  # what editors and type checkers see; loaded lazily below
     from mpt_keras.validation.report import ValidationReport
     from mpt_keras.validation.thresholds import Thresholds
 
-# What a JAX machine may lack: a public name that needs it says so in one line.
-_TENSORFLOW = ("tensorflow", "tensorflow_datasets")
-
 _HOMES = {
     "AutoPromote": "reliability.auto_promote",
     "BadBatchLimit": "reliability.guards",
@@ -105,17 +102,7 @@ __all__ = sorted(_HOMES)
 def __getattr__(name: str) -> Any:
     if name not in _HOMES:
         raise AttributeError(f"module 'mpt_keras' has no attribute {name!r}")
-    try:
-        module = importlib.import_module(f"mpt_keras.{_HOMES[name]}")
-    except ModuleNotFoundError as error:
-        if error.name is None or error.name.partition(".")[0] not in _TENSORFLOW:
-            raise
-        backend = sys.modules["keras"].backend.backend() if "keras" in sys.modules else "unset"
-        raise ImportError(
-            f"mpt_keras.{name} needs TensorFlow, which cannot be imported here (Keras backend "
-            f"{backend}); docs/backends.md lists what mpt_keras serves on jax"
-        ) from error
-    value = getattr(module, name)
+    value = getattr(importlib.import_module(f"mpt_keras.{_HOMES[name]}"), name)
     if "keras" in sys.modules:
         _hook_into_keras()
     globals()[name] = value

@@ -17,8 +17,9 @@ from mpt_keras.calibration.result import format_calibration_table
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 DATA_ALLOWED = (
-    "Allowed: a tf.data.Dataset of (x, y) or (x, y, sample_weight) batches, or a tuple "
-    "(x, y) or (x, y, sample_weight) of arrays; x an array or a dict of arrays"
+    "Allowed: a tf.data.Dataset or another iterable of (x, y) or (x, y, sample_weight) "
+    "batches, or a tuple (x, y) or (x, y, sample_weight) of arrays; x an array or a dict of "
+    "arrays"
 )
 MODEL_ALLOWED = "Allowed: a keras.Model, or a function of no arguments returning one"
 

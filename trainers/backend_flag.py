@@ -17,7 +17,7 @@ from absl import flags
 from mpt_keras.backend.names import BACKENDS
 from mpt_keras.errors import UserInputError
 
-# mpt-calibrate and mpt-bench: docs/backends.md says why.
+# mpt-bench's (its suite measures TensorFlow's steps): docs/backends.md.
 TENSORFLOW_ONLY = ("tensorflow",)
 
 

@@ -47,14 +47,14 @@ _FLOAT8 = flags.DEFINE_bool(
 )
 
 
-_BACKEND = backend_flag.define(__name__, backend_flag.TENSORFLOW_ONLY)
+_BACKEND = backend_flag.define(__name__)
 
 
 def main(argv: Sequence[str]) -> None:
     del argv  # Checked by cli.run.
     config = config_lib.resolve_config(_CONFIG.value, _CONFIG_OVERRIDE.value)
     cli.import_tensorflow()
-    backend_flag.check("mpt-calibrate", _BACKEND.value, backend_flag.TENSORFLOW_ONLY)
+    backend_flag.check("mpt-calibrate", _BACKEND.value)
     from mpt_keras.calibration import result as calibration
 
     result = mpt_keras.run_calibration(

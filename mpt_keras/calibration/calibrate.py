@@ -20,7 +20,6 @@ from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from mpt_keras import compat
 from mpt_keras.calibration import inputs, measurement
@@ -53,7 +52,7 @@ from mpt_keras.precision.report import PrecisionReport
 
 def calibrate(
     model_or_factory: keras.Model | Callable[[], keras.Model],
-    data: tf.data.Dataset | tuple[Any, ...],
+    data: Any,
     loss: keras.losses.Loss | Callable[[Any, Any], Any],
     steps: int = 8,
     seed: int = 0,

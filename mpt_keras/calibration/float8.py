@@ -16,7 +16,6 @@ from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from mpt_keras.calibration.decisions import format_share
 from mpt_keras.keras_bridge.layer_calls import calls_wrapped
@@ -140,7 +139,8 @@ class Float8Recorder:
     """Records the float8 figures of Dense and EinsumDense layers as a model runs.
 
     `layers`: `(path, layer)` of each built layer, each once. Per batch: run the model under
-    `recording(tape)`, then `add_batch(tape.gradient(loss, recorder.outputs))`.
+    `recording(tape.watch)`, then `add_batch(tape.gradient(loss, recorder.outputs))`; on JAX,
+    see `measurement.gradient_statistics`.
     """
 
     def __init__(self, layers: Sequence[tuple[str, keras.layers.Layer]]):
@@ -151,22 +151,25 @@ class Float8Recorder:
         }
         self._calls = dict.fromkeys(self._tensors, 0)
         # This batch's calls: (path, inputs, matmul output).
-        self._batch: list[tuple[str, Any, tf.Tensor]] = []
+        self._batch: list[tuple[str, Any, Any]] = []
 
     @property
-    def outputs(self) -> list[tf.Tensor]:
+    def outputs(self) -> list[Any]:
         """This batch's matmul outputs, to take gradients for."""
         return [output for _, _, output in self._batch]
 
-    def recording(self, tape: tf.GradientTape) -> contextlib.AbstractContextManager:
-        """Records the layers' calls while the model runs one batch under `tape`."""
+    def recording(
+        self, watch: Callable[[Any], Any], record: bool = True
+    ) -> contextlib.AbstractContextManager:
+        """Inside, each call's matmul output passes through `watch` (a tape's watch; on JAX an
+        added zero whose gradient is the output's) and, if `record`, is recorded."""
         paths = {id(layer): path for path, layer in self._layers}
         return calls_wrapped(
             (layer for _, layer in self._layers),
-            lambda layer, call: self._recording_call(paths[id(layer)], layer, tape, call),
+            lambda layer, call: self._recording_call(paths[id(layer)], layer, watch, record, call),
         )
 
-    def add_batch(self, output_gradients: Sequence[tf.Tensor | None]) -> None:
+    def add_batch(self, output_gradients: Sequence[Any]) -> None:
         """Adds the recorded batch, given the loss's gradients at `outputs`."""
         pieces = {path: {"inputs": [], "outputs_grad": []} for path in self._tensors}
         for (path, inputs, output), gradient in zip(self._batch, output_gradients, strict=True):
@@ -174,7 +177,7 @@ class Float8Recorder:
             pieces[path]["inputs"].append(_flat(inputs))
             # None: the loss does not depend on it.
             pieces[path]["outputs_grad"].append(
-                _flat(tf.zeros_like(output) if gradient is None else gradient)
+                _flat(np.zeros(output.shape, np.float32) if gradient is None else gradient)
             )
         for path, tensors in pieces.items():
             for tensor, arrays in tensors.items():
@@ -199,7 +202,8 @@ class Float8Recorder:
         self,
         path: str,
         layer: keras.layers.Layer,
-        tape: tf.GradientTape,
+        watch: Callable[[Any], Any],
+        record: bool,
         call: Callable[..., Any],
     ) -> Callable[..., Any]:
         """`call`, recording its inputs and its pre-activation output.
@@ -213,7 +217,7 @@ class Float8Recorder:
             before_activation = []
 
             def recording_activation(outputs):
-                tape.watch(outputs)
+                outputs = watch(outputs)
                 before_activation.append(outputs)
                 return outputs if activation is None else activation(outputs)
 
@@ -222,8 +226,9 @@ class Float8Recorder:
                 outputs = call(*args, **kwargs)
             finally:
                 layer.activation = activation
-            inputs = args[0] if args else kwargs["inputs"]
-            self._batch.append((path, inputs, before_activation[0]))
+            if record:
+                inputs = args[0] if args else kwargs["inputs"]
+                self._batch.append((path, inputs, before_activation[0]))
             return outputs
 
         return recording_call

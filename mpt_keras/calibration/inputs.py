@@ -3,20 +3,20 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from mpt_keras.checks import check_number, refusal
 from mpt_keras.errors import UserInputError
 
 _MODEL_ALLOWED = "a keras.Model, or a function of no arguments returning one"
 _DATA_ALLOWED = (
-    "a tf.data.Dataset of (x, y) or (x, y, sample_weight) batches, or a tuple "
-    "(x, y) or (x, y, sample_weight) of arrays; x an array or a dict of arrays"
+    "a tf.data.Dataset or another iterable of (x, y) or (x, y, sample_weight) batches, or a "
+    "tuple (x, y) or (x, y, sample_weight) of arrays; x an array or a dict of arrays"
 )
 
 
@@ -59,8 +59,17 @@ def as_model(model_or_factory: Any) -> keras.Model:
 
 def batches(data: Any, steps: int, seed: int, batch_size: int) -> Iterator[tuple[Any, Any, Any]]:
     """`(x, y, sample_weight or None)` for each of `steps` batches; see `calibrate`'s `data`."""
-    if isinstance(data, tf.data.Dataset):
-        yield from _dataset_batches(data, steps)
+    tensorflow = sys.modules.get("tensorflow")
+    if tensorflow is not None and isinstance(data, tensorflow.data.Dataset):
+        spec = data.element_spec
+        if not (isinstance(spec, tuple) and len(spec) in (2, 3)):
+            shape = f"{len(spec)}-tuples" if isinstance(spec, tuple) else type(spec).__name__
+            raise UserInputError(f"data: the dataset yields {shape}. Allowed: {_DATA_ALLOWED}")
+        yield from _iterated_batches(data.take(steps), steps)
+        return
+    if not isinstance(data, tuple) and hasattr(data, "__iter__"):
+        # A generator of batches, such as a JAX run's stream.
+        yield from _iterated_batches(data, steps)
         return
     if not (isinstance(data, tuple) and len(data) in (2, 3)):
         raise refusal("data", type(data).__name__, _DATA_ALLOWED)
@@ -93,13 +102,16 @@ def batches(data: Any, steps: int, seed: int, batch_size: int) -> Iterator[tuple
         yield (*keras.tree.map_structure(lambda array: array[batch], arrays), None)[:3]
 
 
-def _dataset_batches(data: tf.data.Dataset, steps: int) -> Iterator[tuple[Any, Any, Any]]:
-    spec = data.element_spec
-    if not (isinstance(spec, tuple) and len(spec) in (2, 3)):
-        shape = f"{len(spec)}-tuples" if isinstance(spec, tuple) else type(spec).__name__
-        raise UserInputError(f"data: the dataset yields {shape}. Allowed: {_DATA_ALLOWED}")
+def _iterated_batches(data: Any, steps: int) -> Iterator[tuple[Any, Any, Any]]:
     count = 0
-    for element in data.take(steps):
+    for element in data:
+        if count == steps:
+            break
+        if not (isinstance(element, tuple) and len(element) in (2, 3)):
+            what = (
+                f"{len(element)}-tuples" if isinstance(element, tuple) else type(element).__name__
+            )
+            raise UserInputError(f"data: the batches are {what}. Allowed: {_DATA_ALLOWED}")
         count += 1
         yield (*element, None)[:3]
     if not count:

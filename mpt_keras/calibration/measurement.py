@@ -10,8 +10,8 @@ from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
+from mpt_keras.backend import current
 from mpt_keras.calibration.float8 import Float8Recorder
 from mpt_keras.calibration.sites import CalibrationSites, Group, flat_float32
 from mpt_keras.calibration.statistics import OutputErrors, VariableGradients, variable_gradients
@@ -32,7 +32,12 @@ def gradient_statistics(
     loss: Callable[..., Any],
     scale: float,
 ) -> dict[str, VariableGradients]:
-    """Per trainable variable path, its gradient's figures; `recorder` records the same pass."""
+    """Per trainable variable path, its gradient's figures; `recorder` records the same pass.
+
+    On TensorFlow one taped pass gives both; on JAX a recorded eager pass, then `jax.grad`
+    through `stateless_call` with a zero added to each recorded matmul output (its gradient
+    is the output's).
+    """
     owners = {}
     for site in reversed(sites.sites):  # A variable's owner is its innermost site.
         for variable in site.layer.trainable_variables:
@@ -40,15 +45,13 @@ def gradient_statistics(
     # A float8 layer's scales and amax histories have no gradient (a step overwrites them).
     variables = [v for v in model.trainable_variables if not is_float8_state(v)]
     pieces = [[] for _ in variables]
-    for features, labels, sample_weight in batches:
-        with tf.GradientTape() as tape, recorder.recording(tape):
-            predictions = model(features, training=False)
-            value = loss(labels, predictions, sample_weight=sample_weight)
-        gradients, output_gradients = tape.gradient(value, (variables, recorder.outputs))
+    pass_gradients = _jax_gradients if current.is_jax() else _tensorflow_gradients
+    for batch in batches:
+        gradients, output_gradients = pass_gradients(model, recorder, variables, loss, *batch)
         recorder.add_batch(output_gradients)
         for index, gradient in enumerate(gradients):
             if gradient is not None:
-                pieces[index].append(np.abs(tf.convert_to_tensor(gradient).numpy()).ravel())
+                pieces[index].append(np.abs(keras.ops.convert_to_numpy(gradient)).ravel())
     return {
         variable.path: variable_gradients(
             owners.get(id(variable)),
@@ -57,6 +60,64 @@ def gradient_statistics(
         )
         for variable, magnitudes in zip(variables, pieces)
     }
+
+
+def _tensorflow_gradients(
+    model: keras.Model,
+    recorder: Float8Recorder,
+    variables: list[keras.Variable],
+    loss: Callable[..., Any],
+    features: Any,
+    labels: Any,
+    sample_weight: Any,
+) -> tuple[list[Any], list[Any]]:
+    """The loss's gradients at `variables` (dense) and at the recorded matmul outputs."""
+    import tensorflow as tf
+
+    def watched(outputs: Any) -> Any:
+        tape.watch(outputs)
+        return outputs
+
+    with tf.GradientTape() as tape, recorder.recording(watched):
+        predictions = model(features, training=False)
+        value = loss(labels, predictions, sample_weight=sample_weight)
+    gradients, output_gradients = tape.gradient(value, (variables, recorder.outputs))
+    # An embedding's gradient comes as IndexedSlices.
+    return [None if g is None else tf.convert_to_tensor(g) for g in gradients], output_gradients
+
+
+def _jax_gradients(
+    model: keras.Model,
+    recorder: Float8Recorder,
+    variables: list[keras.Variable],
+    loss: Callable[..., Any],
+    features: Any,
+    labels: Any,
+    sample_weight: Any,
+) -> tuple[list[Any], list[Any]]:
+    """As `_tensorflow_gradients`, by `jax.grad` (the outputs recorded by an eager pass)."""
+    import jax
+    import jax.numpy as jnp
+
+    with recorder.recording(lambda outputs: outputs):
+        model(features, training=False)
+    probes = [jnp.zeros(output.shape, output.dtype) for output in recorder.outputs]
+    trainable = model.trainable_variables
+    positions = {id(variable): index for index, variable in enumerate(trainable)}
+    non_trainable = [variable.value for variable in model.non_trainable_variables]
+
+    def value(trainable_values: list[Any], probe_values: list[Any]) -> Any:
+        remaining = iter(probe_values)
+        with recorder.recording(lambda outputs: outputs + next(remaining), record=False):
+            predictions, _ = model.stateless_call(
+                trainable_values, non_trainable, features, training=False
+            )
+        return loss(labels, predictions, sample_weight=sample_weight)
+
+    gradients, output_gradients = jax.grad(value, argnums=(0, 1))(
+        [variable.value for variable in trainable], probes
+    )
+    return [gradients[positions[id(v)]] for v in variables], output_gradients
 
 
 def output_errors(group: Group) -> OutputErrors:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from mpt_keras import compat
 from mpt_keras.keras_bridge.layer_calls import calls_wrapped
@@ -44,8 +44,13 @@ _MOVES_DATA = (
     keras.layers.ZeroPadding2D,
     keras.layers.ZeroPadding3D,
 )
-# Raised where a sublayer's output meets the container's tensors in a one-dtype op.
-_DTYPE_ERRORS = (tf.errors.OpError, TypeError, ValueError)
+
+
+def _dtype_errors() -> tuple[type[Exception], ...]:
+    """Raised where a sublayer's output meets the container's tensors in a one-dtype op: also
+    TensorFlow's op errors when it runs."""
+    tensorflow = sys.modules.get("tensorflow")
+    return (TypeError, ValueError) + ((tensorflow.errors.OpError,) if tensorflow else ())
 
 
 @dataclasses.dataclass(eq=False)
@@ -179,7 +184,7 @@ def _tied(container: Site, child: Site) -> bool:
     compat.replace_dtype_policy(child.layer, keras.DTypePolicy("mixed_float16"))
     try:
         container.layer(*args, **kwargs)
-    except _DTYPE_ERRORS:
+    except _dtype_errors():
         return True
     finally:
         compat.replace_dtype_policy(child.layer, policy)

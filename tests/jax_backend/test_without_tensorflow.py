@@ -11,14 +11,7 @@ import pytest
 
 import mpt_keras
 
-# The public names that still need TensorFlow: each says so in one line on JAX; the rest load.
-NEED_TENSORFLOW = (
-    "CalibrationResult",
-    "CalibrationThresholds",
-    "calibrate",
-    "run_calibration",
-)
-ON_JAX = sorted(set(mpt_keras.__all__) - set(NEED_TENSORFLOW))
+ON_JAX = sorted(mpt_keras.__all__)  # Every public name.
 
 
 def test_this_process_runs_jax_and_cannot_import_tensorflow():
@@ -32,16 +25,6 @@ def test_this_process_runs_jax_and_cannot_import_tensorflow():
 def test_public_names_served_on_jax_load_without_tensorflow(name):
     assert getattr(mpt_keras, name) is not None
     assert "tensorflow" not in sys.modules
-
-
-@pytest.mark.parametrize("name", NEED_TENSORFLOW)
-def test_the_other_public_names_say_in_one_line_that_they_need_tensorflow(name):
-    with pytest.raises(ImportError) as raised:
-        getattr(mpt_keras, name)
-    message = str(raised.value)
-    assert "\n" not in message
-    assert message.startswith(f"mpt_keras.{name} needs TensorFlow, which cannot be imported")
-    assert message.endswith("docs/backends.md lists what mpt_keras serves on jax")
 
 
 def test_under_data_parallel_a_nan_in_one_devices_half_skips_the_step_for_all():
