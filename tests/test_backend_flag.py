@@ -26,14 +26,14 @@ CONFIG = os.path.join(REPO, "configs", "digits_mlp.json")
 def test_select_sets_keras_backend_from_the_command_line_before_keras_loads(
     monkeypatch, argv, backend
 ):
-    monkeypatch.delenv("KERAS_BACKEND", raising=False)
+    _unset_keras_backend(monkeypatch)
     monkeypatch.delitem(sys.modules, "keras")
     backend_flag.select(argv)
     assert os.environ.get("KERAS_BACKEND") == backend
 
 
 def test_select_leaves_a_loaded_keras_alone(monkeypatch):
-    monkeypatch.delenv("KERAS_BACKEND", raising=False)
+    _unset_keras_backend(monkeypatch)
     backend_flag.select(["--backend=jax"])
     assert "KERAS_BACKEND" not in os.environ
 
@@ -67,3 +67,10 @@ def test_the_console_script_runs_on_the_backend_it_is_given(tmp_path):
     assert result.status == 0, result.stderr
     assert "Training steps 1..1 in intervals of 1 (float32, Keras backend jax)." in (result.stderr)
     assert os.listdir(tmp_path / "checkpoints") == ["step-1.npz"]
+
+
+def _unset_keras_backend(monkeypatch):
+    """Unset for the test, and as it was after it, even where `select` sets it (a variable
+    left set would give the worker's later processes the JAX backend)."""
+    monkeypatch.setenv("KERAS_BACKEND", "")
+    monkeypatch.delenv("KERAS_BACKEND")
