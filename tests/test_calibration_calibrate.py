@@ -590,7 +590,7 @@ def test_policies_and_weights_are_restored():
         ({"initial_scale": -1.0}, "initial_scale: received -1.0. Allowed: a number > 0"),
         ({"batch_size": 0}, "batch_size: received 0. Allowed: an integer >= 1"),
         ({"float8": 1}, "float8: received 1. Allowed: True or False"),
-        ({"data": [1, 2]}, f"data: received list. {DATA_ALLOWED}"),
+        ({"data": [1, 2]}, f"data: the batches are int. {DATA_ALLOWED}"),
         (
             {"data": (np.zeros((3, 4)), np.zeros(2))},
             "data: received 3 examples and 2 labels. Allowed: as many labels as examples, "
