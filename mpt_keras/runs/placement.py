@@ -17,6 +17,7 @@ import keras
 
 from mpt_keras.backend import current
 from mpt_keras.config import TrainConfig
+from mpt_keras.errors import UserInputError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +58,29 @@ def scope(placement: Placement, model_dir: str) -> Iterator[None]:
     strategy = placement.strategy
     with multi_worker.peer_failures_as_errors(strategy, model_dir), strategy.scope():
         yield
+
+
+def check_batches(
+    placement: Placement, batch_size: int, eval_batch_size: int, eval_count: int
+) -> None:
+    """Refuses, in one line and before anything is written, a batch a JAX `data_parallel` run
+    cannot split evenly over its devices (train batches, and each evaluation batch)."""
+    distribution = placement.strategy
+    if not current.is_jax() or distribution is None:
+        return
+    devices = distribution.device_mesh.devices.size
+    sizes = {"data.batch_size": batch_size}
+    if eval_count >= eval_batch_size:
+        sizes["data.eval_batch_size"] = eval_batch_size
+    if eval_count % eval_batch_size:
+        sizes["the last evaluation batch"] = eval_count % eval_batch_size
+    for what, size in sizes.items():
+        if size % devices:
+            raise UserInputError(
+                f"{what}: received {size}, which data_parallel cannot split over its {devices} "
+                f"devices. Allowed: a multiple of {devices} (data.eval_examples sets the "
+                "evaluation examples)"
+            )
 
 
 @contextlib.contextmanager

@@ -82,6 +82,17 @@ def test_a_crashed_data_parallel_float16_run_resumes_to_the_uninterrupted_weight
             "strategy 'one_device'. Allowed: virtual_cpus=0, or strategy 'data_parallel'",
         ),
         (
+            {"strategy": "data_parallel", "data": {"eval_examples": 65}},
+            "the last evaluation batch: received 65, which data_parallel cannot split over its "
+            "2 devices. Allowed: a multiple of 2 (data.eval_examples sets the evaluation "
+            "examples)",
+        ),
+        (
+            {"strategy": "data_parallel", "data": {"batch_size": 15}},
+            "data.batch_size: received 15, which data_parallel cannot split over its 2 devices. "
+            "Allowed: a multiple of 2 (data.eval_examples sets the evaluation examples)",
+        ),
+        (
             {"data": {"name": "cifar10"}},
             "data.name 'cifar10': a TFDS dataset. Allowed on Keras' jax backend: data.name "
             "mpt_digits or mpt_python_source (splits train and validation), or a data.factory "
@@ -89,7 +100,7 @@ def test_a_crashed_data_parallel_float16_run_resumes_to_the_uninterrupted_weight
         ),
     ],
 )
-def test_what_needs_tensorflow_is_one_line_and_writes_nothing(tmp_path, changes, message):
+def test_what_a_jax_run_cannot_do_is_one_line_and_writes_nothing(tmp_path, changes, message):
     with pytest.raises(UserInputError) as raised:
         _run(tiny_config(None, **changes), tmp_path / "run")
     assert str(raised.value) == message
