@@ -47,7 +47,7 @@ def pytest_ignore_collect(collection_path, config):
 def pytest_collection_modifyitems(items):
     """Keeps each module's costly shared work on one worker, and starts the slowest first.
 
-    Under `pytest -n 2` (`--dist loadgroup`, setup.cfg) a test file's
+    Under `pytest -n 3` (`--dist loadgroup`, setup.cfg) a test file's
     module-scoped fixtures (a child process that trains on two replicas, the
     launcher's 14 flag rows) would run once on each worker that receives one
     of its tests: the tests that use one are grouped (`xdist_group`), so they
