@@ -16,7 +16,8 @@ from typing import Any
 import keras
 
 from mpt_keras.backend import current
-from mpt_keras.config import TrainConfig
+from mpt_keras.config import DataConfig, TrainConfig
+from mpt_keras.data.sources import RunData
 from mpt_keras.errors import UserInputError
 
 
@@ -60,20 +61,19 @@ def scope(placement: Placement, model_dir: str) -> Iterator[None]:
         yield
 
 
-def check_batches(
-    placement: Placement, batch_size: int, eval_batch_size: int, eval_count: int
-) -> None:
+def check_batches(placement: Placement, data: DataConfig, run_data: RunData) -> None:
     """Refuses, in one line and before anything is written, a batch a JAX `data_parallel` run
     cannot split evenly over its devices (train batches, and each evaluation batch)."""
     distribution = placement.strategy
     if not current.is_jax() or distribution is None:
         return
     devices = distribution.device_mesh.devices.size
-    sizes = {"data.batch_size": batch_size}
-    if eval_count >= eval_batch_size:
-        sizes["data.eval_batch_size"] = eval_batch_size
-    if eval_count % eval_batch_size:
-        sizes["the last evaluation batch"] = eval_count % eval_batch_size
+    eval_count = len(run_data.eval[0])  # On JAX the data are arrays (data/sources.py).
+    sizes = {"data.batch_size": data.batch_size}
+    if eval_count >= data.eval_batch_size:
+        sizes["data.eval_batch_size"] = data.eval_batch_size
+    if eval_count % data.eval_batch_size:
+        sizes["the last evaluation batch"] = eval_count % data.eval_batch_size
     for what, size in sizes.items():
         if size % devices:
             raise UserInputError(

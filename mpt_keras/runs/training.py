@@ -96,10 +96,7 @@ def _run(
     # Before the data (a first run prepares it): a bad manifest fails at once.
     manifest_file = PrecisionManifest.from_json(config.manifest) if config.manifest else None
     run_data = components.data()
-    if current.is_jax():  # Arrays only (data/sources.py).
-        eval_count = len(run_data.eval[0])
-        data = config.data
-        placement.check_batches(where, data.batch_size, data.eval_batch_size, eval_count)
+    placement.check_batches(where, config.data, run_data)
 
     with placement.scope(where, model_dir):
         run = assemble(config, components, run_data, manifest_file)
