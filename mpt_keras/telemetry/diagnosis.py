@@ -127,9 +127,10 @@ def diagnose_nonfinite(
         return value if scale_loss is None else scale_loss(value)
 
     if current.is_jax():
-        value, gradients = _jax_loss_and_gradients(model, x, loss_of)
+        from mpt_keras.backend.jax.gradients import loss_and_gradients
     else:
-        value, gradients = _tf_loss_and_gradients(model, x, loss_of)
+        from mpt_keras.backend.tensorflow.gradients import loss_and_gradients
+    value, gradients = loss_and_gradients(model, x, loss_of)
     first = next(
         (
             variable.path
@@ -139,32 +140,6 @@ def diagnose_nonfinite(
         None,
     )
     return NonfiniteReport(first_nonfinite_gradient=first, loss=float(value))
-
-
-def _tf_loss_and_gradients(model: keras.Model, x: Any, loss_of: Callable) -> tuple[Any, list]:
-    import tensorflow as tf
-
-    # In a function: Keras' float8 layers take no gradient eagerly (3.15.1).
-    @tf.function(autograph=False)
-    def loss_and_gradients(x):
-        with tf.GradientTape() as tape:
-            value = loss_of(model(x, training=False))
-        return value, tape.gradient(value, model.trainable_variables)
-
-    return loss_and_gradients(x)
-
-
-def _jax_loss_and_gradients(model: keras.Model, x: Any, loss_of: Callable) -> tuple[Any, list]:
-    """`jax.value_and_grad` of the loss through `model.stateless_call` (nothing is written)."""
-    import jax
-
-    non_trainable = [v.value for v in model.non_trainable_variables]
-
-    def value_of(trainable: list[Any]) -> Any:
-        y_pred, _ = model.stateless_call(trainable, non_trainable, x, training=False)
-        return loss_of(y_pred)
-
-    return jax.value_and_grad(value_of)([v.value for v in model.trainable_variables])
 
 
 def describe_for_log(step: int, report: NonfiniteReport) -> str:

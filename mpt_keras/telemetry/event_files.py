@@ -1,25 +1,23 @@
 """The monitor's TensorBoard event files on Keras' JAX backend, written by the `tensorboard`
-package's own writer (no TensorFlow): the tags, plugin metadata and tensor summaries that
-`tf.summary` writes on TensorFlow (summaries.py), read alike by TensorBoard.
+package's own writer (no TensorFlow): the plugin metadata and tensor summaries that
+`tf.summary` writes on TensorFlow (`backend/tensorflow/summaries.py`), read alike by
+TensorBoard.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
-import keras
 import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2
-from tensorboard.plugins.custom_scalar import metadata as layout_metadata
+from tensorboard.plugins.histogram import summary_v2 as histogram_summary
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 from tensorboard.plugins.text import metadata as text_metadata
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from tensorboard.util import tensor_util
-
-from mpt_keras.telemetry import layout as tags
-from mpt_keras.telemetry.optimizer_scalars import optimizer_scalars, overflow_rate
 
 _SCALAR = scalar_metadata.create_summary_metadata(display_name="", description="")
 _TEXT = text_metadata.create_summary_metadata(display_name="", description="")
@@ -38,22 +36,15 @@ class EventFiles:
         name: str,
         step: int,
         scalars: dict[str, Any],
-        optimizer: keras.optimizers.Optimizer | None = None,
+        extend: Callable[[dict[str, Any], Any], Any] | None = None,
         interval: tuple[int, int] | None = None,
     ) -> float | None:
-        """As `SummaryWriters.write_scalars`: `scalars`, the optimizer's scalars the logs lack
-        and the overflow rate; returns the skipped steps (None without loss scaling)."""
-        values = {tag: float(value) for tag, value in scalars.items()}
-        skipped = None
-        if optimizer is not None:
-            values.update(
-                (tag, float(value)) for tag, value in optimizer_scalars(optimizer, scalars).items()
-            )
-            skipped = values.get(tags.SKIPPED_STEPS)
-            if skipped is not None and interval is not None:
-                values[tags.OVERFLOW_RATE] = overflow_rate(skipped, *map(float, interval))
-        self._write(name, step, [_scalar(tag, value) for tag, value in values.items()])
-        return skipped
+        """As `SummaryWriters.write_scalars`: `scalars` and what `extend` adds; returns what
+        `extend` returns, as a float (None without it)."""
+        values = dict(scalars)
+        result = extend(values, tuple(map(float, interval or (0, 0)))) if extend else None
+        self._write(name, step, [_scalar(tag, float(value)) for tag, value in values.items()])
+        return None if result is None else float(result)
 
     def scalar(self, name: str, step: int, tag: str, value: Any) -> None:
         self._write(name, step, [_scalar(tag, float(value))])
@@ -62,15 +53,15 @@ class EventFiles:
         tensor = tensor_util.make_tensor_proto(np.array(text, dtype=object))
         self._write(name, step, [summary_pb2.Summary.Value(tag=tag, tensor=tensor, metadata=_TEXT)])
 
-    def write_layout(self, histograms: bool, float8: bool) -> None:
-        """The dashboard (custom scalars), as `layout.write_layout` writes it with TensorFlow."""
-        layout = tags.layout(histograms, float8).SerializeToString()
-        value = summary_pb2.Summary.Value(
-            tag=layout_metadata.CONFIG_SUMMARY_TAG,
-            tensor=tensor_util.make_tensor_proto(np.array(layout, dtype=object)),
-            metadata=layout_metadata.create_summary_metadata(),
+    def histogram(self, name: str, step: int, tag: str, values: np.ndarray) -> None:
+        self._write(name, step, list(histogram_summary.histogram_pb(tag, values).value))
+
+    def serialized(self, name: str, step: int, tag: str, data: bytes, metadata: Any) -> None:
+        """Writes `data` as a string tensor with a plugin's `metadata` (a SummaryMetadata)."""
+        tensor = tensor_util.make_tensor_proto(np.array(data, dtype=object))
+        self._write(
+            name, step, [summary_pb2.Summary.Value(tag=tag, tensor=tensor, metadata=metadata)]
         )
-        self._write("", 0, [value])
 
     def flush(self) -> None:
         for writer in self._writers.values():

@@ -4,7 +4,7 @@ the tags `MixedPrecisionMonitor` writes and the dashboard's charts cannot drift 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from tensorboard.plugins.custom_scalar import layout_pb2, metadata
 
@@ -16,9 +16,6 @@ from mpt_keras.scaling.health import (  # noqa: F401
     LOSS_SCALE,
     SKIPPED_STEPS,
 )
-
-if TYPE_CHECKING:
-    import tensorflow as tf
 
 OVERFLOW_RATE = "overflow_rate"
 EXAMPLES_PER_SECOND = "examples_per_second"
@@ -103,14 +100,13 @@ def layout(histograms: bool, float8: bool = False) -> layout_pb2.Layout:
     )
 
 
-def write_layout(writer: tf.summary.SummaryWriter, histograms: bool, float8: bool = False) -> None:
-    """Writes the dashboard with `writer`; TensorBoard merges it across runs."""
-    import tensorflow as tf
-
-    with writer.as_default():
-        tf.summary.write(
-            metadata.CONFIG_SUMMARY_TAG,
-            tf.constant(layout(histograms, float8).SerializeToString()),
-            step=0,
-            metadata=metadata.create_summary_metadata().SerializeToString(),
-        )
+def write_layout(files: Any, histograms: bool, float8: bool = False) -> None:
+    """Writes the dashboard in `files` (a summary writer of `monitor.summary_files`) at the
+    log directory's top; TensorBoard merges it across runs."""
+    files.serialized(
+        "",
+        0,
+        metadata.CONFIG_SUMMARY_TAG,
+        layout(histograms, float8).SerializeToString(),
+        metadata.create_summary_metadata(),
+    )

@@ -7,6 +7,7 @@ layout), the dashboard in `log_dir`. Tags: `layout`; meanings: docs/telemetry.md
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -22,6 +23,7 @@ from mpt_keras.keras_bridge.callbacks import GlobalStepCallback, crossed
 from mpt_keras.precision.float8 import float8_statistics, float8_variables
 from mpt_keras.scaling.optimizer import LossScaleOptimizer
 from mpt_keras.telemetry import layout as tags
+from mpt_keras.telemetry.optimizer_scalars import add_optimizer_scalars
 from mpt_keras.telemetry.overflow_report import describe_overflow, new_nonfinite
 
 _LOGGER = logging.getLogger("mpt_keras.telemetry.monitor")
@@ -96,6 +98,7 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         self._layout_written = False
         self._float8 = False  # Whether the model has float8 layers.
         self._sample_pass: Any = None  # sample_statistics.SamplePass, made on first use.
+        self._add_optimizer_scalars: Any = None  # For the model's optimizer, made on first use.
         self._memory_devices: list[str] = []
         self._last_logs: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -115,7 +118,7 @@ class MixedPrecisionMonitor(GlobalStepCallback):
             return
         self._float8 = bool(float8_variables(self.model))
         if not self._layout_written:
-            self._summaries.write_layout(histograms=bool(self.histogram_freq), float8=self._float8)
+            tags.write_layout(self._summaries, bool(self.histogram_freq), self._float8)
             self._layout_written = True
         if self.histogram_freq and self._sample_pass is None:
             from mpt_keras.telemetry.sample_statistics import sample_pass
@@ -159,8 +162,7 @@ class MixedPrecisionMonitor(GlobalStepCallback):
                 from mpt_keras.telemetry.sample_statistics import write_sample_statistics
 
                 activations, gradients = self._sample_pass(*self.histogram_data)
-                with self._summaries.writer("train").as_default(step=self.global_step):
-                    write_sample_statistics(activations, gradients)
+                write_sample_statistics(self._summaries, self.global_step, activations, gradients)
 
     def on_epoch_end(self, epoch, logs=None):
         validation = {
@@ -209,10 +211,9 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         self._timed_seconds = 0.0
         self._timed_steps = 0
         if self._memory_devices:
-            import tensorflow as tf
+            from mpt_keras.backend.tensorflow import memory
 
-            for device in self._memory_devices:
-                tf.config.experimental.reset_memory_stats(device)
+            memory.reset_peaks(self._memory_devices)
 
     def _write_interval(self) -> None:
         scalars = dict(self._last_logs)
@@ -222,11 +223,10 @@ class MixedPrecisionMonitor(GlobalStepCallback):
             if self.examples_per_step:
                 scalars[tags.EXAMPLES_PER_SECOND] = self.examples_per_step / step_time
         if self._memory_devices:
-            import tensorflow as tf
+            from mpt_keras.backend.tensorflow import memory
 
-            for device in self._memory_devices:
-                peak = tf.config.experimental.get_memory_info(device)["peak"]
-                scalars[tags.PEAK_MEMORY + device] = peak / 2**20
+            for device, peak in memory.peaks_mib(self._memory_devices).items():
+                scalars[tags.PEAK_MEMORY + device] = peak
         if self._float8:
             for path, statistics in float8_statistics(self.model).items():
                 for name, value in statistics.scalars().items():
@@ -234,7 +234,7 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         optimizer = self.model.optimizer
         interval = (self._skipped_steps, self.global_step - self._interval_start_step)
         skipped = self._summaries.write_scalars(
-            "train", self.global_step, scalars, optimizer, interval
+            "train", self.global_step, scalars, self._optimizer_scalars(optimizer), interval
         )
         if isinstance(optimizer, LossScaleOptimizer):
             skipped = int(skipped)
@@ -245,6 +245,15 @@ class MixedPrecisionMonitor(GlobalStepCallback):
                 self._report_overflow(optimizer, overflows)
             self._skipped_steps, self._bad_batches = skipped, bad
         self._start_interval()
+
+    def _optimizer_scalars(self, optimizer: Any) -> Any:
+        """`add_optimizer_scalars` for `optimizer`, one function per optimizer: a summary
+        writer traces a write per function (on TensorFlow)."""
+        made = self._add_optimizer_scalars
+        if made is None or made.args[0] is not optimizer:
+            made = functools.partial(add_optimizer_scalars, optimizer)
+            self._add_optimizer_scalars = made
+        return made
 
     def _report_overflow(self, optimizer: LossScaleOptimizer, skipped: int) -> None:
         counts = optimizer.nonfinite_counts()
@@ -267,12 +276,13 @@ def _check_count(what: str, value: Any, minimum: int) -> None:
 
 
 def summary_files(log_dir: str) -> Any:
-    """`summaries.SummaryWriters` on TensorFlow; `event_files.EventFiles` on JAX."""
+    """The log directory's summary writers: `backend.tensorflow.summaries.SummaryWriters` on
+    TensorFlow, `event_files.EventFiles` on JAX (one interface)."""
     if current.is_jax():
         from mpt_keras.telemetry.event_files import EventFiles
 
         return EventFiles(log_dir)
-    from mpt_keras.telemetry.summaries import SummaryWriters
+    from mpt_keras.backend.tensorflow.summaries import SummaryWriters
 
     return SummaryWriters(log_dir)
 
@@ -282,14 +292,6 @@ def _memory_tracking_devices() -> list[str]:
     device's peak per interval)."""
     if current.is_jax():
         return []
-    import tensorflow as tf
+    from mpt_keras.backend.tensorflow import memory
 
-    devices = []
-    for device in tf.config.list_logical_devices():
-        name = device.name.removeprefix("/device:")
-        try:
-            tf.config.experimental.get_memory_info(name)
-        except ValueError:
-            continue  # This device does not track its memory.
-        devices.append(name)
-    return devices
+    return memory.tracking_devices()

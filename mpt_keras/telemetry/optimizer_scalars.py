@@ -26,6 +26,15 @@ def optimizer_scalars(optimizer: keras.optimizers.Optimizer, present: Collection
     return scalars
 
 
-def overflow_rate(skipped: Any, skipped_before: Any, steps: Any) -> Any:
-    """The interval's skipped steps per step: `skipped` now, `skipped_before` it, `steps` in it."""
-    return (skipped - skipped_before) / steps
+def add_optimizer_scalars(
+    optimizer: keras.optimizers.Optimizer, scalars: dict[str, Any], interval: Any
+) -> Any:
+    """Adds to `scalars` the optimizer's scalars it lacks and the overflow rate of `interval`
+    (`(skipped before it, its steps)`); returns the skipped steps, None without loss scaling.
+    A summary writer's `extend`: in its trace on TensorFlow, eagerly on JAX."""
+    scalars.update(optimizer_scalars(optimizer, scalars))
+    skipped = scalars.get(tags.SKIPPED_STEPS)
+    if skipped is not None:
+        skipped_before, steps = interval[0], interval[1]
+        scalars[tags.OVERFLOW_RATE] = (skipped - skipped_before) / steps
+    return skipped

@@ -1,7 +1,7 @@
 """Activation and gradient magnitudes on a sample batch, against the float16 range.
 
 Written every `histogram_freq` steps from a pass on a fixed batch: callbacks do not see the
-train data.
+train data. The pass traces the model with TensorFlow (`backend/tensorflow/gradients.py`).
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
+from mpt_keras.backend.tensorflow.gradients import traced_value_and_gradients
 from mpt_keras.precision.float8 import is_float8_state
 from mpt_keras.precision.limits import FLOAT16_MAX, FLOAT16_SMALLEST_NORMAL
 from mpt_keras.telemetry import layout as tags
 
-SamplePass = Callable[[Any, Any], tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]]
+SamplePass = Callable[[Any, Any], tuple[dict[str, Any], dict[str, Any]]]
 
 
 def sample_pass(model: keras.Model) -> SamplePass:
@@ -25,40 +25,44 @@ def sample_pass(model: keras.Model) -> SamplePass:
 
     Activations: the top-level layers' outputs (none if subclassed). Gradients: of the scaled
     loss, as a train step's, without float8 scales and amax histories (their "gradients" are
-    new values). Traced: Keras' float8 layers take no gradient eagerly.
+    new values).
     """
     probe = _activation_probe(model)
 
-    @tf.function
+    def scaled_loss_and_activations(x: Any, y: Any) -> tuple[Any, dict[str, Any]]:
+        if probe is None:
+            prediction, activations = model(x, training=False), {}
+        else:
+            outputs = probe(x, training=False)
+            prediction, activations = outputs["prediction"], outputs["activations"]
+        loss = model.compute_loss(x=x, y=y, y_pred=prediction, training=False)
+        return model.optimizer.scale_loss(loss), activations
+
+    def trainable() -> list[keras.Variable]:
+        return [v for v in model.trainable_variables if not is_float8_state(v)]
+
+    run = traced_value_and_gradients(scaled_loss_and_activations, trainable)
+
     def activations_and_gradients(x: Any, y: Any):
-        trainable = [
-            variable for variable in model.trainable_variables if not is_float8_state(variable)
-        ]
-        with tf.GradientTape() as tape:
-            if probe is None:
-                prediction, activations = model(x, training=False), {}
-            else:
-                outputs = probe(x, training=False)
-                prediction, activations = outputs["prediction"], outputs["activations"]
-            loss = model.compute_loss(x=x, y=y, y_pred=prediction, training=False)
-            scaled_loss = model.optimizer.scale_loss(loss)
-        gradients = {
+        _, activations, gradients = run(x, y)
+        named = {
             variable.path: gradient
-            for variable, gradient in zip(trainable, tape.gradient(scaled_loss, trainable))
+            for variable, gradient in zip(trainable(), gradients)
             if gradient is not None
         }
-        return activations, gradients
+        return activations, named
 
     return activations_and_gradients
 
 
 def write_sample_statistics(
-    activations: dict[str, tf.Tensor], gradients: dict[str, tf.Tensor]
+    files: Any, step: int, activations: dict[str, Any], gradients: dict[str, Any]
 ) -> None:
-    """Writes each tensor's magnitudes with the default summary writer and step."""
+    """Writes each tensor's magnitudes at `step` in `files`' `train` writer (a summary writer
+    of `monitor.summary_files`)."""
     for kind, values in ((tags.ACTIVATION, activations), (tags.GRADIENT, gradients)):
         for name, value in values.items():
-            _write_magnitudes(kind, name, value)
+            _write_magnitudes(files, step, kind, name, value)
 
 
 def _activation_probe(model: keras.Model) -> keras.Model | None:
@@ -82,17 +86,19 @@ def _single_or_list(tensors: list[keras.KerasTensor]) -> keras.KerasTensor | lis
     return tensors[0] if len(tensors) == 1 else tensors
 
 
-def _write_magnitudes(kind: str, name: str, value: Any) -> None:
+def _write_magnitudes(files: Any, step: int, kind: str, name: str, value: Any) -> None:
     """Shares above float16's max and below its smallest normal, and log2|x|."""
-    magnitude = tf.abs(tf.reshape(tf.cast(tf.convert_to_tensor(value), tf.float32), [-1]))
+    # Dense: an embedding's gradient comes as slices.
+    dense = keras.ops.convert_to_tensor(value)
+    magnitude = np.abs(keras.ops.convert_to_numpy(dense).astype(np.float32).reshape(-1))
     # NaN compares false, so `not <= max` counts it as overflowed.
     above = ~(magnitude <= FLOAT16_MAX)
     below = (magnitude > 0) & (magnitude < FLOAT16_SMALLEST_NORMAL)
-    tf.summary.scalar(kind + tags.ABOVE_FLOAT16_MAX + name, _fraction(above))
-    tf.summary.scalar(kind + tags.BELOW_FLOAT16_NORMAL + name, _fraction(below))
-    loggable = tf.boolean_mask(magnitude, (magnitude > 0) & tf.math.is_finite(magnitude))
-    tf.summary.histogram(kind + tags.LOG2_MAGNITUDE + name, tf.math.log(loggable) / np.log(2.0))
+    files.scalar("train", step, kind + tags.ABOVE_FLOAT16_MAX + name, _fraction(above))
+    files.scalar("train", step, kind + tags.BELOW_FLOAT16_NORMAL + name, _fraction(below))
+    loggable = magnitude[(magnitude > 0) & np.isfinite(magnitude)]
+    files.histogram("train", step, kind + tags.LOG2_MAGNITUDE + name, np.log2(loggable))
 
 
-def _fraction(mask: tf.Tensor) -> tf.Tensor:
-    return tf.reduce_mean(tf.cast(mask, tf.float32))
+def _fraction(mask: np.ndarray) -> float:
+    return float(np.mean(mask)) if mask.size else float("nan")

@@ -1,4 +1,5 @@
-"""What a run needs from JAX itself: its distribution over the local devices (`distribution.py`).
+"""What a run needs from JAX itself: its distribution over the local devices (`distribution.py`)
+and a loss's gradients through `jax.value_and_grad` (`gradients.py`).
 
 Everything else a JAX run uses is backend-neutral Keras (`keras.ops`, `keras.distribution`).
 """

@@ -1,4 +1,5 @@
-"""TensorFlow only: tf.distribute, the tf.function train step, tf.train checkpoints.
+"""TensorFlow only: tf.distribute, the tf.function train step, tf.train checkpoints,
+tf.summary.
 
 distribute.py        strategies by name
 tpu_connection.py    the `tpu` strategy's connection, with bounded waits
@@ -9,4 +10,7 @@ tf_errors.py         TF error messages cut to their first sentence
 values.py            dense, ragged and sparse tensors' values
 train_function.py    the function `fit` calls per step
 checkpoints.py       Checkpointer: checkpoints a rerun resumes from
+summaries.py         TensorBoard summary writers, scalars written in one traced call
+memory.py            peak device memory per interval
+gradients.py         a loss's gradients through a traced GradientTape
 """
