@@ -90,4 +90,5 @@ def _on_one_device() -> bool:
 
 
 def _xla_function(function: Callable[..., Any]) -> Callable[..., Any]:
-    return tf.function(function, jit_compile=True)
+    # No autograph, as Keras' own XLA step (`do_not_convert`; see train_function.py).
+    return tf.function(function, jit_compile=True, autograph=False)

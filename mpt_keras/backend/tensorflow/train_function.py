@@ -43,7 +43,9 @@ def _direct(model: keras.Model, keras_function: Any) -> Any:
     """One step on the iterator's next batch, outputs as returned."""
     strategy = model.distribute_strategy
 
-    @tf.function(reduce_retracing=True)
+    # No autograph, as Keras' own step (`do_not_convert`): converting our step's code costs
+    # seconds per trace, and nothing in it needs converting.
+    @tf.function(reduce_retracing=True, autograph=False)
     def step_on_iterator(iterator: Any) -> Any:
         data = iterator.get_next()
         # As Keras: an empty Optional in the batch (a missing part) is None.
