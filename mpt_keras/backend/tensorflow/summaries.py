@@ -80,7 +80,7 @@ def _scalar_writer(
     """A function of `[step, *interval, *values]` writing the values by `names` and what
     `extend` adds; returns what `extend` returns."""
 
-    @tf.function(input_signature=[tf.TensorSpec([3 + len(names)], tf.float64)])
+    @tf.function(input_signature=[tf.TensorSpec([3 + len(names)], tf.float64)], autograph=False)
     def write(arguments: tf.Tensor) -> Any:
         step = tf.cast(arguments[0], tf.int64)
         values = tf.cast(arguments[3:], tf.float32)
