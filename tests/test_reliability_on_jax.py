@@ -8,6 +8,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import keras
@@ -17,6 +18,8 @@ import pytest
 import mpt_keras  # noqa: F401  (registers the classes model.keras names)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A generous deadline for the first checkpoint: it only catches a hang.
+HANG_SECONDS = 240
 
 
 def _launch(model_dir):
@@ -57,14 +60,23 @@ def _weights(model_dir):
 def test_a_jax_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_one(tmp_path):
     straight = _launch(tmp_path / "straight")
     killed = _launch(tmp_path / "killed")
-    # Its log says when the first checkpoint is in place (an end of file: it died first).
+    # Its log says when the first checkpoint is in place (an end of file: it died first, or
+    # hung silently until the deadline killed it).
+    deadline = threading.Timer(HANG_SECONDS, killed.kill)
+    deadline.start()
     printed = []
-    for line in killed.stderr:
-        printed.append(line)
-        if "saved" in line and "step-2.npz" in line:
-            break
-    else:
-        pytest.fail("the run ended before its first checkpoint: " + "".join(printed)[-3000:])
+    try:
+        for line in killed.stderr:
+            printed.append(line)
+            if "saved" in line and "step-2.npz" in line:
+                break
+        else:
+            pytest.fail(
+                f"the run ended, or printed nothing for {HANG_SECONDS} s, before its first "
+                "checkpoint: " + "".join(printed)[-3000:]
+            )
+    finally:
+        deadline.cancel()
     time.sleep(random.uniform(0.0, 0.5))
     killed.send_signal(signal.SIGKILL)
     killed.wait(timeout=30)

@@ -69,17 +69,18 @@ def check_batches(placement: Placement, data: DataConfig, run_data: RunData) -> 
         return
     devices = distribution.device_mesh.devices.size
     eval_count = len(run_data.eval[0])  # On JAX the data are arrays (data/sources.py).
-    sizes = {"data.batch_size": data.batch_size}
+    # What each size is, and the hint where the size comes from the evaluation examples.
+    evaluation = " (data.eval_examples sets the evaluation examples)"
+    sizes = {"data.batch_size": (data.batch_size, "")}
     if eval_count >= data.eval_batch_size:
-        sizes["data.eval_batch_size"] = data.eval_batch_size
+        sizes["data.eval_batch_size"] = (data.eval_batch_size, evaluation)
     if eval_count % data.eval_batch_size:
-        sizes["the last evaluation batch"] = eval_count % data.eval_batch_size
-    for what, size in sizes.items():
+        sizes["the last evaluation batch"] = (eval_count % data.eval_batch_size, evaluation)
+    for what, (size, hint) in sizes.items():
         if size % devices:
             raise UserInputError(
                 f"{what}: received {size}, which data_parallel cannot split over its {devices} "
-                f"devices. Allowed: a multiple of {devices} (data.eval_examples sets the "
-                "evaluation examples)"
+                f"devices. Allowed: a multiple of {devices}{hint}"
             )
 
 

@@ -90,7 +90,7 @@ def test_a_crashed_data_parallel_float16_run_resumes_to_the_uninterrupted_weight
         (
             {"strategy": "data_parallel", "data": {"batch_size": 15}},
             "data.batch_size: received 15, which data_parallel cannot split over its 2 devices. "
-            "Allowed: a multiple of 2 (data.eval_examples sets the evaluation examples)",
+            "Allowed: a multiple of 2",
         ),
         (
             {"data": {"name": "cifar10"}},
