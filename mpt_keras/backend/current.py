@@ -36,9 +36,9 @@ def is_traced(value: Any = None) -> bool:
     """Whether code runs in a trace (a `tf.function` graph; a JAX tracer for `value`), where a
     tensor cannot become a Python number."""
     if is_jax():
-        import jax
+        from mpt_keras.backend.jax.devices import is_tracer
 
-        return isinstance(value, jax.core.Tracer)
-    import tensorflow as tf
+        return is_tracer(value)
+    from mpt_keras.backend.tensorflow.devices import is_tracing
 
-    return not tf.executing_eagerly()
+    return is_tracing()

@@ -3,7 +3,6 @@
 sources.py           RunData: a run's data from a factory, a TFDS mapping or a name
 embedded_arrays.py   the embedded datasets' content as arrays (no TFDS): its one home
 array_batches.py     deterministic, resumable batching of arrays in NumPy (JAX runs)
-tf_datasets.py       a factory's tf.data splits: checked, batched, their dimensions
 loading.py           TFDS splits, offline, as numpy arrays or unbatched pairs
 pipeline.py          deterministic, resumable batching of arrays in tf.data
 digits.py            the embedded dataset `mpt_digits` (TFDS builder)

@@ -1,9 +1,10 @@
 """Where a run's data comes from, unbatched: a data factory, a TFDS mapping or a name.
 
 Arrays resume at any step by index (`pipeline`, or `array_batches` on Keras' JAX backend); a
-`tf.data.Dataset` is shuffled and batched in `tf_datasets`, and a resumed run reads and skips
-the batches before its step. On JAX the data is arrays: the embedded datasets (without TFDS)
-or a factory's; a TFDS name or mapping, or a factory's `tf.data`, is a one-line refusal.
+`tf.data.Dataset` is shuffled and batched in `backend/tensorflow/datasets.py`, and a resumed
+run reads and skips the batches before its step. On JAX the data is arrays: the embedded
+datasets (without TFDS) or a factory's; a TFDS name or mapping, or a factory's `tf.data`, is
+a one-line refusal.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class RunData:
         """The endless stream of full train batches from `start_step` on: a `tf.data.Dataset`,
         or on JAX a generator of NumPy batches."""
         if _is_dataset(self.train):
-            from mpt_keras.data import tf_datasets
+            from mpt_keras.backend.tensorflow import datasets as tf_datasets
 
             return tf_datasets.train_batches(
                 self.train, batch_size, seed, start_step, shuffle_buffer
@@ -62,7 +63,7 @@ class RunData:
     def eval_batches(self, batch_size: int) -> Any:
         """One in-order pass over the evaluation data, the last batch partial (re-iterable)."""
         if _is_dataset(self.eval):
-            from mpt_keras.data import tf_datasets
+            from mpt_keras.backend.tensorflow import datasets as tf_datasets
 
             return tf_datasets.eval_batches(self.eval, batch_size)
         if current.is_jax():
@@ -172,7 +173,8 @@ def _from_reference_shapes(source: DataConfig, shape: str | None) -> RunData:
 
 def _from_tfds_features(source: DataConfig) -> RunData:
     """A TFDS dataset of any shape, by the config's `data.features`."""
-    from mpt_keras.data import loading, tf_datasets
+    from mpt_keras.backend.tensorflow import datasets as tf_datasets
+    from mpt_keras.data import loading
 
     splits = [
         loading.feature_pairs(source.name, split, source.data_dir, source.features)
@@ -205,7 +207,7 @@ def _from_data_factory(factory: BoundFactory, seed: int, batching: str) -> RunDa
             f"Allowed: a dict with keys among {', '.join(DATA_DIMENSIONS)}"
         )
     if _is_dataset(train):
-        from mpt_keras.data import tf_datasets
+        from mpt_keras.backend.tensorflow import datasets as tf_datasets
 
         dimensions = tf_datasets.spec_dimensions(train)
     else:
@@ -222,7 +224,7 @@ def checked_split(split: Any, what: str, batching: str) -> tuple[np.ndarray, ...
     if _is_dataset(split):
         if current.is_jax():
             raise UserInputError(f"{what}: received a tf.data.Dataset. {_ON_JAX}")
-        from mpt_keras.data import tf_datasets
+        from mpt_keras.backend.tensorflow import datasets as tf_datasets
 
         return tf_datasets.checked_dataset(split, what, batching)
     if isinstance(split, tuple) and len(split) == 2 and len(split[0]) == len(split[1]):

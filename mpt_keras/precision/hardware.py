@@ -38,41 +38,16 @@ def probe_hardware(cpuinfo_path: str = "/proc/cpuinfo") -> HardwareProbe:
     On TensorFlow it lists physical devices only, so the runtime stays uninitialised and
     logical devices (`--virtual_cpus`) can still be configured; on JAX, `jax.devices()`.
     """
-    capabilities, tpu = _jax_accelerators() if current.is_jax() else _tf_accelerators()
+    if current.is_jax():
+        from mpt_keras.backend.jax.devices import accelerators
+    else:
+        from mpt_keras.backend.tensorflow.devices import accelerators
+    capabilities, tpu = accelerators()
     return HardwareProbe(
         cpu_flags=_read_cpu_flags(cpuinfo_path),
         gpu_compute_capabilities=capabilities,
         tpu=tpu,
     )
-
-
-def _tf_accelerators() -> tuple[tuple[tuple[int, int], ...], bool]:
-    import tensorflow as tf
-
-    capabilities = tuple(
-        tuple(tf.config.experimental.get_device_details(gpu).get("compute_capability", (0, 0)))
-        for gpu in tf.config.list_physical_devices("GPU")
-    )
-    return capabilities, bool(tf.config.list_physical_devices("TPU"))
-
-
-def _jax_accelerators() -> tuple[tuple[tuple[int, int], ...], bool]:
-    """From `jax.devices()` (which starts JAX's runtime: XLA flags are set before)."""
-    import jax
-
-    devices = jax.devices()
-    capabilities = tuple(
-        _major_minor(getattr(device, "compute_capability", "0.0"))
-        for device in devices
-        if device.platform == "gpu"
-    )
-    return capabilities, any(device.platform == "tpu" for device in devices)
-
-
-def _major_minor(capability: str) -> tuple[int, int]:
-    """`"9.0"` -> `(9, 0)`; `(0, 0)` when unreported (as TensorFlow's probe)."""
-    major, _, minor = str(capability).partition(".")
-    return (int(major), int(minor or 0)) if major.isdigit() else (0, 0)
 
 
 def _read_cpu_flags(cpuinfo_path: str) -> frozenset[str]:

@@ -197,24 +197,14 @@ def _trace_forward(model: keras.Model, inputs: Any) -> None:
     """Traces `model(inputs, training=True)` without running it: a `tf.function`'s concrete
     function on TensorFlow, `jax.eval_shape` on JAX (a batch of 1 where the size is open)."""
 
-    def dtype(value: Any) -> str:
-        return keras.backend.standardize_dtype(value.dtype)
-
     def train_forward(values: Any) -> Any:
         return model(values, training=True)
 
     if current.is_jax():
-        import jax
-
-        shapes = keras.tree.map_structure(
-            lambda v: jax.ShapeDtypeStruct(tuple(d or 1 for d in v.shape), dtype(v)), inputs
-        )
-        jax.eval_shape(train_forward, shapes)
-        return
-    import tensorflow as tf
-
-    specs = keras.tree.map_structure(lambda v: tf.TensorSpec(tuple(v.shape), dtype(v)), inputs)
-    tf.function(train_forward).get_concrete_function(specs)
+        from mpt_keras.backend.jax.devices import trace_without_running
+    else:
+        from mpt_keras.backend.tensorflow.devices import trace_without_running
+    trace_without_running(train_forward, inputs)
 
 
 def _symbolic_inputs(model: keras.Model) -> Any:

@@ -1,5 +1,6 @@
 """What a run needs from JAX itself: its distribution over the local devices (`distribution.py`)
-and a loss's gradients through `jax.value_and_grad` (`gradients.py`).
+a loss's gradients through `jax.value_and_grad` (`gradients.py`), and the accelerators and
+tracing (`devices.py`).
 
 Everything else a JAX run uses is backend-neutral Keras (`keras.ops`, `keras.distribution`).
 """

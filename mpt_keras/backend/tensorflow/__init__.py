@@ -13,4 +13,6 @@ checkpoints.py       Checkpointer: checkpoints a rerun resumes from
 summaries.py         TensorBoard summary writers, scalars written in one traced call
 memory.py            peak device memory per interval
 gradients.py         a loss's gradients through a traced GradientTape
+devices.py           the accelerators, whether code is traced, a trace without running
+datasets.py          a factory's tf.data splits: checked, batched, their dimensions
 """

@@ -1,6 +1,6 @@
 """A data factory's `tf.data` splits: checked unbatched, shuffled and batched, their dimensions.
 
-TensorFlow's side of `sources.py`; a JAX run takes arrays and never imports it.
+TensorFlow's side of `data/sources.py`; a JAX run takes arrays and never imports it.
 """
 
 from __future__ import annotations

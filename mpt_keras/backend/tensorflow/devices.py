@@ -1,0 +1,31 @@
+"""TensorFlow's view of the machine's accelerators and of tracing."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+def accelerators() -> tuple[tuple[tuple[int, int], ...], bool]:
+    """`(GPU compute capabilities, whether a TPU is present)`, from the physical devices only:
+    the runtime stays uninitialised, so logical devices can still be configured."""
+    capabilities = tuple(
+        tuple(tf.config.experimental.get_device_details(gpu).get("compute_capability", (0, 0)))
+        for gpu in tf.config.list_physical_devices("GPU")
+    )
+    return capabilities, bool(tf.config.list_physical_devices("TPU"))
+
+
+def is_tracing() -> bool:
+    """Whether code runs in a `tf.function` graph, where a tensor has no value."""
+    return not tf.executing_eagerly()
+
+
+def trace_without_running(function, inputs) -> None:
+    """Traces `function(inputs)` as a `tf.function`'s concrete function, from `inputs`' shapes
+    and dtypes (tensors or Keras tensors)."""
+    import keras
+
+    specs = keras.tree.map_structure(
+        lambda v: tf.TensorSpec(tuple(v.shape), keras.backend.standardize_dtype(v.dtype)), inputs
+    )
+    tf.function(function).get_concrete_function(specs)
