@@ -342,7 +342,8 @@ def distributed(tmp_path_factory) -> dict[str, Any]:
     env = dict(
         os.environ,
         TF_CPP_MIN_LOG_LEVEL="3",
-        XLA_FLAGS=f"--xla_dump_to={dump_dir} --xla_dump_hlo_module_re=.*forward_backward.*",
+        XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump_dir} "
+        "--xla_dump_hlo_module_re=.*forward_backward.*",
     )
     env["PYTHONPATH"] = os.pathsep.join(
         [str(_TESTS_DIR.parent), str(_TESTS_DIR), env.get("PYTHONPATH", "")]

@@ -23,7 +23,7 @@ def test_the_jax_backend_passes_the_neutral_and_jax_tests(tmp_path):
         "KERAS_BACKEND": "jax",
         "MPT_KERAS_BLOCK_TENSORFLOW": "1",
         # Two CPU devices, for keras.distribution.DataParallel.
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+        "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2",
     }
     env.pop("PYTEST_XDIST_WORKER", None)
     report = tmp_path / "jax.xml"
