@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sized
 from typing import Any
 
 from mpt_keras.errors import UserInputError
@@ -73,3 +73,17 @@ def as_json(value: Any) -> str:
         return json.dumps(value)
     except (TypeError, ValueError):
         return repr(value)
+
+
+def check_batching(features: Sized, labels: Sized, batch_size: int) -> int:
+    """Checks in-memory data before it is batched (by tf.data or NumPy); returns the number of
+    examples."""
+    check_number("batch_size", batch_size, minimum=1, integer=True)
+    num_examples = len(features)
+    if num_examples == 0:
+        raise UserInputError("The dataset has 0 examples. Allowed: at least 1 example.")
+    if len(labels) != num_examples:
+        raise UserInputError(
+            f"Got {num_examples} examples but {len(labels)} labels. Allowed: one label per example."
+        )
+    return num_examples

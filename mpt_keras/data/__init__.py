@@ -2,9 +2,9 @@
 
 sources.py           RunData: a run's data from a factory, a TFDS mapping or a name
 embedded_arrays.py   the embedded datasets' content as arrays (no TFDS): its one home
-array_batches.py     deterministic, resumable batching of arrays in NumPy (JAX runs)
+array_batches.py     deterministic, resumable batching of arrays in NumPy (JAX runs);
+                     in tf.data: backend/tensorflow/batches.py
 loading.py           TFDS splits, offline, as numpy arrays or unbatched pairs
-pipeline.py          deterministic, resumable batching of arrays in tf.data
 digits.py            the embedded dataset `mpt_digits` (TFDS builder)
 python_source.py     the embedded dataset `mpt_python_source` (TFDS builder)
 embedded_builder.py  the embedded builders' shared base
@@ -20,6 +20,7 @@ from mpt_keras.data.embedded_arrays import EMBEDDED_DATASETS, VOCAB_SIZE
 from mpt_keras.data.sources import RunData, checked_split, load_run_data
 
 if TYPE_CHECKING:  # what editors and type checkers see; loaded lazily below
+    from mpt_keras.backend.tensorflow.batches import eval_batches, train_batches
     from mpt_keras.data.loading import (
         ClassificationData,
         classification_arrays,
@@ -28,17 +29,16 @@ if TYPE_CHECKING:  # what editors and type checkers see; loaded lazily below
         load_split,
         reference_shape,
     )
-    from mpt_keras.data.pipeline import eval_batches, train_batches
 
 _LAZY = {
-    "ClassificationData": "loading",
-    "classification_arrays": "loading",
-    "eval_batches": "pipeline",
-    "feature_pairs": "loading",
-    "language_model_windows": "loading",
-    "load_split": "loading",
-    "reference_shape": "loading",
-    "train_batches": "pipeline",
+    "ClassificationData": "mpt_keras.data.loading",
+    "classification_arrays": "mpt_keras.data.loading",
+    "eval_batches": "mpt_keras.backend.tensorflow.batches",
+    "feature_pairs": "mpt_keras.data.loading",
+    "language_model_windows": "mpt_keras.data.loading",
+    "load_split": "mpt_keras.data.loading",
+    "reference_shape": "mpt_keras.data.loading",
+    "train_batches": "mpt_keras.backend.tensorflow.batches",
 }
 
 __all__ = sorted(
@@ -49,6 +49,6 @@ __all__ = sorted(
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'mpt_keras.data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"mpt_keras.data.{_LAZY[name]}"), name)
+    value = getattr(importlib.import_module(_LAZY[name]), name)
     globals()[name] = value
     return value

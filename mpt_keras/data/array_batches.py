@@ -1,8 +1,8 @@
 """Deterministic, resumable batching of in-memory arrays without TensorFlow (Keras' JAX backend).
 
-The rule of `pipeline.py`: position p = step * batch_size + i holds example `order(p // N)[p % N]`,
-a fresh seeded permutation per data epoch, so a run resumed at step k reads batch k next. The
-permutation here is NumPy's, seeded by `(seed, epoch)`: TensorFlow's `index_shuffle` draws
+The rule of `backend/tensorflow/batches.py`: position p = step * batch_size + i holds example
+`order(p // N)[p % N]`, a fresh seeded permutation per data epoch, so a run resumed at step k
+reads batch k next. The permutation here is NumPy's, seeded by `(seed, epoch)`: TensorFlow's `index_shuffle` draws
 another order from the same seed, so the two backends see the examples in different orders.
 """
 
@@ -13,8 +13,7 @@ from collections.abc import Iterator
 import keras
 import numpy as np
 
-from mpt_keras.checks import check_number
-from mpt_keras.errors import UserInputError
+from mpt_keras.checks import check_batching, check_number
 
 
 def train_batches(
@@ -57,19 +56,6 @@ def batch_of_step(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Batch `step` (0-based) of `train_batches`' stream."""
     return next(train_batches(features, labels, batch_size, seed, start_step=step))
-
-
-def check_batching(features: np.ndarray, labels: np.ndarray, batch_size: int) -> int:
-    """Checks the batching inputs; returns the number of examples."""
-    check_number("batch_size", batch_size, minimum=1, integer=True)
-    num_examples = len(features)
-    if num_examples == 0:
-        raise UserInputError("The dataset has 0 examples. Allowed: at least 1 example.")
-    if len(labels) != num_examples:
-        raise UserInputError(
-            f"Got {num_examples} examples but {len(labels)} labels. Allowed: one label per example."
-        )
-    return num_examples
 
 
 def _epoch_order(seed: int, epoch: int, num_examples: int) -> np.ndarray:

@@ -15,4 +15,5 @@ memory.py            peak device memory per interval
 gradients.py         a loss's gradients through a traced GradientTape
 devices.py           the accelerators, whether code is traced, a trace without running
 datasets.py          a factory's tf.data splits: checked, batched, their dimensions
+batches.py           deterministic, resumable batching of in-memory arrays in tf.data
 """

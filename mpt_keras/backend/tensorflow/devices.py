@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+import keras
 import tensorflow as tf
 
 
@@ -20,11 +24,9 @@ def is_tracing() -> bool:
     return not tf.executing_eagerly()
 
 
-def trace_without_running(function, inputs) -> None:
+def trace_without_running(function: Callable[..., Any], inputs: Any) -> None:
     """Traces `function(inputs)` as a `tf.function`'s concrete function, from `inputs`' shapes
     and dtypes (tensors or Keras tensors)."""
-    import keras
-
     specs = keras.tree.map_structure(
         lambda v: tf.TensorSpec(tuple(v.shape), keras.backend.standardize_dtype(v.dtype)), inputs
     )

@@ -1,10 +1,10 @@
-"""Tests for `mpt_keras.data.pipeline`: deterministic, resumable batching."""
+"""Tests for `mpt_keras.backend.tensorflow.batches`: deterministic, resumable batching."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from mpt_keras.data.pipeline import eval_batches, train_batches
+from mpt_keras.backend.tensorflow.batches import eval_batches, train_batches
 from mpt_keras.errors import UserInputError
 
 N = 10

@@ -1,4 +1,4 @@
-"""Deterministic, resumable batching of in-memory arrays.
+"""Deterministic, resumable batching of in-memory arrays in tf.data.
 
 Training order is a pure function of (seed, position): position p = step * batch_size + i
 holds example `index_shuffle(p % N, seed=[seed, p // N], max_index=N - 1)`, so each data
@@ -9,8 +9,7 @@ position without replaying.
 import numpy as np
 import tensorflow as tf
 
-from mpt_keras.checks import check_number
-from mpt_keras.data.array_batches import check_batching
+from mpt_keras.checks import check_batching, check_number
 
 
 def train_batches(
