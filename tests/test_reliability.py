@@ -21,6 +21,7 @@ from tensorflow.python.framework import config as tf_config
 from tiny_runs import small_model
 
 from mpt_keras import data
+from mpt_keras.backend.tensorflow import loading
 from mpt_keras.config import TrainConfig, resolve_config
 from mpt_keras.errors import RunStoppedError, UserInputError
 from mpt_keras.runs.training import Runtime, run_training
@@ -65,7 +66,7 @@ def _poison(monkeypatch, tfds_dir, bad_steps, seed=0):
     features = clean.features.copy()
     for position, step in enumerate(bad_steps):
         features[indices[step - 1][position % BATCH]].flat[position] = np.nan
-    original = data.loading.classification_arrays
+    original = loading.classification_arrays
 
     def poisoned(name, split, data_dir):
         loaded = original(name, split, data_dir)
@@ -73,7 +74,7 @@ def _poison(monkeypatch, tfds_dir, bad_steps, seed=0):
             return loaded
         return dataclasses.replace(loaded, features=features)
 
-    monkeypatch.setattr(data.loading, "classification_arrays", poisoned)
+    monkeypatch.setattr(loading, "classification_arrays", poisoned)
 
 
 @pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16", "mixed_float16"])

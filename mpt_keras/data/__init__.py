@@ -1,13 +1,12 @@
-"""Datasets: a run's data sources, deterministic batching, offline TFDS loading.
+"""Datasets: a run's data sources and deterministic batching.
 
 sources.py           RunData: a run's data from a factory, a TFDS mapping or a name
-embedded_arrays.py   the embedded datasets' content as arrays (no TFDS): its one home
-array_batches.py     deterministic, resumable batching of arrays in NumPy (JAX runs);
-                     in tf.data: backend/tensorflow/batches.py
-loading.py           TFDS splits, offline, as numpy arrays or unbatched pairs
-digits.py            the embedded dataset `mpt_digits` (TFDS builder)
-python_source.py     the embedded dataset `mpt_python_source` (TFDS builder)
-embedded_builder.py  the embedded builders' shared base
+array_batches.py     deterministic, resumable batching of arrays in NumPy (JAX runs)
+
+TensorFlow's side lives in backend/tensorflow/: batching in tf.data (batches.py), TFDS
+splits loaded offline (loading.py) and the embedded datasets' TFDS builders (digits.py,
+python_source.py, embedded_builder.py). The embedded datasets' content is
+`mpt_keras/embedded_arrays.py`, below both, so the builders and a JAX run share it.
 
 The TFDS and tf.data names load on first use (`loading` registers the embedded builders),
 so that a JAX process without TensorFlow imports this package.
@@ -16,12 +15,12 @@ so that a JAX process without TensorFlow imports this package.
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from mpt_keras.data.embedded_arrays import EMBEDDED_DATASETS, VOCAB_SIZE
 from mpt_keras.data.sources import RunData, checked_split, load_run_data
+from mpt_keras.embedded_arrays import EMBEDDED_DATASETS, VOCAB_SIZE
 
 if TYPE_CHECKING:  # what editors and type checkers see; loaded lazily below
     from mpt_keras.backend.tensorflow.batches import eval_batches, train_batches
-    from mpt_keras.data.loading import (
+    from mpt_keras.backend.tensorflow.loading import (
         ClassificationData,
         classification_arrays,
         feature_pairs,
@@ -31,13 +30,13 @@ if TYPE_CHECKING:  # what editors and type checkers see; loaded lazily below
     )
 
 _LAZY = {
-    "ClassificationData": "mpt_keras.data.loading",
-    "classification_arrays": "mpt_keras.data.loading",
+    "ClassificationData": "mpt_keras.backend.tensorflow.loading",
+    "classification_arrays": "mpt_keras.backend.tensorflow.loading",
     "eval_batches": "mpt_keras.backend.tensorflow.batches",
-    "feature_pairs": "mpt_keras.data.loading",
-    "language_model_windows": "mpt_keras.data.loading",
-    "load_split": "mpt_keras.data.loading",
-    "reference_shape": "mpt_keras.data.loading",
+    "feature_pairs": "mpt_keras.backend.tensorflow.loading",
+    "language_model_windows": "mpt_keras.backend.tensorflow.loading",
+    "load_split": "mpt_keras.backend.tensorflow.loading",
+    "reference_shape": "mpt_keras.backend.tensorflow.loading",
     "train_batches": "mpt_keras.backend.tensorflow.batches",
 }
 

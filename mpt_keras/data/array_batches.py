@@ -2,8 +2,9 @@
 
 The rule of `backend/tensorflow/batches.py`: position p = step * batch_size + i holds example
 `order(p // N)[p % N]`, a fresh seeded permutation per data epoch, so a run resumed at step k
-reads batch k next. The permutation here is NumPy's, seeded by `(seed, epoch)`: TensorFlow's `index_shuffle` draws
-another order from the same seed, so the two backends see the examples in different orders.
+reads batch k next. The permutation here is NumPy's, seeded by `(seed, epoch)`: TensorFlow's
+`index_shuffle` draws another order from the same seed, so the two backends see the examples in
+different orders.
 """
 
 from __future__ import annotations

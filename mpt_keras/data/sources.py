@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from mpt_keras import embedded_arrays
 from mpt_keras.backend import current
 from mpt_keras.config import DataConfig
 from mpt_keras.config.components import DATA_DIMENSIONS, BoundFactory
-from mpt_keras.data import array_batches, embedded_arrays
+from mpt_keras.data import array_batches
 from mpt_keras.errors import UserInputError, describe_error
 
 # What a JAX run reads, for its refusals.
@@ -56,9 +57,9 @@ class RunData:
             )
         if current.is_jax():
             return array_batches.train_batches(*self.train, batch_size, seed, start_step)
-        from mpt_keras.data import pipeline
+        from mpt_keras.backend.tensorflow import batches
 
-        return pipeline.train_batches(*self.train, batch_size, seed=seed, start_step=start_step)
+        return batches.train_batches(*self.train, batch_size, seed=seed, start_step=start_step)
 
     def eval_batches(self, batch_size: int) -> Any:
         """One in-order pass over the evaluation data, the last batch partial (re-iterable)."""
@@ -68,9 +69,9 @@ class RunData:
             return tf_datasets.eval_batches(self.eval, batch_size)
         if current.is_jax():
             return array_batches.eval_batches(*self.eval, batch_size)
-        from mpt_keras.data import pipeline
+        from mpt_keras.backend.tensorflow import batches
 
-        return pipeline.eval_batches(*self.eval, batch_size)
+        return batches.eval_batches(*self.eval, batch_size)
 
     def batch_of_step(
         self, batch_size: int, seed: int, step: int, shuffle_buffer: int = 10_000
@@ -146,7 +147,7 @@ def _unit_images(images: np.ndarray) -> np.ndarray:
 
 def _from_reference_shapes(source: DataConfig, shape: str | None) -> RunData:
     """A dataset in the reference shapes: images and labels, or text."""
-    from mpt_keras.data import loading
+    from mpt_keras.backend.tensorflow import loading
 
     if shape is None:
         shape = loading.reference_shape(source.name, source.train_split, source.data_dir)
@@ -174,7 +175,7 @@ def _from_reference_shapes(source: DataConfig, shape: str | None) -> RunData:
 def _from_tfds_features(source: DataConfig) -> RunData:
     """A TFDS dataset of any shape, by the config's `data.features`."""
     from mpt_keras.backend.tensorflow import datasets as tf_datasets
-    from mpt_keras.data import loading
+    from mpt_keras.backend.tensorflow import loading
 
     splits = [
         loading.feature_pairs(source.name, split, source.data_dir, source.features)

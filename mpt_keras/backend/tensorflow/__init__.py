@@ -1,5 +1,5 @@
 """TensorFlow only: tf.distribute, the tf.function train step, tf.train checkpoints,
-tf.summary.
+tf.summary, tf.data and TFDS.
 
 distribute.py        strategies by name
 tpu_connection.py    the `tpu` strategy's connection, with bounded waits
@@ -16,4 +16,8 @@ gradients.py         a loss's gradients through a traced GradientTape
 devices.py           the accelerators, whether code is traced, a trace without running
 datasets.py          a factory's tf.data splits: checked, batched, their dimensions
 batches.py           deterministic, resumable batching of in-memory arrays in tf.data
+loading.py           TFDS splits, offline, as numpy arrays or unbatched pairs
+digits.py            the embedded dataset `mpt_digits` (TFDS builder)
+python_source.py     the embedded dataset `mpt_python_source` (TFDS builder)
+embedded_builder.py  the embedded builders' shared base
 """

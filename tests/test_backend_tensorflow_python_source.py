@@ -8,7 +8,7 @@ import sys
 import pytest
 import tensorflow_datasets as tfds
 
-from mpt_keras.data import embedded_arrays
+from mpt_keras import embedded_arrays
 
 
 def _prepare(data_dir) -> dict[str, list[tuple[str, str]]]:

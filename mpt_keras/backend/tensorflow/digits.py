@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import tensorflow_datasets as tfds
 
-from mpt_keras.data import embedded_arrays
-from mpt_keras.data.embedded_builder import EmbeddedBuilder
+from mpt_keras import embedded_arrays
+from mpt_keras.backend.tensorflow.embedded_builder import EmbeddedBuilder
 
 _DESCRIPTION = """\
 The 1,797 8x8 grayscale handwritten digits of the UCI "Optical Recognition of

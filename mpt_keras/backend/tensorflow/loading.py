@@ -17,12 +17,11 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core import naming
 
+# Registers the embedded builders with TFDS.
+from mpt_keras.backend.tensorflow import digits, python_source  # noqa: F401
 from mpt_keras.checks import check_number
 from mpt_keras.compat import tfds_progress
-
-# Registers the embedded builders with TFDS.
-from mpt_keras.data import digits, python_source  # noqa: F401
-from mpt_keras.data.embedded_arrays import EMBEDDED_DATASETS, text_windows
+from mpt_keras.embedded_arrays import EMBEDDED_DATASETS, text_windows
 from mpt_keras.errors import UserInputError
 
 _ALLOWED_NAMES = f"Allowed: {', '.join(EMBEDDED_DATASETS)}, or any name in tfds.list_builders()."

@@ -1,4 +1,4 @@
-"""The embedded datasets without TFDS (`data/embedded_arrays.py`) hold what TFDS stores."""
+"""The embedded datasets without TFDS (`embedded_arrays.py`) hold what TFDS stores."""
 
 import numpy as np
 import pytest

@@ -5,7 +5,7 @@ import pytest
 import tensorflow_datasets as tfds
 from sklearn import datasets as sklearn_datasets
 
-from mpt_keras.data import digits  # noqa: F401  (registers mpt_digits)
+from mpt_keras.backend.tensorflow import digits  # noqa: F401  (registers mpt_digits)
 
 
 def _prepare(data_dir) -> dict[str, tuple[np.ndarray, np.ndarray]]:

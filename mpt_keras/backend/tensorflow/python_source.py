@@ -10,8 +10,8 @@ from typing import Any
 
 import tensorflow_datasets as tfds
 
-from mpt_keras.data import embedded_arrays
-from mpt_keras.data.embedded_builder import EmbeddedBuilder
+from mpt_keras import embedded_arrays
+from mpt_keras.backend.tensorflow.embedded_builder import EmbeddedBuilder
 
 _PYTHON_VERSION = embedded_arrays.PYTHON_VERSION
 

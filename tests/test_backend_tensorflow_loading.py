@@ -1,4 +1,4 @@
-"""Tests for `mpt_keras.data.loading`: offline TFDS loading into numpy arrays."""
+"""Tests for `mpt_keras.backend.tensorflow.loading`: offline TFDS loading into numpy arrays."""
 
 import contextlib
 import os
@@ -10,8 +10,8 @@ import tensorflow_datasets as tfds
 from sklearn import datasets as sklearn_datasets
 
 from mpt_keras import data
-from mpt_keras.data import loading
-from mpt_keras.data.embedded_arrays import is_validation, stdlib_dir, stdlib_files
+from mpt_keras.backend.tensorflow import loading
+from mpt_keras.embedded_arrays import is_validation, stdlib_dir, stdlib_files
 from mpt_keras.errors import UserInputError
 
 _NETWORK_EVENTS = ("socket.connect", "socket.getaddrinfo", "urllib.Request")
