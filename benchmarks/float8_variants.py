@@ -15,18 +15,26 @@ import keras
 
 from mpt_keras.keras_bridge.layer_paths import iter_layer_paths
 from mpt_keras.precision.float8 import FLOAT8_LAYER_CLASSES
-from mpt_keras.precision.hardware import HardwareProbe
+from mpt_keras.precision.hardware import HardwareProbe, float8_gemm_support
 from mpt_keras.precision.names import LOW_PRECISION_POLICIES
 
 EMULATED = "emulated"
 NATIVE = "native"
+# A float8 GPU's execution by the census of the compiled step (`Float8Census.state`).
+CENSUS_EXECUTION = {
+    "float8": NATIVE,
+    "partly float8": "partly native",
+    "fallback": "fallback",
+    "emulated": EMULATED,
+}
 PRECISIONS = LOW_PRECISION_POLICIES  # Those that get a float8 twin.
-FLOAT8_COMPUTE_CAPABILITY = (8, 9)  # Ada's: the first GPUs with float8 tensor cores.
 METHOD = (
     "a float8 variant: its twin's model with every Dense and EinsumDense layer turned by "
     "mpt_keras.precision.float8.to_float8 after the stack's manifest, before the optimizer is "
     "built; speed.vs_no_float8: its examples/s over the twin's; float8.execution: native only "
-    "with XLA on GPUs of compute capability 8.9 or newer, else emulated"
+    "with XLA on GPUs of compute capability 8.9 or newer and every float8 GEMM of the compiled "
+    "step in float8 (float8.census), partly native or fallback where some or none is, else "
+    "emulated"
 )
 _EMULATION = (
     "Keras' float8 layers cast their matmuls' operands to float8 and back and multiply "
@@ -43,27 +51,13 @@ def float8_paths(model: keras.Model) -> tuple[str, ...]:
 
 
 def execution(probe: HardwareProbe, xla: bool) -> tuple[str, str]:
-    """`(NATIVE or EMULATED, reason)`: native only with XLA on GPUs that all (every
-    replica runs the same step) have float8 tensor cores.
+    """`(NATIVE or EMULATED, reason)`: native only where `float8_gemm_support` says float8
+    GEMMs can run (the census of the compiled step says which do).
 
     Example:
 
         execution(HardwareProbe(gpu_compute_capabilities=((9, 0),)), xla=True)
         # ('native', 'GPU compute capability 9.0 and XLA: float8 tensor cores')
     """
-    capabilities = probe.gpu_compute_capabilities
-    if not capabilities:
-        if probe.tpu:
-            return EMULATED, "TPU: its float8 support is not probed, so counted as emulated"
-        return EMULATED, f"no GPU: this machine has no float8 matmul units; {_EMULATION}"
-    major, minor = min(capabilities)
-    gpu = f"GPU compute capability {major}.{minor}"
-    needed = ".".join(map(str, FLOAT8_COMPUTE_CAPABILITY))
-    if (major, minor) < FLOAT8_COMPUTE_CAPABILITY:
-        return EMULATED, f"{gpu}: no float8 tensor cores (needs {needed}); {_EMULATION}"
-    if not xla:
-        return EMULATED, (
-            f"{gpu} has float8 tensor cores, but only XLA's GEMM rewrite reaches them and XLA "
-            f"is off; {_EMULATION}"
-        )
-    return NATIVE, f"{gpu} and XLA: float8 tensor cores"
+    supported, reason = float8_gemm_support(probe, xla)
+    return (NATIVE, reason) if supported else (EMULATED, f"{reason}; {_EMULATION}")

@@ -27,6 +27,7 @@ from benchmarks import (
 )
 from benchmarks.suite_settings import Settings, Variant, variants
 from mpt_keras.checks import refusal
+from mpt_keras.precision.float8_census import Float8Census, take_census
 from mpt_keras.precision.policies import global_policy
 
 _LOGGER = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class Measurements:
     op_seconds: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     traces: dict[str, str | None] = dataclasses.field(default_factory=dict)
     float8_layers: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    float8_census: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 def measure_variants(
@@ -104,6 +106,11 @@ def measure_variants(
             for variant, ready in prepared.items()
             if variant.float8
         },
+        float8_census={
+            variant.name: ready.float8_census.to_dict()
+            for variant, ready in prepared.items()
+            if ready.float8_census is not None
+        },
     )
 
 
@@ -116,6 +123,7 @@ class _Prepared:
     input_spec: Any
     memory: dict[str, int | None]
     float8_layers: tuple[str, ...]
+    float8_census: Float8Census | None
 
 
 def _prepare(
@@ -163,7 +171,10 @@ def _prepare(
     )
     memory["variable_bytes"] = variant_memory.variable_bytes(model)
     input_spec = keras.utils.unpack_x_y_sample_weight(dataset.element_spec)[0]
-    return _Prepared(loop, model, input_spec, memory, float8_layers)
+    census = None
+    if variant.float8:  # After the memory reading: the census compiles the step again.
+        census = take_census(model, next(iter(dataset)), xla=variant.xla == "on")
+    return _Prepared(loop, model, input_spec, memory, float8_layers, census)
 
 
 def _train_step_flops(name: str, ready: _Prepared) -> int | None:

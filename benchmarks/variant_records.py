@@ -80,16 +80,23 @@ def variant_record(
             "vs_no_float8": speed_over(float8=False) if variant.float8 else None,
         },
         "op_profile": variant_op_profile(variant, measured, peak),
-        "float8": _float8_execution(variant, probe),
+        "float8": _float8_execution(variant, probe, measured.float8_census.get(variant.name)),
     }
 
 
-def _float8_execution(variant: Variant, probe: HardwareProbe) -> dict[str, str] | None:
-    """A float8 variant's `{"execution": "emulated" or "native", "reason": ...}`; else None."""
+def _float8_execution(
+    variant: Variant, probe: HardwareProbe, census: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """A float8 variant's `{"execution", "reason", "census"}`, else None: `execution` is
+    `emulated`, or on a device with float8 GEMMs what the census of its compiled step found
+    (`native` only if every float8 GEMM runs in float8)."""
     if not variant.float8:
         return None
     execution, reason = float8_variants.execution(probe, variant.xla == "on")
-    return {"execution": execution, "reason": reason}
+    if census is not None and execution == float8_variants.NATIVE:
+        execution = float8_variants.CENSUS_EXECUTION[census["state"]]
+        reason = census["summary"]
+    return {"execution": execution, "reason": reason, "census": census}
 
 
 def variant_op_profile(

@@ -35,9 +35,9 @@ if TYPE_CHECKING:  # what editors and type checkers see; loaded lazily below
     from mpt_keras.precision.rules import Rule
     from mpt_keras.reliability.auto_promote import AutoPromote
     from mpt_keras.reliability.guards import BadBatchLimit, DivergenceGuard, ScaledLearningRate
+    from mpt_keras.runs.assembly import plan_precision
     from mpt_keras.runs.calibration_run import run_calibration
     from mpt_keras.runs.canary import CanaryResult, CanaryThresholds, run_canary, train_with_canary
-    from mpt_keras.runs.precision_plan import plan_precision
     from mpt_keras.runs.serving import export_saved_model, save_for_serving
     from mpt_keras.runs.training import Runtime, run_training
     from mpt_keras.runs.validation import run_validation, validate
@@ -82,7 +82,7 @@ _HOMES = {
     "diagnose_nonfinite": "telemetry.diagnosis",
     "export_saved_model": "runs.serving",
     "global_policy": "precision.policies",
-    "plan_precision": "runs.precision_plan",
+    "plan_precision": "runs.assembly",
     "precision_report": "precision.report",
     "probe_hardware": "precision.hardware",
     "resolve_auto_policy": "precision.hardware",

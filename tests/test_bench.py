@@ -269,7 +269,19 @@ def test_float8_twins_are_measured_beside_their_own_and_labelled_emulated():
     rows = result["variants"]
     twin, row = rows[bfloat16], rows[float8]
     assert (row["precision"], row["compute_dtype"]) == ("mixed_bfloat16", "bfloat16")
-    assert row["float8"] == {"execution": "emulated", "reason": NO_GPU}  # This machine: CPU only.
+    assert row["float8"] == {  # This machine: CPU only; without XLA the census compiles nothing.
+        "execution": "emulated",
+        "reason": NO_GPU,
+        "census": {
+            "float8_gemms": False,
+            "reason": "no GPU: this machine has no float8 matmul units",
+            "state": "emulated",
+            "summary": "emulated: 0 of 0 GEMMs of 3 float8 layers run in float8 (no GPU: this "
+            "machine has no float8 matmul units)",
+            "gemms": [],
+            "unseen": ["dense_0", "dense_1", "logits"],
+        },
+    }
     assert twin["float8"] is None and twin["speed"]["vs_no_float8"] is None
     assert row["speed"]["vs_no_float8"] == harness.ratio(twin["step_seconds"], row["step_seconds"])
     assert row["speed"]["vs_float32"] == harness.ratio(
@@ -323,7 +335,10 @@ def test_float8_twins_are_measured_beside_their_own_and_labelled_emulated():
         (
             HardwareProbe(tpu=True),
             True,
-            ("emulated", "TPU: its float8 support is not probed, so counted as emulated"),
+            (
+                "emulated",
+                f"TPU: its float8 support is not probed, so counted as emulated; {EMULATION}",
+            ),
         ),
     ],
     ids=["cpu", "one_gpu_without", "xla_off", "ada_with_xla", "tpu"],

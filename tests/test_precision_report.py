@@ -351,6 +351,7 @@ def test_to_dict_is_what_precision_report_json_holds():
         "shadowed_rules": [],
         "jit_compile": False,
         "jit_compile_reason": "jit_compile=false: as set",
+        "float8_census": None,
     }
     assert json.loads(json.dumps(values)) == values
     assert _run_report().policies == {"hidden": "mixed_bfloat16", "scale": "mixed_bfloat16"}

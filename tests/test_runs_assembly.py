@@ -425,7 +425,7 @@ def test_the_example_manifest_keeps_the_gpt2_softmax_float32(tfds_dir, monkeypat
             "data": {"data_dir": tfds_dir, "options": {"sequence_length": 8}},
         }
     )
-    layers = {layer.path: layer for layer in precision_plan.plan_precision(config).layers}
+    layers = {layer.path: layer for layer in assembly.plan_precision(config).layers}
     softmaxes = [path for path in layers if path.endswith("/_softmax")]
     assert softmaxes == [
         "gpt2_backbone/transformer_layer_0/self_attention/_softmax",
@@ -447,7 +447,7 @@ def test_a_layer_outputting_another_dtype_is_marked_in_the_table_and_warned(
     # A subclassed model has no inputs of its own: it is traced on an example.
     config = _blobs_config(precision="mixed_bfloat16").merged({"model": {"factory": factory}})
     with caplog.at_level(logging.WARNING, logger="mpt_keras.runs.precision_plan"):
-        report = precision_plan.plan_precision(config)
+        report = assembly.plan_precision(config)
     assert [(layer.path, layer.output_dtype) for layer in report.layers] == [
         ("hidden", "bfloat16"),
         ("scale", "float32"),
@@ -470,7 +470,7 @@ def test_a_layer_outputting_another_dtype_is_marked_in_the_table_and_warned(
 
 def test_a_run_without_such_layers_marks_and_warns_nothing(user_code, caplog):
     with caplog.at_level(logging.WARNING, logger="mpt_keras.runs.precision_plan"):
-        report = precision_plan.plan_precision(_blobs_config(precision="mixed_float16"))
+        report = assembly.plan_precision(_blobs_config(precision="mixed_float16"))
     assert [(layer.path, layer.compute_dtype, layer.output_dtype) for layer in report.layers] == [
         ("dense", "float16", "float16"),
         ("logits", "float32", "float32"),

@@ -15,7 +15,7 @@ from mpt_keras.errors import UserInputError
 from mpt_keras.keras_bridge.layer_paths import iter_layers
 from mpt_keras.precision.manifest import PrecisionManifest
 from mpt_keras.runs import precision_plan
-from mpt_keras.runs.precision_plan import plan_precision
+from mpt_keras.runs.assembly import plan_precision
 from mpt_keras.runs.training import Runtime, run_training
 
 

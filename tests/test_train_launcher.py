@@ -262,7 +262,8 @@ def test_dry_run_shows_the_float8_layers(tfds_dir, tmp_path):
         f"--config_override={override}",
     )
     assert result.status == 0, result.stderr
-    float8 = [line.split()[:3] for line in result.stdout.splitlines() if "float8" in line]
+    table, census = result.stdout.split("\nfloat8 census, ")
+    float8 = [line.split()[:3] for line in table.splitlines() if "float8" in line]
     assert float8 == [
         [f"block_0/{path}", layer_class, "float8_from_mixed_bfloat16"]
         for path, layer_class in [
@@ -274,6 +275,15 @@ def test_dry_run_shows_the_float8_layers(tfds_dir, tmp_path):
             ("mlp_down", "Dense"),
         ]
     ]
+    # The compiled step's census: on a CPU every float8 GEMM (3 a layer) is emulated.
+    summary, header, *gemms = census.splitlines()
+    assert summary == (
+        "emulated: 0 of 18 GEMMs of 6 float8 layers run in float8 "
+        "(no GPU: this machine has no float8 matmul units)"
+    )
+    assert [(row.split()[0], row.split()[-1]) for row in gemms[:3]] == [
+        ("block_0/attention/query", "emulated")
+    ] * 3
     assert not (tmp_path / "run").exists()
 
 

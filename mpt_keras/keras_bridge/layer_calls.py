@@ -25,25 +25,27 @@ _CLASS_LOCK = threading.Lock()
 def calls_wrapped(
     layers: Iterable[keras.layers.Layer],
     wrap: Callable[[keras.layers.Layer, Callable[..., Any]], Callable[..., Any]],
+    method: str = "call",
 ) -> Iterator[None]:
     """Gives each layer the `call` that `wrap(layer, its call)` returns, inside the block.
 
+    `method="quantized_call"` wraps what a quantized layer (`layer.quantize`) runs instead.
     A layer given twice is wrapped twice. On exit, even on error, each `call` is as it was:
     the class's, or the one set on the instance before.
     """
     wrapped = []
     try:
         for layer in layers:
-            own_call = vars(layer).get("call")
-            layer.call = wrap(layer, layer.call)
+            own_call = vars(layer).get(method)
+            setattr(layer, method, wrap(layer, getattr(layer, method)))
             wrapped.append((layer, own_call))
         yield
     finally:
         for layer, own_call in reversed(wrapped):  # A layer wrapped twice unwinds in order.
             if own_call is None:
-                del layer.call
+                delattr(layer, method)
             else:
-                layer.call = own_call
+                setattr(layer, method, own_call)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,8 @@
     report.py       PrecisionReport, precision_report(model)
     promote.py      promote: layers one step up the ladder
     float8.py       float8 Dense/EinsumDense training on Keras' own mechanism
+    compiled_gemms.py  the GEMMs of a compiled XLA program (optimized HLO text)
+    float8_census.py   which float8 GEMMs of a compiled train step run in float8
 
 This package imports nothing, so that `names` loads without Keras or TensorFlow: import
 the modules. The public names are also on `mpt_keras`.

@@ -10,6 +10,7 @@
     else                                  float32
 
 With several GPUs the lowest compute capability decides: every replica runs one policy.
+`float8_gemm_support` says, by the same probe, whether float8 GEMMs can run in float8 at all.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from mpt_keras.backend import current
 
 # amx_tile alone (AMX-INT8) has no bfloat16 arithmetic; AMX-BF16 CPUs list amx_bf16.
 BFLOAT16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+# Ada's: the first GPUs with float8 tensor cores.
+FLOAT8_COMPUTE_CAPABILITY = (8, 9)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,3 +90,30 @@ def resolve_auto_policy(probe: HardwareProbe | None = None) -> tuple[str, str]:
         "no GPU or TPU, and the CPU lacks bfloat16 instructions "
         f"({' or '.join(BFLOAT16_CPU_FLAGS)})"
     )
+
+
+def float8_gemm_support(probe: HardwareProbe, xla: bool = True) -> tuple[bool, str]:
+    """`(whether float8 GEMMs can run in float8, one-line reason)`: only XLA's GEMM rewrite on
+    GPUs that all (every replica runs one step) have float8 tensor cores reaches them.
+
+    Example:
+
+        float8_gemm_support(HardwareProbe(gpu_compute_capabilities=((9, 0),)))
+        # (True, 'GPU compute capability 9.0 and XLA: float8 tensor cores')
+    """
+    capabilities = probe.gpu_compute_capabilities
+    if not capabilities:
+        if probe.tpu:
+            return False, "TPU: its float8 support is not probed, so counted as emulated"
+        return False, "no GPU: this machine has no float8 matmul units"
+    major, minor = min(capabilities)
+    gpu = f"GPU compute capability {major}.{minor}"
+    needed = ".".join(map(str, FLOAT8_COMPUTE_CAPABILITY))
+    if (major, minor) < FLOAT8_COMPUTE_CAPABILITY:
+        return False, f"{gpu}: no float8 tensor cores (needs {needed})"
+    if not xla:
+        return False, (
+            f"{gpu} has float8 tensor cores, but only XLA's GEMM rewrite reaches them and XLA "
+            "is off"
+        )
+    return True, f"{gpu} and XLA: float8 tensor cores"

@@ -21,6 +21,7 @@ from mpt_keras.backend import current
 from mpt_keras.errors import describe_error
 from mpt_keras.keras_bridge.layer_calls import calls_wrapped
 from mpt_keras.keras_bridge.layer_paths import iter_layers
+from mpt_keras.precision.float8_census import Float8Census
 from mpt_keras.precision.policies import effective_policy
 from mpt_keras.tables import aligned
 
@@ -56,6 +57,7 @@ class PrecisionReport:
     that matched no layer; `shadowed_rules`: those matching only layers an earlier rule
     decided. `precision` (`auto` resolved; a manifest's default), `manifest`, `jit_compile`
     and the reasons are a run's: None outside one, `jit_compile` until it is compiled.
+    `float8_census`: `plan_precision`'s, where float8 layers are (else None).
     """
 
     model: str
@@ -69,6 +71,7 @@ class PrecisionReport:
     manifest: str | None = None
     jit_compile: bool | None = None
     jit_compile_reason: str | None = None
+    float8_census: Float8Census | None = None
 
     @property
     def policies(self) -> dict[str, str]:
@@ -89,6 +92,7 @@ class PrecisionReport:
             "shadowed_rules": list(self.shadowed_rules),
             "jit_compile": self.jit_compile,
             "jit_compile_reason": self.jit_compile_reason,
+            "float8_census": self.float8_census.to_dict() if self.float8_census else None,
         }
 
     def format_table(self) -> str:
@@ -105,7 +109,8 @@ class PrecisionReport:
             )
             for layer in self.layers
         ]
-        return "\n".join(aligned(rows)) + "\n"
+        table = "\n".join(aligned(rows)) + "\n"
+        return table + ("\n" + self.float8_census.format_table() if self.float8_census else "")
 
 
 def precision_report(

@@ -1,8 +1,9 @@
 """Runs: a config becomes a model, data, a loss and a compiled step, and then files.
 
 resolution.py      Components: where a run's model, data, loss and metrics come from
-precision_plan.py  plan_precision: the model built with each layer's precision
-assembly.py        assemble: the compiled model, its optimizer and train step
+precision_plan.py  build_model: the model built with each layer's precision
+assembly.py        assemble: the compiled model, its optimizer and train step;
+                   plan_precision (--dry_run), with the float8 census
 training.py        run_training and its Runtime: a config to a `model_dir`
 fit_loop.py        model.fit with our callbacks, and rollbacks on divergence
 model_dir.py       a `model_dir`'s files, checked before a run claims it

@@ -1,4 +1,5 @@
-"""The run assembly: the model with its precision, compiled with our step and optimizer.
+"""The run assembly: the model with its precision, compiled with our step and optimizer;
+`plan_precision`, what `--dry_run` prints of it.
 
 Every run (`mpt-train`, validation, the canary) is assembled here, so validation speaks for
 the real run.
@@ -15,11 +16,14 @@ from mpt_keras import compat
 from mpt_keras.backend import current
 from mpt_keras.config import OptimizerConfig, TrainConfig
 from mpt_keras.data import RunData
+from mpt_keras.keras_bridge.layer_paths import iter_layers
+from mpt_keras.precision.float8 import is_float8
+from mpt_keras.precision.float8_census import take_census
 from mpt_keras.precision.manifest import PrecisionManifest
 from mpt_keras.precision.report import PrecisionReport
 from mpt_keras.reliability.guards import ScaledLearningRate
 from mpt_keras.runs.precision_plan import build_model
-from mpt_keras.runs.resolution import Components
+from mpt_keras.runs.resolution import Components, resolve_components
 from mpt_keras.scaling.optimizer import LossScaleOptimizer
 
 _LOGGER = logging.getLogger(__name__)
@@ -45,6 +49,32 @@ def assemble(
     """Builds the run's model with its precision and optimizer, and compiles it; call under
     the run's strategy scope, if any (`jit_compile` resolves for it)."""
     model, manifest, report = build_model(config, components, data, manifest_file)
+    optimizer, report = _compile(model, config, components, report)
+    return Run(model, manifest, report, optimizer, report.jit_compile)
+
+
+def plan_precision(config: TrainConfig) -> PrecisionReport:
+    """Each layer's precision in the run's untrained model (`--dry_run`), with `jit_compile`.
+
+    With float8 layers, the train step is compiled as the run would compile it (never run)
+    and the report holds its float8 census: which of their GEMMs really run in float8.
+    """
+    components = resolve_components(config)
+    data = components.data()
+    model, _, report = build_model(config, components, data)
+    if not any(is_float8(layer) for _, layer in iter_layers(model)):
+        return report
+    _, report = _compile(model, config, components, report)
+    batch = data.batch_of_step(config.data.batch_size, config.seed, step=1)
+    census = take_census(model, batch, xla=bool(report.jit_compile))
+    return dataclasses.replace(report, float8_census=census)
+
+
+def _compile(
+    model: keras.Model, config: TrainConfig, components: Components, report: PrecisionReport
+) -> tuple[LossScaleOptimizer, PrecisionReport]:
+    """Compiles `model` with the run's optimizer (built), loss and metrics; the report with
+    `jit_compile` resolved."""
     optimizer = make_optimizer(config, report)
     compiled = {
         "optimizer": optimizer,
@@ -70,7 +100,7 @@ def assemble(
     _LOGGER.info("%s", jit_reason)
     report = dataclasses.replace(report, jit_compile=jit_compile, jit_compile_reason=jit_reason)
     optimizer.build(model.trainable_variables)
-    return Run(model, manifest, report, optimizer, jit_compile)
+    return optimizer, report
 
 
 def make_optimizer(config: TrainConfig, report: PrecisionReport) -> LossScaleOptimizer:

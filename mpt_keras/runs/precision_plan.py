@@ -1,4 +1,4 @@
-"""The run's untrained model with each layer's precision: `plan_precision` (`--dry_run`)."""
+"""The run's untrained model built with each layer's precision, and what looks unmeant logged."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from mpt_keras.precision.hardware import resolve_auto_policy
 from mpt_keras.precision.manifest import PrecisionManifest
 from mpt_keras.precision.policies import global_policy
 from mpt_keras.precision.report import PrecisionReport
-from mpt_keras.runs.resolution import Components, resolve_components
+from mpt_keras.runs.resolution import Components
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -89,12 +89,6 @@ def build_on_data(model: keras.Model, data: RunData) -> Any:
     if not model.built:
         model(example)
     return example
-
-
-def plan_precision(config: TrainConfig) -> PrecisionReport:
-    """Each layer's precision in the run's untrained model (a run adds `jit_compile`)."""
-    components = resolve_components(config)
-    return build_model(config, components, components.data())[2]
 
 
 def _resolve_precision(precision: str) -> tuple[str, str | None]:

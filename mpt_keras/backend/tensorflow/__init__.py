@@ -20,4 +20,5 @@ loading.py           TFDS splits, offline, as numpy arrays or unbatched pairs
 digits.py            the embedded dataset `mpt_digits` (TFDS builder)
 python_source.py     the embedded dataset `mpt_python_source` (TFDS builder)
 embedded_builder.py  the embedded builders' shared base
+compiled.py          the train step's optimized XLA program (HLO text)
 """

@@ -1,0 +1,223 @@
+"""The float8 census: what each float8 layer's GEMMs really run in, read from the compiled step.
+
+`to_float8` makes a layer quantize its matmul's operands to float8 and back; only XLA's GEMM
+rewrite, on a device with float8 tensor cores, turns that into a float8 GEMM, and it may take
+some of a layer's GEMMs and not others (then the rest run in bfloat16 or float32, with the
+quantization's cost on top). So the census compiles the train step, never runs it, and reads
+each GEMM of each float8 layer from the optimized program (`compiled_gemms`). A GEMM is
+`float8`, a `fallback` (float8 GEMMs exist on this device, yet this one runs wider: logged as
+a warning) or `emulated` (the device has none).
+
+Each float8 layer's call runs in a name scope of its own for the compile, so its GEMMs, the
+gradients' too, carry it in their `op_name`.
+
+Example:
+
+    census = take_census(model, (x, y))  # A compiled model with float8 layers.
+    print(census.format_table())
+    census.summary()  # 'emulated: 0 of 5 GEMMs of 2 float8 layers run in float8 (no GPU: ...)'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import keras
+
+from mpt_keras import compat
+from mpt_keras.backend import current
+from mpt_keras.keras_bridge.layer_calls import calls_wrapped
+from mpt_keras.keras_bridge.layer_paths import iter_layer_paths
+from mpt_keras.precision.compiled_gemms import CompiledGemm, compiled_gemms
+from mpt_keras.precision.float8 import is_float8
+from mpt_keras.precision.hardware import HardwareProbe, float8_gemm_support, probe_hardware
+from mpt_keras.tables import aligned
+
+_LOGGER = logging.getLogger(__name__)
+# The name scope each float8 layer's call runs in for the census; TensorFlow may add `_<n>`.
+_SCOPE = "mpt_float8_census_"
+_SCOPE_IN_OP_NAME = re.compile(rf"(?:^|[/(]){_SCOPE}(\d+)(?:_\d+)?(?=[/)]|$)")
+VERDICTS = ("float8", "fallback", "emulated")
+_ROLES = ("forward", "input gradient", "weight gradient", "gradient")
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmCensus:
+    """One GEMM of a float8 layer: `gemm` is `forward`, `input gradient`, `weight gradient`
+    (or `gradient` where the two cannot be told apart), `runs_in` its operands' precision,
+    `kernel` what XLA made of it (`dot`, `__cublas$lt$matmul$f8`, ...), `verdict` one of
+    `VERDICTS`."""
+
+    layer: str
+    gemm: str
+    runs_in: str
+    kernel: str
+    verdict: str
+
+    def to_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Float8Census:
+    """The census of a compiled train step. `float8_gemms`: whether this device can run float8
+    GEMMs at all (`reason` says why); `unseen`: float8 layers none of whose GEMMs was found."""
+
+    float8_gemms: bool
+    reason: str
+    rows: tuple[GemmCensus, ...]
+    unseen: tuple[str, ...] = ()
+
+    @property
+    def fallbacks(self) -> tuple[GemmCensus, ...]:
+        return tuple(row for row in self.rows if row.verdict == "fallback")
+
+    @property
+    def state(self) -> str:
+        """`float8` (every GEMM found runs in float8), `partly float8`, `fallback` (none does,
+        on a device that could) or `emulated` (the device has no float8 GEMMs)."""
+        in_float8 = sum(row.verdict == "float8" for row in self.rows)
+        if not self.float8_gemms:
+            return "emulated"
+        if not in_float8:
+            return "fallback"
+        return "partly float8" if self.fallbacks or self.unseen else "float8"
+
+    def summary(self) -> str:
+        """One line: the state, how many GEMMs run in float8, and the device's reason."""
+        layers = len({row.layer for row in self.rows} | set(self.unseen))
+        in_float8 = sum(row.verdict == "float8" for row in self.rows)
+        return (
+            f"{self.state}: {in_float8} of {len(self.rows)} GEMMs of {layers} float8 "
+            f"layer{'s' * (layers != 1)} run in float8 ({self.reason})"
+        )
+
+    def format_table(self) -> str:
+        """The GEMMs as an aligned table under the summary line."""
+        rows = [("layer", "gemm", "runs_in", "kernel", "verdict")]
+        rows += [(r.layer, r.gemm, r.runs_in, r.kernel, r.verdict) for r in self.rows]
+        rows += [(path, "(none found)", "", "", "") for path in self.unseen]
+        return "\n".join([f"float8 census, {self.summary()}", *aligned(rows)]) + "\n"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "float8_gemms": self.float8_gemms,
+            "reason": self.reason,
+            "state": self.state,
+            "summary": self.summary(),
+            "gemms": [row.to_dict() for row in self.rows],
+            "unseen": list(self.unseen),
+        }
+
+
+def take_census(
+    model: keras.Model, batch: Any, *, probe: HardwareProbe | None = None, xla: bool = True
+) -> Float8Census:
+    """The census of `model`'s train step on `batch` (one batch as `fit` takes it).
+
+    `model` is compiled (its loss and optimizer set); its float8 layers are found by
+    `is_float8`. `probe`: this machine's by default. With `xla=False` nothing is compiled:
+    without XLA no float8 GEMM exists, every float8 layer is `emulated`.
+    """
+    supported, reason = float8_gemm_support(probe or probe_hardware(), xla)
+    layers: dict[str, Any] = {}
+    for entry in iter_layer_paths(model):
+        if is_float8(entry.layer) and all(entry.layer is not seen for seen in layers.values()):
+            layers[entry.path] = entry.layer  # A shared layer once, at its first path.
+    if not xla or not layers:
+        return Float8Census(supported, reason, rows=(), unseen=tuple(layers))
+    compat.symbolic_build(model, batch)
+    indices = {id(layer): index for index, layer in enumerate(layers.values())}
+    with calls_wrapped(
+        layers.values(), functools.partial(_in_scope, indices), method="quantized_call"
+    ):
+        if current.is_jax():
+            from mpt_keras.backend.jax.compiled import train_step_hlo
+        else:
+            from mpt_keras.backend.tensorflow.compiled import train_step_hlo
+        hlo = train_step_hlo(model, batch)
+    kernel_sizes = {path: math.prod(layer.kernel.shape) for path, layer in layers.items()}
+    census = census_of(compiled_gemms(hlo), kernel_sizes, supported, reason)
+    for row in census.fallbacks:
+        _LOGGER.warning(
+            "Float8 layer %s: its %s GEMM runs in %s, not float8 (%s): it pays the quantization "
+            "and gains nothing.",
+            row.layer,
+            row.gemm,
+            row.runs_in,
+            row.kernel,
+        )
+    return census
+
+
+def census_of(
+    gemms: tuple[CompiledGemm, ...],
+    kernel_sizes: Mapping[str, int],
+    float8_gemms: bool,
+    reason: str,
+) -> Float8Census:
+    """The census from a program's GEMMs, each float8 layer's found by its scope's index (the
+    order of `kernel_sizes`: layer path -> its kernel's element count)."""
+    paths = list(kernel_sizes)
+    by_layer: dict[str, list[CompiledGemm]] = {path: [] for path in paths}
+    for gemm in gemms:
+        match = _SCOPE_IN_OP_NAME.search(gemm.op_name)
+        if match and int(match.group(1)) < len(paths):
+            by_layer[paths[int(match.group(1))]].append(gemm)
+    rows = []
+    for path, found in by_layer.items():
+        roles = _roles(found, kernel_sizes[path])
+        for role, gemm in sorted(zip(roles, found), key=lambda pair: _ROLES.index(pair[0])):
+            if gemm.precision == "float8":
+                verdict = "float8"
+            else:
+                verdict = "fallback" if float8_gemms else "emulated"
+            rows.append(GemmCensus(path, role, gemm.precision, gemm.kernel, verdict))
+    unseen = tuple(path for path, found in by_layer.items() if not found)
+    return Float8Census(float8_gemms, reason, tuple(rows), unseen)
+
+
+def _roles(gemms: list[CompiledGemm], kernel_size: int) -> list[str]:
+    """Each GEMM's role: forward unless it is a gradient's (JAX: in a `transpose(`; TF: under
+    a `gradient_tape/` scope). TensorFlow marks which operand's gradient (`grad_x`: the inputs'); on
+    JAX the weight gradient is the one whose result has the kernel's size, unless every
+    gradient GEMM's has (tokens equal to the output width): then `gradient`."""
+    backward = [
+        "transpose(" in gemm.op_name
+        or "gradient_tape/" in gemm.op_name
+        or gemm.gradient_of is not None
+        for gemm in gemms
+    ]
+    kernel_sized = [
+        is_backward and gemm.result_size == kernel_size
+        for gemm, is_backward in zip(gemms, backward)
+    ]
+    ambiguous = sum(kernel_sized) > 1 and all(kernel_sized[i] for i, b in enumerate(backward) if b)
+    roles = []
+    for gemm, is_backward, sized in zip(gemms, backward, kernel_sized):
+        if not is_backward:
+            roles.append("forward")
+        elif gemm.gradient_of is not None:
+            roles.append("input gradient" if gemm.gradient_of == "x" else "weight gradient")
+        elif ambiguous:
+            roles.append("gradient")
+        else:
+            roles.append("weight gradient" if sized else "input gradient")
+    return roles
+
+
+def _in_scope(indices: Mapping[int, int], layer: keras.layers.Layer, call: Any) -> Any:
+    """`call` run in the census's name scope of `layer`."""
+
+    @functools.wraps(call)
+    def scoped_call(*args: Any, **kwargs: Any) -> Any:
+        with keras.name_scope(f"{_SCOPE}{indices[id(layer)]}"):
+            return call(*args, **kwargs)
+
+    return scoped_call
