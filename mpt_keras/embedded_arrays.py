@@ -16,7 +16,8 @@ import numpy as np
 from mpt_keras.checks import check_choice, check_number
 from mpt_keras.errors import UserInputError
 
-EMBEDDED_DATASETS = ("mpt_digits", "mpt_python_source")
+# Each embedded dataset and its reference shape: images and labels, or text.
+EMBEDDED_DATASETS = {"mpt_digits": "image", "mpt_python_source": "text"}
 
 SPLITS = ("train", "validation")
 

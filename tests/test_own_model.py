@@ -45,7 +45,7 @@ def _read(path):
         return json.load(file)
 
 
-def test_a_keras_applications_model_trains_calibrates_and_validates(tfds_dir, tmp_path):
+def test_a_keras_applications_model_calibrates_and_trains(tfds_dir, tmp_path):
     override = _override(tfds_dir, batch_size=4, eval_examples=8)
     manifest = str(tmp_path / "mobilenet.json")
     calibrated = launch_in_process(
@@ -75,20 +75,8 @@ def test_a_keras_applications_model_trains_calibrates_and_validates(tfds_dir, tm
     assert _read(os.path.join(model_dir, "config.json"))["model"]["factory"] == (
         "examples.user_models:mobilenet"
     )
-
-    validated = launch_in_process(
-        "mpt-validate",
-        f"--config={MOBILENET}",
-        "--precision=mixed_bfloat16",
-        "--steps=2",
-        f"--config_override={override}",
-        f"--output={tmp_path / 'report.json'}",
-    )
-    assert validated.status in (0, 1), validated.stderr
-    report = _read(tmp_path / "report.json")
-    assert report["steps"] == 2 and len(report["candidate_losses"]) == 2
-    assert {check["name"] for check in report["checks"]} >= {"metric_delta", "final_loss_gap"}
-    assert {"conv_dw_1", "conv_pw_1"} <= {layer["path"] for layer in report["layers"]}
+    # A MobileNet validated against float32: the README's `mpt_keras.validate` example, which
+    # tests/test_docs.py runs; `mpt-validate` on a user's model: the keras_hub test below.
 
 
 def test_a_keras_hub_model_trains_calibrates_and_validates(tfds_dir, tmp_path):

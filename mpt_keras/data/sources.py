@@ -101,13 +101,27 @@ def load_run_data(
         if current.is_jax():
             raise UserInputError(f"data.features {source.features!r}: a TFDS mapping. {_ON_JAX}")
         loaded = _from_tfds_features(source)
-    elif current.is_jax():
+    elif current.is_jax() or _in_memory(source, shape):
         loaded = _embedded_arrays(source)
     else:
         loaded = _from_reference_shapes(source, shape)
     if source.eval_examples:
         loaded = dataclasses.replace(loaded, eval=_first(loaded.eval, source.eval_examples))
     return loaded
+
+
+def _in_memory(source: DataConfig, shape: str | None) -> bool:
+    """Whether a TensorFlow run reads its data from the embedded arrays rather than TFDS: an
+    embedded dataset's whole splits, in its own shape. They are the examples its TFDS builder
+    stores, in its order (tests/test_embedded_arrays.py), without a TFDS preparation and a
+    PNG decode per image per run; a slice (`train[:10%]`) or another shape goes to TFDS."""
+    own_shape = embedded_arrays.EMBEDDED_DATASETS.get(source.name)
+    return (
+        own_shape is not None
+        and shape in (None, own_shape)
+        and source.train_split in embedded_arrays.SPLITS
+        and source.eval_split in embedded_arrays.SPLITS
+    )
 
 
 def _embedded_arrays(source: DataConfig) -> RunData:
