@@ -216,3 +216,11 @@ def test_too_long_sequence_is_refused(fixture_dir):
         UserInputError, match="sequence_length: received 0. Allowed: an integer >= 1"
     ):
         loading.language_model_windows("mpt_loading_fixture", "train", fixture_dir, 0)
+
+
+def test_a_first_preparation_prints_nothing_before_an_error(tmp_path, capsys):
+    # On a fresh data_dir a bad split prepares the dataset first: TFDS' two lines of it would
+    # precede the error, which must be the one line a launcher prints.
+    with pytest.raises(UserInputError, match="^Unknown split 'bogus' for dataset 'mpt_digits'"):
+        loading.load_split("mpt_digits", "bogus", str(tmp_path))
+    assert capsys.readouterr() == ("", "")

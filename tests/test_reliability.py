@@ -21,7 +21,6 @@ from tensorflow.python.framework import config as tf_config
 from tiny_runs import small_model
 
 from mpt_keras import data
-from mpt_keras.backend.tensorflow import loading
 from mpt_keras.config import TrainConfig, resolve_config
 from mpt_keras.errors import RunStoppedError, UserInputError
 from mpt_keras.runs.training import Runtime, run_training
@@ -58,7 +57,8 @@ def _weights(model_dir):
 
 
 def _poison(monkeypatch, tfds_dir, bad_steps, seed=0):
-    """Puts a NaN into one example of each 1-based train step in `bad_steps`."""
+    """Puts a NaN into one example of each 1-based train step in `bad_steps` of what a run
+    loads (the embedded digits, read from memory: TFDS' examples)."""
     clean = data.classification_arrays("mpt_digits", "train", tfds_dir)
     order = np.arange(len(clean.labels), dtype=np.float32)[:, None]
     batches = data.train_batches(order, clean.labels, BATCH, seed=seed).take(max(bad_steps))
@@ -66,15 +66,14 @@ def _poison(monkeypatch, tfds_dir, bad_steps, seed=0):
     features = clean.features.copy()
     for position, step in enumerate(bad_steps):
         features[indices[step - 1][position % BATCH]].flat[position] = np.nan
-    original = loading.classification_arrays
+    original = data.load_run_data
 
-    def poisoned(name, split, data_dir):
-        loaded = original(name, split, data_dir)
-        if split != "train":
-            return loaded
-        return dataclasses.replace(loaded, features=features)
+    def poisoned(*args, **kwargs):
+        loaded = original(*args, **kwargs)
+        np.testing.assert_array_equal(loaded.train[0], clean.features)
+        return dataclasses.replace(loaded, train=(features, loaded.train[1]))
 
-    monkeypatch.setattr(loading, "classification_arrays", poisoned)
+    monkeypatch.setattr(data, "load_run_data", poisoned)
 
 
 @pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16", "mixed_float16"])

@@ -7,8 +7,8 @@ use. Arrays hold a whole split (datasets that fit in RAM).
 import contextlib
 import dataclasses
 import fcntl
+import io
 import os
-import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -199,9 +199,10 @@ def _prepare_embedded(
         fcntl.flock(lock, fcntl.LOCK_EX)
         builder = _builder(name, data_dir)
         if not builder.is_prepared():
-            # Under a second: no progress bars, and TFDS' "Downloading and preparing ..." off
-            # stdout, which is the program's (`--dry_run`'s table).
-            with tfds_progress.progress_bar_hidden(), contextlib.redirect_stdout(sys.stderr):
+            # Under a second: no progress bars, and TFDS' two lines ("Downloading and
+            # preparing ...") neither on stdout, the program's (`--dry_run`'s table), nor on
+            # stderr, where an error that follows must be the one line.
+            with tfds_progress.progress_bar_hidden(), contextlib.redirect_stdout(io.StringIO()):
                 builder.download_and_prepare(download_config=_OFFLINE)
     return builder
 
