@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import keras
@@ -228,8 +228,17 @@ class _CallRecorder:
         # Per call under way, the tensors not its own, by id (held: no id reused).
         self._not_made: list[dict[int, Any]] = []
 
-    def wrapping(self, layers: Iterable[keras.layers.Layer]) -> contextlib.AbstractContextManager:
-        return calls_wrapped(layers, self._recording)
+    @contextlib.contextmanager
+    def wrapping(self, layers: Iterable[keras.layers.Layer]) -> Iterator[None]:
+        """Records every layer's calls; a quantized layer (float8) runs `quantized_call`."""
+        layers = list(layers)
+        quantized = [layer for layer in layers if getattr(layer, "quantization_mode", None)]
+        plain = [layer for layer in layers if not getattr(layer, "quantization_mode", None)]
+        with (
+            calls_wrapped(plain, self._recording),
+            calls_wrapped(quantized, self._recording, method="quantized_call"),
+        ):
+            yield
 
     def _recording(self, layer: keras.layers.Layer, call: Any) -> Any:
         @functools.wraps(call)

@@ -68,6 +68,7 @@ def test_a_float8_manifest_applies_and_the_report_reads_each_layers_dtypes():
     rows = {layer.path: layer for layer in report.layers}
     assert rows["hidden"].policy == "float8_from_mixed_bfloat16"
     assert rows["hidden"].compute_dtype == "bfloat16"
+    assert rows["hidden"].output_dtype == "bfloat16"  # Its float8 call, recorded too.
     assert rows["out"].output_dtype == "float32"  # Read from the trace (jax.eval_shape).
     assert rows["norm"].compute_dtype == "float32"  # A safe default.
     assert rows["out"].compute_dtype == "float32"  # The output layer, too.
