@@ -437,3 +437,42 @@ def test_the_readme_is_a_short_tour():
     with open(os.path.join(REPO, "README.md"), encoding="utf-8") as file:
         lines = file.read().count("\n")
     assert lines <= 250, f"README.md has {lines} lines: move details to docs/"
+
+
+# Modules outside backend/tensorflow/ and compat/ that still import TensorFlow (on its path
+# only: JAX runs never load them); the list only shrinks.
+TENSORFLOW_OUTSIDE_BACKEND = [
+    "mpt_keras/calibration/measurement.py",
+    "mpt_keras/execution/jit_rule.py",
+    "mpt_keras/execution/replica_step.py",
+    "mpt_keras/execution/xla.py",
+    "mpt_keras/runs/assembly.py",
+    "mpt_keras/runs/fit_loop.py",
+    "mpt_keras/runs/keras_objects.py",
+    "mpt_keras/scaling/cross_replica.py",
+    "mpt_keras/scaling/step_record.py",
+]
+
+
+def _imports_tensorflow(path: str) -> bool:
+    with open(os.path.join(REPO, path)) as file:
+        tree = ast.parse(file.read())
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module or ""]
+        if any(name == "tensorflow" or name.startswith("tensorflow.") for name in names):
+            return True
+    return False
+
+
+def test_tensorflow_is_imported_in_backend_tensorflow_and_compat_and_the_known_rest():
+    outside = [
+        path
+        for path in sorted(_python_files("mpt_keras"))
+        if not path.startswith(("mpt_keras/backend/tensorflow/", "mpt_keras/compat/"))
+        and _imports_tensorflow(path)
+    ]
+    assert outside == TENSORFLOW_OUTSIDE_BACKEND

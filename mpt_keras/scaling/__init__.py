@@ -4,7 +4,6 @@ optimizer.py      LossScaleOptimizer, a drop-in for Keras' own
 settings.py       LossScaleSettings, checked whole; no TensorFlow
 step.py           one step: the replica's part, then one cross-replica write
 step_record.py    StepRecord: what a replica hands the cross-replica write
-verdict.py        finite, overflow or bad batch; the gradient norm
 scale_rule.py     growth, backoff with hysteresis, bounds
 accumulation.py   gradient accumulation over micro-batches
 inner_update.py   the inner update: run, undone on overflow, or skipped

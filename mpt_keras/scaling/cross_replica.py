@@ -11,6 +11,8 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from mpt_keras.backend.tensorflow.values import tf_variable
+
 
 def all_reduce_gradients(
     grads: list[Any], overwritten: list[bool], all_reduce_dtype: str | None
@@ -65,10 +67,6 @@ def current_graph() -> Any:
 def replica_trace_key() -> tuple[int, int]:
     """This replica in this trace: its graph and its replica context."""
     return id(current_graph()), id(tf.distribute.get_replica_context())
-
-
-def tf_variable(variable: keras.Variable | tf.Variable) -> tf.Variable:
-    return variable.value if isinstance(variable, keras.Variable) else variable
 
 
 def _assign(variable: tf.Variable, value: tf.Tensor) -> None:

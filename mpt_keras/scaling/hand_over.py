@@ -54,12 +54,9 @@ def state_before(variables: Sequence[keras.Variable]) -> list[tuple[keras.Variab
     floating = [v for v in variables if keras.backend.is_float_dtype(v.dtype)]
     if current.is_jax():
         return [(v, ops.copy(v.value)) for v in floating]
-    import tensorflow as tf
+    from mpt_keras.backend.tensorflow.values import copied_value
 
-    from mpt_keras.scaling.cross_replica import tf_variable
-
-    # tf.identity reads a copy; ops.convert_to_tensor gives the variable back.
-    return [(v, tf.identity(tf_variable(v))) for v in floating]
+    return [(v, copied_value(v)) for v in floating]
 
 
 def _replica_trace_key() -> tuple[int, int]:

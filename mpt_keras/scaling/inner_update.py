@@ -8,29 +8,29 @@ from __future__ import annotations
 from typing import Any
 
 import keras
-import tensorflow as tf
 from keras import ops
 
 from mpt_keras import compat
-from mpt_keras.scaling.cross_replica import Writer, tf_variable
+from mpt_keras.backend.tensorflow.distribute import in_cross_replica_context
+from mpt_keras.backend.tensorflow.values import copied_value
+from mpt_keras.scaling.cross_replica import Writer
 from mpt_keras.scaling.own_variables import ModelVariables, spread_over
 
 
 def apply_inner(
-    distribution: tf.distribute.Strategy,
+    distribution: Any,  # A tf.distribute.Strategy.
     inner: keras.optimizers.Optimizer,
     grads: list[Any],
     variables: list[keras.Variable],
     model: ModelVariables,
-) -> tf.Tensor | None:
+) -> Any:
     """Runs `inner.apply()` in the cross-replica context. With low-precision variables,
     returns per built variable whether the update went non-finite and was undone (a slot's
     overflow blames every checked variable); else None."""
     restored = model.update_restored
-    # tf.identity reads a copy; ops.convert_to_tensor gives the variable back.
-    before = [tf.identity(tf_variable(v)) for v in restored] if restored else []
+    before = [copied_value(v) for v in restored] if restored else []
     with compat.gradients_already_reduced():
-        if tf.distribute.in_cross_replica_context():
+        if in_cross_replica_context():
             distribution.extended.call_for_each_replica(inner.apply, args=(grads, variables))
         else:  # No strategy: maybe_merge_call stayed in the replica context.
             inner.apply(grads, variables)
@@ -52,7 +52,7 @@ def apply_inner(
     return per_variable
 
 
-def skip_inner(write: Writer, inner: keras.optimizers.Optimizer, step_ends: tf.Tensor) -> None:
+def skip_inner(write: Writer, inner: keras.optimizers.Optimizer, step_ends: Any) -> None:
     """Advances the inner optimizers' `iterations` as their `apply()` would (at a window's end)."""
     counters = [inner.iterations] + [
         sub.iterations for sub in getattr(inner, "optimizers", ()) if sub.built

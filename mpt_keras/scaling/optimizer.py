@@ -246,7 +246,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         if current.is_jax():
             scale = ops.convert_to_tensor(self.dynamic_scale)
             return [None if g is None else ops.cast(ops.divide(g, scale), g.dtype) for g in grads]
-        from mpt_keras.scaling.verdict import unscaled_like
+        from mpt_keras.backend.tensorflow.step_verdict import unscaled_like
 
         return [None if g is None else unscaled_like(g, self.dynamic_scale) for g in grads]
 
@@ -384,9 +384,9 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
 def _in_cross_replica_context() -> bool:
     if current.is_jax():
         return False
-    import tensorflow as tf
+    from mpt_keras.backend.tensorflow.distribute import in_cross_replica_context
 
-    return tf.distribute.in_cross_replica_context()
+    return in_cross_replica_context()
 
 
 def _read(variable: keras.Variable, to_python: type) -> Any:

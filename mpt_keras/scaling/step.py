@@ -10,10 +10,11 @@ import functools
 from typing import Any
 
 import keras
-import tensorflow as tf
 from keras import ops
 
 from mpt_keras import compat
+from mpt_keras.backend.tensorflow.distribute import current_strategy
+from mpt_keras.backend.tensorflow.step_verdict import batch_verdict, judge_gradients, unscale
 from mpt_keras.precision.float8 import is_float8_state
 from mpt_keras.scaling import scale_rule
 from mpt_keras.scaling.accumulation import accumulate
@@ -26,7 +27,6 @@ from mpt_keras.scaling.own_variables import (
     spread_over,
 )
 from mpt_keras.scaling.step_record import StepRecord
-from mpt_keras.scaling.verdict import batch_verdict, judge_gradients, unscale
 
 # Ours (not imported: it imports this module); read: settings, `dynamic_scale`, the inner.
 _Optimizer = keras.optimizers.LossScaleOptimizer
@@ -39,11 +39,11 @@ def run_step(
     own: OwnVariables,
     grads: list[Any],
     variables: list[keras.Variable],
-    loss: tf.Tensor | None,
+    loss: Any | None,
     batch: Any,
-    state: list[tuple[keras.Variable, tf.Tensor]],
+    state: list[tuple[keras.Variable, Any]],
     caller_unscaled: bool,
-) -> tf.Tensor:
+) -> Any:
     """The replica's part (all-reduce, unscale, judge), then the merged write; the bad batch."""
     checked_batch = loss is not None or batch is not None
     if checked_batch:
@@ -94,12 +94,12 @@ def run_step(
         state_variables=[v for v, _ in state],
         checked_batch=checked_batch,
     )
-    compat.maybe_merge_call(write_step, tf.distribute.get_strategy(), record)
+    compat.maybe_merge_call(write_step, current_strategy(), record)
     return bad_batch
 
 
 def _write_step(
-    distribution: tf.distribute.Strategy,
+    distribution: Any,
     record: StepRecord,
     *,
     optimizer: _Optimizer,
@@ -116,7 +116,7 @@ def _write_step(
     write = Writer(distribution)
     dynamic = optimizer.dynamic
 
-    def count_skip(nonfinite: tf.Tensor, overflow: tf.Tensor) -> None:
+    def count_skip(nonfinite: Any, overflow: Any) -> None:
         for variable, value in zip(state_variables, record.state):
             write.assign(variable, value)  # Each replica its own value.
         write.add(own.skipped, 1)
@@ -183,7 +183,7 @@ def _write_step(
 
 
 def _record_bad_batch(
-    write: Writer, optimizer: _Optimizer, own: OwnVariables, bad_batch: tf.Tensor, loss: tf.Tensor
+    write: Writer, optimizer: _Optimizer, own: OwnVariables, bad_batch: Any, loss: Any
 ) -> None:
     """On a skipped step: its loss if its batch was good, its step if bad."""
     count = own.bad_batches

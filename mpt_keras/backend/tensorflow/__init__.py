@@ -21,4 +21,5 @@ digits.py            the embedded dataset `mpt_digits` (TFDS builder)
 python_source.py     the embedded dataset `mpt_python_source` (TFDS builder)
 embedded_builder.py  the embedded builders' shared base
 compiled.py          the train step's optimized XLA program (HLO text)
+step_verdict.py      the loss-scaled step's verdict (finite, overflow, bad batch) and norm
 """

@@ -97,3 +97,13 @@ def _split_cpu(virtual_cpus: int) -> list[str]:
                 f"Allowed now: virtual_cpus={existing}"
             ) from None
     return [device.name for device in tf.config.list_logical_devices("CPU")]
+
+
+def in_cross_replica_context() -> bool:
+    """Whether code runs in a strategy's cross-replica context (where a merged update runs)."""
+    return tf.distribute.in_cross_replica_context()
+
+
+def current_strategy() -> tf.distribute.Strategy:
+    """The strategy in scope (TensorFlow's default one when none is)."""
+    return tf.distribute.get_strategy()

@@ -1,9 +1,11 @@
-"""A tensor's values, of any kind: dense, ragged, sparse, indexed slices."""
+"""A tensor's values, of any kind: dense, ragged, sparse, indexed slices; a variable's tf.Variable
+and a copy of its value."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import keras
 import tensorflow as tf
 
 
@@ -17,3 +19,14 @@ def dense_values(value: Any) -> tf.Tensor | None:
     if isinstance(value, tf.RaggedTensor):
         return value.flat_values
     return value if tf.is_tensor(value) else None
+
+
+def tf_variable(variable: keras.Variable | tf.Variable) -> tf.Variable:
+    """The `tf.Variable` behind a Keras variable (or `variable` itself)."""
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def copied_value(variable: keras.Variable | tf.Variable) -> tf.Tensor:
+    """A copy of `variable`'s value now: `tf.identity` reads one, where
+    `ops.convert_to_tensor` would give the variable back."""
+    return tf.identity(tf_variable(variable))
