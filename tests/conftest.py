@@ -13,6 +13,10 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 # cost. A 1-block Transformer's train step compiles in 2.7 s instead of 7.4 s on 2 cores.
 # Which programs XLA builds, and what they compute, do not depend on it; the benchmarks'
 # figures are never taken under it (the tests only dry-run them).
+# One TensorFlow intra-op thread per process (children inherit it): three workers share two
+# cores, and TensorFlow's spinning pools cost CPU. tests/test_execution_xla.py took 110.6 s of
+# CPU with it and 123.7 s without (one run each, 2 AVX2 EPYC cores, 2026-11-28).
+os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 XLA_TEST_FLAG = "--xla_backend_optimization_level=0"
 if XLA_TEST_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_TEST_FLAG}".strip()

@@ -741,8 +741,17 @@ def _rules(*rules):
             "unknown key 'rulez'. Allowed keys: version, default, safe_defaults, rules",
         ),
         (
+            _rules({"match": {"path": "x"}, "policy": "float32", "scaling": "current"}),
+            'rules[0].scaling: received "current". Allowed: no scaling (it is for policy float8)',
+        ),
+        (
+            _rules({"match": {"path": "x"}, "policy": "float8", "scaling": "eager"}),
+            'rules[0].scaling: received "eager". Allowed: delayed or current',
+        ),
+        (
             _rules({"match": {"path": "x"}, "polcy": "float32"}),
-            "unknown key 'rules[0].polcy'. Allowed keys in rules[0]: match, policy, reason",
+            "unknown key 'rules[0].polcy'. "
+            "Allowed keys in rules[0]: match, policy, scaling, reason",
         ),
         (
             _rules(
@@ -899,6 +908,31 @@ def test_float8_layers_train_and_a_second_apply_keeps_their_state():
     assert layers["block_0/mlp_up"].inputs_scale is scale
     for a, b in zip(before, [variable.numpy() for variable in model.weights], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_rule_with_current_scaling_scales_each_step_by_its_own_amax():
+    """Current scaling writes the scale it used: this step's amax over e4m3's largest (448)."""
+    with open(FLOAT8_MANIFEST) as file:
+        manifest = json.load(file)
+    for rule in manifest["rules"]:
+        if rule["policy"] == "float8":
+            rule["scaling"] = "current"
+    model = _tiny_lm()
+    assert PrecisionManifest.from_dict(manifest).to_dict() == manifest  # The key round-trips.
+    PrecisionManifest.from_dict(manifest).apply(model)
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy")
+    tokens = _tokens(4)
+    model.fit(tokens, tokens, batch_size=4, epochs=1, verbose=0)
+    layer = dict(iter_layers(model))["block_0/mlp_up"]
+    amax = float(layer.inputs_amax_history.numpy()[0])
+    assert amax > 0
+    assert float(layer.inputs_scale.numpy()) == pytest.approx(amax / 448.0, rel=1e-6)
+    # Delayed scaling, after one step, still scales by the first value (1.0).
+    delayed = _tiny_lm()
+    PrecisionManifest.from_json(FLOAT8_MANIFEST).apply(delayed)
+    delayed.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy")
+    delayed.fit(tokens, tokens, batch_size=4, epochs=1, verbose=0)
+    assert float(dict(iter_layers(delayed))["block_0/mlp_up"].inputs_scale.numpy()) == 1.0
 
 
 def test_a_saved_float8_model_loads_with_its_float8_state(tmp_path):

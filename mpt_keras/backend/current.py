@@ -6,6 +6,8 @@ to teach; TensorFlow and JAX are imported only when they are the backend.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -42,3 +44,14 @@ def is_traced(value: Any = None) -> bool:
     from mpt_keras.backend.tensorflow.devices import is_tracing
 
     return is_tracing()
+
+
+def backward_scope() -> Callable[[], contextlib.AbstractContextManager]:
+    """Called in a custom gradient's forward: what its backward enters so that the ops it
+    makes carry the forward's name scopes as autodiff's do (TensorFlow puts a custom
+    gradient's at the graph's root; JAX keeps them already)."""
+    if is_jax():
+        return contextlib.nullcontext
+    from mpt_keras.backend.tensorflow.gradients import gradient_tape_scope
+
+    return gradient_tape_scope()

@@ -1,4 +1,5 @@
-"""Touches of Keras' layer internals: dtype policy, sublayers, functional graph, call records."""
+"""Touches of Keras' layer internals: dtype policy, the float8 call, sublayers, functional
+graph, call records."""
 
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ import keras
 def replace_dtype_policy(layer: keras.layers.Layer, policy: keras.DTypePolicy) -> None:
     """Gives `layer` the policy `policy` itself; the public setter writes into a held map."""
     layer._dtype_policy = policy
+
+
+def replace_float8_call(layer: keras.layers.Layer, call: Any) -> None:
+    """Makes the float8 `layer` run `call(inputs, training=...)`: Keras' `quantized_call`
+    runs `_float8_call`, on the instance first."""
+    layer._float8_call = call
 
 
 def direct_sublayers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:

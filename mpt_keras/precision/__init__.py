@@ -10,7 +10,8 @@
     application.py  setting decisions on layers: policy maps, layers built later
     report.py       PrecisionReport, precision_report(model)
     promote.py      promote: layers one step up the ladder
-    float8.py       float8 Dense/EinsumDense training on Keras' own mechanism
+    float8.py       float8 Dense/EinsumDense training on Keras' own variables
+    float8_gemms.py    their three GEMMs in XLA's float8 form; delayed or current scaling
     compiled_gemms.py  the GEMMs of a compiled XLA program (optimized HLO text)
     float8_census.py   which float8 GEMMs of a compiled train step run in float8
 

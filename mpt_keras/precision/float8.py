@@ -31,6 +31,11 @@ from mpt_keras.backend import current
 from mpt_keras.checks import check_choice
 from mpt_keras.errors import UserInputError
 from mpt_keras.keras_bridge.layer_paths import iter_layer_paths
+from mpt_keras.precision.float8_gemms import (
+    DEFAULT_RECIPE,
+    check_installable,
+    install_float8_gemms,
+)
 
 # Keras' own classes only: Keras refuses to quantize a subclass (`type_check=True`).
 FLOAT8_LAYER_CLASSES = (keras.layers.Dense, keras.layers.EinsumDense)
@@ -117,11 +122,15 @@ def check_float8_layer(path: str, layer: Any) -> None:
         )
 
 
-def to_float8(model: keras.Model, paths: Iterable[str]) -> tuple[str, ...]:
-    """Turns the layers at `paths` to float8 (`layer.quantize`), keeping compute dtypes.
+def to_float8(
+    model: keras.Model, paths: Iterable[str], recipe: str = DEFAULT_RECIPE
+) -> tuple[str, ...]:
+    """Turns the layers at `paths` to float8 (`layer.quantize`), keeping compute dtypes, their
+    GEMMs written for XLA's float8 rewrite, scaled by `recipe` (`float8_gemms`).
 
     Call under the strategy scope, with policies set and the model built, before its
-    optimizer is built. Returns the paths turned, in order (layers already float8 are left).
+    optimizer is built. Returns the paths turned, in order (layers already float8 are left,
+    and given `recipe`).
     Raises `UserInputError` for a path naming no `Dense`/`EinsumDense`, `ValueError` if a
     layer is not built or the optimizer is (it would miss the variables).
     """
@@ -135,6 +144,7 @@ def to_float8(model: keras.Model, paths: Iterable[str]) -> tuple[str, ...]:
                 f"Allowed: the paths of its {_CLASS_NAMES} layers: {', '.join(allowed) or 'none'}"
             )
         check_float8_layer(path, layers[path])
+        check_installable(layers[path], path, recipe)
     chosen, seen = [], set()
     for path in paths:  # A layer found at several paths (shared) is turned once.
         if id(layers[path]) not in seen and not is_float8(layers[path]):
@@ -151,6 +161,8 @@ def to_float8(model: keras.Model, paths: Iterable[str]) -> tuple[str, ...]:
         )
     for path in chosen:
         layers[path].quantize("float8")
+    for path in paths:
+        install_float8_gemms(layers[path], path, recipe)
     if chosen:
         model.train_function = model.test_function = model.predict_function = None
     return tuple(chosen)

@@ -132,9 +132,14 @@ class PrecisionManifest:
         decisions = {}
         for unit in model_units:
             decisions.update(application.apply_to_unit(unit))
-        float8 = [path for path, decision in decisions.items() if decision.policy == FLOAT8]
+        float8 = {
+            path: self.rules[decision.matched[0]].float8_recipe
+            for path, decision in decisions.items()
+            if decision.policy == FLOAT8
+        }
         if float8:
-            to_float8(model, float8)
+            for recipe in sorted(set(float8.values())):
+                to_float8(model, [p for p, r in float8.items() if r == recipe], recipe)
             for unit in model_units:  # Again: a policy map now holds each one's float8 policy.
                 application.apply_to_unit(unit)
         matched = {index for decision in decisions.values() for index in decision.matched}

@@ -14,9 +14,10 @@ import keras
 
 from mpt_keras.checks import as_json, refusal
 from mpt_keras.errors import UserInputError
-from mpt_keras.precision.names import RULE_POLICIES, check_policy_name
+from mpt_keras.precision.float8_gemms import DEFAULT_RECIPE, RECIPES
+from mpt_keras.precision.names import FLOAT8, RULE_POLICIES, check_policy_name
 
-RULE_KEYS = ("match", "policy", "reason")
+RULE_KEYS = ("match", "policy", "scaling", "reason")
 MATCH_KEYS = ("path", "class")
 
 
@@ -25,13 +26,15 @@ class Rule:
     """One manifest rule: which layers it matches and the policy they take.
 
     `path` is a layer path or a regex matching whole paths; `layer_class` (`"class"` in JSON)
-    a class name the layer's class is or derives from; `None` matches any.
+    a class name the layer's class is or derives from; `None` matches any. `scaling`, for
+    `float8` only: `delayed` (Keras', the default) or `current` (`float8_gemms`).
     """
 
     policy: str
     path: str | None = None
     layer_class: str | None = None
     reason: str | None = None
+    scaling: str | None = None
 
     def __post_init__(self):
         check_policy_name(self.policy, "policy", RULE_POLICIES, show=as_json)
@@ -49,8 +52,20 @@ class Rule:
                 raise UserInputError(
                     f"match.path: bad regex '{self.path}': groups nested too deeply"
                 ) from None
+        if self.scaling is not None:
+            if self.policy != FLOAT8:
+                raise refusal(
+                    "scaling", as_json(self.scaling), "no scaling (it is for policy float8)"
+                )
+            if self.scaling not in RECIPES:
+                raise refusal("scaling", as_json(self.scaling), " or ".join(RECIPES))
         if self.reason is not None and not isinstance(self.reason, str):
             raise refusal("reason", as_json(self.reason), "a string")
+
+    @property
+    def float8_recipe(self) -> str:
+        """The float8 scaling its layers train with."""
+        return self.scaling or DEFAULT_RECIPE
 
     @property
     def match_text(self) -> str:
@@ -79,6 +94,8 @@ class Rule:
             "match": {key: value for key, value in match.items() if value is not None},
             "policy": self.policy,
         }
+        if self.scaling is not None:
+            values["scaling"] = self.scaling
         if self.reason is not None:
             values["reason"] = self.reason
         return values
@@ -117,6 +134,7 @@ def parse_rule(values: Any, where: str) -> Rule:
             path=values["match"].get("path"),
             layer_class=values["match"].get("class"),
             reason=values.get("reason"),
+            scaling=values.get("scaling"),
         )
     except UserInputError as error:
         raise UserInputError(f"{where}.{error}") from None

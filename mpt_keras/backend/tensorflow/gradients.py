@@ -10,6 +10,12 @@ import keras
 import tensorflow as tf
 
 
+def gradient_tape_scope() -> Callable[[], Any]:
+    """The name scope TensorFlow's autodiff gives gradients of ops made here (captured now)."""
+    scope = tf.get_current_name_scope()
+    return lambda: tf.name_scope(f"gradient_tape/{scope}/" if scope else "gradient_tape/")
+
+
 def traced_value_and_gradients(
     compute: Callable[..., tuple[Any, Any]], variables: Callable[[], list[keras.Variable]]
 ) -> Callable[..., tuple[Any, Any, list]]:
