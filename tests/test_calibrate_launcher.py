@@ -120,6 +120,7 @@ def test_float8_writes_a_float8_rule_for_each_layer_recommended(tfds_dir, tmp_pa
         f"--config={CONFIG}",
         "--steps=2",
         "--float8",
+        "--float8_speed=ignore",
         f"--output={manifest}",
         f"--config_override={_tiny(tfds_dir)}",
     )

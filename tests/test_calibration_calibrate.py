@@ -727,7 +727,13 @@ LOGITS_REFUSED = "stays float32 (safe default: model output) -> not float8"
 def _float8_calibration(float8, thresholds=CalibrationThresholds()):
     data = tf.data.Dataset.from_tensor_slices((FLOAT8_FEATURES, np.zeros(8))).batch(4)
     return calibrate(
-        _float8_model(), data, _output_as_loss, steps=2, thresholds=thresholds, float8=float8
+        _float8_model(),
+        data,
+        _output_as_loss,
+        steps=2,
+        thresholds=thresholds,
+        float8=float8,
+        float8_speed="ignore",
     )
 
 
@@ -740,6 +746,7 @@ def test_float8_figures_quantize_each_batch_at_the_scale_of_the_batches_before()
     assert figures["probe"] == {
         "class": "Dense",
         "calls": 2,
+        "gemm": [4, 2, 2],
         "inputs": {"format": "e4m3", "amax": 2.0, "saturated": 0.0625, "underflowed": 0.0625},
         "kernel": {"format": "e4m3", "amax": 1.0, "saturated": 0.0, "underflowed": 0.0},
         "outputs_grad": {"format": "e5m2", "amax": 0.5, "saturated": 0.0, "underflowed": 0.0},
@@ -836,7 +843,9 @@ def test_float8_reasons_name_the_share_beyond_its_threshold(steps, kernel, reaso
     model.get_layer("probe").kernel.assign(np.array(kernel, "float32"))
     weights = np.array([1.0] * 7 + [2.0], "float32")
     data = tf.data.Dataset.from_tensor_slices((np.ones((8, 2), "float32"), np.zeros(8), weights))
-    result = calibrate(model, data.batch(4), _output_as_loss, steps=steps, float8=True)
+    result = calibrate(
+        model, data.batch(4), _output_as_loss, steps=steps, float8=True, float8_speed="ignore"
+    )
 
     assert result.statistics["float8_layers"]["probe"]["reason"] == reason
 
@@ -846,7 +855,7 @@ def test_float8_follows_each_layers_own_decision():
     kernel = keras.initializers.RandomNormal(stddev=1e4, seed=0)
     wide = keras.layers.Dense(4, kernel_initializer=kernel, name="wide")
     model = _model(Block(1.0, name="block"), wide)
-    result = calibrate(model, _data(), LOSS, steps=1, float8=True)
+    result = calibrate(model, _data(), LOSS, steps=1, float8=True, float8_speed="ignore")
 
     figures = result.statistics["float8_layers"]
     assert {path: layer["policy"] for path, layer in figures.items()} == {
@@ -890,7 +899,7 @@ def test_a_float8_rule_matches_its_layer_alone():
     inputs = keras.Input((4,))
     inner = keras.Model(inputs, keras.layers.Dense(4, name="hidden")(inputs), name="inner")
     model = _model(inner, keras.layers.Dense(4, name="hidden"))
-    result = calibrate(model, _data(), LOSS, steps=1, float8=True)
+    result = calibrate(model, _data(), LOSS, steps=1, float8=True, float8_speed="ignore")
 
     assert [rule.path for rule in result.manifest.rules] == [
         "first",
@@ -940,7 +949,7 @@ def test_float8_refuses_a_layer_it_cannot_measure():
         Root(name="root"),
         Holder(name="holder"),
     )
-    result = calibrate(model, _data(), LOSS, steps=1, float8=True)
+    result = calibrate(model, _data(), LOSS, steps=1, float8=True, float8_speed="ignore")
 
     figures = result.statistics["float8_layers"]
     assert figures["probe"]["kernel"] == {
@@ -967,7 +976,7 @@ def test_a_model_in_float8_is_measured_in_float32_and_left_in_float8():
     model = _float8_model()
     PrecisionManifest("mixed_float16", (Rule("float8", path="clean"),)).apply(model)
     data = tf.data.Dataset.from_tensor_slices((FLOAT8_FEATURES, np.zeros(8))).batch(4)
-    result = calibrate(model, data, _output_as_loss, steps=2, float8=True)
+    result = calibrate(model, data, _output_as_loss, steps=2, float8=True, float8_speed="ignore")
 
     # Its float8 state (clean/inputs_scale, ...) has no gradient to measure.
     assert set(result.statistics["gradients"]) == {

@@ -86,7 +86,8 @@ def test_non_finite_numbers_are_written_as_the_toolkit_writes_them():
         "class", "activations", "gradients", "errors", "policy", "reason"
     ]  # fmt: skip
     assert list(values["float8_layers"]["dense"]) == [
-        "class", "calls", "inputs", "kernel", "outputs_grad", "policy", "recommended", "reason"
+        "class", "calls", "gemm", "inputs", "kernel", "outputs_grad", "policy", "recommended",
+        "reason",
     ]  # fmt: skip
     text = CalibrationResult(values, PrecisionManifest("mixed_float16")).to_json()
     assert json.loads(text) == values  # Strict JSON: no NaN or Infinity.

@@ -8,9 +8,10 @@
 The model is built as `mpt-train` builds it from the config and fed the run's
 first `--steps` train batches; each layer gets float16, bfloat16 or float32
 with the reason and its numbers. With `--float8`, each Dense and EinsumDense
-whose figures allow it gets a float8 rule (off by default: without float8
-units float8 is emulated, and slower); the statistics hold every one's
-figures and reason either way. The model, data and loss are the config's,
+whose figures allow it, and whose GEMM is measured faster in float8 on this
+device (`--float8_speed=measure`; never on a CPU, whose float8 is emulated;
+`ignore`: by the figures alone), gets a float8 rule; the statistics hold
+every one's figures and reason either way. The model, data and loss are the config's,
 a reference model or the user's own (`model.factory`, `model.file`). The
 statistics go to `<output stem>.stats.json` (or `--stats_output`); a table of
 the decisions is printed, with a last line naming the first non-finite
@@ -45,6 +46,14 @@ _FLOAT8 = flags.DEFINE_bool(
     "Give float8 rules to the Dense and EinsumDense layers whose amax and float8 shares allow "
     "it. Off by default: without float8 units float8 is emulated, and slower.",
 )
+_FLOAT8_SPEED = flags.DEFINE_enum(
+    "float8_speed",
+    "measure",
+    ["measure", "ignore"],
+    "With --float8: measure (float8 only where this device's float8 GEMMs of the layer's "
+    "shape are measured faster; never on a CPU) or ignore (by the numbers alone, to calibrate "
+    "for another device).",
+)
 
 
 _BACKEND = backend_flag.define(__name__)
@@ -63,6 +72,7 @@ def main(argv: Sequence[str]) -> None:
         stats_output=_STATS_OUTPUT.value,
         steps=_STEPS.value,
         float8=_FLOAT8.value,
+        float8_speed=_FLOAT8_SPEED.value,
     )
     print(calibration.format_calibration_table(result.statistics), end="")
 
@@ -78,6 +88,7 @@ def run() -> None:
                 "config_override",
                 "steps",
                 "float8",
+                "float8_speed",
                 "output",
                 "stats_output",
                 "backend",

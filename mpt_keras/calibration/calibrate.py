@@ -32,6 +32,7 @@ from mpt_keras.calibration.decisions import (
     unmeasured_reason,
 )
 from mpt_keras.calibration.float8 import Float8Layer, Float8Recorder, decide_float8
+from mpt_keras.calibration.float8_speed import FLOAT8_SPEEDS, SpeedJudge
 from mpt_keras.calibration.result import CalibrationResult, CalibrationStatistics, LayerStatistics
 from mpt_keras.calibration.rules import calibrated_manifest, exact_rule
 from mpt_keras.calibration.sites import CalibrationSites, Group
@@ -42,7 +43,7 @@ from mpt_keras.calibration.statistics import (
     layer_gradients,
     magnitudes,
 )
-from mpt_keras.checks import check_number, refusal
+from mpt_keras.checks import check_choice, check_number, refusal
 from mpt_keras.keras_bridge.layer_paths import iter_layers
 from mpt_keras.precision.float8 import FLOAT8_LAYER_CLASSES
 from mpt_keras.precision.manifest import PrecisionManifest
@@ -60,6 +61,7 @@ def calibrate(
     initial_scale: float = 2.0**15,
     batch_size: int = 32,
     float8: bool = False,
+    float8_speed: str = "measure",
 ) -> CalibrationResult:
     """Measures a model in float32 on `steps` batches and decides a manifest.
 
@@ -72,6 +74,9 @@ def calibrate(
         initial_scale: The loss scale a float16 run starts with.
         float8: Give recommended Dense/EinsumDense a float8 rule (emulated, slower, without
             float8 units).
+        float8_speed: With `float8`, `measure`: recommend float8 only where this device's
+            float8 GEMMs of the layer's shape are measured faster (`calibration.float8_speed`;
+            never on a CPU); `ignore`: by the numbers alone (calibrating for another device).
 
     Returns:
         The statistics and manifest; deterministic in data and seed.
@@ -82,6 +87,7 @@ def calibrate(
     check_number("steps", steps, minimum=1, integer=True)
     if not isinstance(float8, bool):
         raise refusal("float8", repr(float8), "True or False")
+    check_choice("float8_speed", float8_speed, FLOAT8_SPEEDS)
     check_number("initial_scale", initial_scale, above=0)
     loss = inputs.as_loss(loss)
     model = inputs.as_model(model_or_factory)
@@ -92,7 +98,8 @@ def calibrate(
     saved_policies = [(layer, layer.dtype_policy) for _, layer in iter_layers(model)]
     try:
         float32 = PrecisionManifest(default="float32").apply(model)
-        calibration = _Calibration(model, sites, float32, thresholds, initial_scale, float8)
+        speed = float8 and float8_speed == "measure"
+        calibration = _Calibration(model, sites, float32, thresholds, initial_scale, float8, speed)
         return calibration.run(batches, loss, seed)
     finally:
         for layer, policy in saved_policies:
@@ -108,12 +115,14 @@ class _Calibration:
         thresholds: CalibrationThresholds,
         initial_scale: float,
         float8: bool,
+        float8_speed: bool,
     ):
         self._model = model
         self._sites = sites
         self._thresholds = thresholds
         self._scale = initial_scale
         self._float8_rules_asked = float8
+        self._float8_speed = float8_speed
         self._safe_defaults = {
             layer.path: exact_rule("float32", layer.path, layer.decided_by)
             for layer in float32_report.layers
@@ -219,6 +228,10 @@ class _Calibration:
     ) -> dict[str, Float8Layer]:
         """Per Dense and EinsumDense path, its float8 decision."""
         limits = self._thresholds
+        speed = None
+        if self._float8_speed:
+            compute_dtype = keras.DTypePolicy(default).compute_dtype
+            speed = SpeedJudge(compute_dtype, limits.min_float8_speedup).judge
         decided = {}
         for path, figures in self._float8.figures().items():
             policy = decisions[path].policy
@@ -233,6 +246,7 @@ class _Calibration:
                 default,
                 limits.max_float8_saturated_fraction,
                 limits.max_float8_underflowed_fraction,
+                speed,
             )
             chosen = FLOAT8 if recommended and self._float8_rules_asked else policy
             decided[path] = Float8Layer(figures, chosen, recommended, reason)

@@ -27,6 +27,8 @@ class CalibrationThresholds:
         max_float16_error: float16's rounding unit is 4.9e-4: 1e-2 allows 20-fold amplification.
         max_float8_saturated_fraction: Of each input, kernel and output gradient at the delayed
             scale (`calibration.float8`): 0.1% allows outliers, refuses a jumping amax.
+        min_float8_speedup: A float8 GEMM's speed over the compute dtype's, measured on this
+            device (`calibration.float8_speed`): below 1 float8 costs time.
 
     Raises:
         UserInputError: For a value <= 0, a fraction > 1, a headroom < 1.
@@ -38,6 +40,7 @@ class CalibrationThresholds:
     max_bfloat16_error: float = 5e-2
     max_float8_saturated_fraction: float = 1e-3
     max_float8_underflowed_fraction: float = 1e-2
+    min_float8_speedup: float = 1.0
 
     def __post_init__(self):
         for field in dataclasses.fields(self):

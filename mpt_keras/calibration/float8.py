@@ -18,8 +18,10 @@ import keras
 import numpy as np
 
 from mpt_keras.calibration.decisions import format_share
+from mpt_keras.calibration.float8_speed import Float8Speed
 from mpt_keras.keras_bridge.layer_calls import calls_wrapped
 from mpt_keras.precision.float8 import QUANTIZED_TENSORS, float8_shares, format_max
+from mpt_keras.precision.float8_gemms import gemm_shape
 from mpt_keras.precision.names import LOW_PRECISION_POLICIES
 
 # Each tensor's name in reasons, and its verb ending.
@@ -50,20 +52,23 @@ class TensorFigures:
 
 @dataclasses.dataclass(frozen=True)
 class Float8Figures:
-    """A Dense or EinsumDense's call count and each quantized tensor's figures."""
+    """A Dense or EinsumDense's call count, each quantized tensor's figures, and its GEMM
+    `(M, K, N)` on the first calibration batch (None: not called, or no matrix product)."""
 
     class_name: str
     calls: int
     inputs: TensorFigures
     kernel: TensorFigures
     outputs_grad: TensorFigures
+    gemm: tuple[int, int, int] | None = None
 
     def tensors(self) -> dict[str, TensorFigures]:
         return {tensor: getattr(self, tensor) for tensor in QUANTIZED_TENSORS}
 
     def to_json(self) -> dict[str, Any]:
         tensors = {tensor: figures.to_json() for tensor, figures in self.tensors().items()}
-        return {"class": self.class_name, "calls": self.calls, **tensors}
+        gemm = list(self.gemm) if self.gemm else None
+        return {"class": self.class_name, "calls": self.calls, "gemm": gemm, **tensors}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +155,7 @@ class Float8Recorder:
             for path, _ in self._layers
         }
         self._calls = dict.fromkeys(self._tensors, 0)
+        self._gemms: dict[str, tuple[int, int, int] | None] = {}
         # This batch's calls: (path, inputs, matmul output).
         self._batch: list[tuple[str, Any, Any]] = []
 
@@ -174,6 +180,9 @@ class Float8Recorder:
         pieces = {path: {"inputs": [], "outputs_grad": []} for path in self._tensors}
         for (path, inputs, output), gradient in zip(self._batch, output_gradients, strict=True):
             self._calls[path] += 1
+            if path not in self._gemms:
+                layer = dict(self._layers)[path]
+                self._gemms[path] = gemm_shape(layer, tuple(int(d) for d in inputs.shape))
             pieces[path]["inputs"].append(_flat(inputs))
             # None: the loss does not depend on it.
             pieces[path]["outputs_grad"].append(
@@ -195,6 +204,7 @@ class Float8Recorder:
                 type(layer).__name__,
                 self._calls[path],
                 **{tensor: tensors[tensor].figures() for tensor in QUANTIZED_TENSORS},
+                gemm=self._gemms.get(path),
             )
         return figures
 
@@ -241,12 +251,14 @@ def decide_float8(
     default: str,
     max_saturated: float,
     max_underflowed: float,
+    speed: Callable[[tuple[int, int, int]], Float8Speed] | None = None,
 ) -> tuple[bool, str]:
     """`(recommended, reason)`: whether a layer should train in float8, and why.
 
     A float8 layer computes in the manifest's `default` outside its matmuls, so only a layer
-    whose `policy` is that (low-precision) default, every share within limits. `why`: why a
-    float32 `policy` (`safe default: model output`, `follows block_0`).
+    whose `policy` is that (low-precision) default, every share within limits, and where
+    `speed` judges its GEMM (`SpeedJudge.judge`; None: by the numbers alone), float8 paying.
+    `why`: why a float32 `policy` (`safe default: model output`, `follows block_0`).
     """
     problems = []
     if policy not in LOW_PRECISION_POLICIES:
@@ -270,6 +282,11 @@ def decide_float8(
                     f"{label} {verbs[share]}{ending} {format_share(value)} "
                     f"in {tensor_figures.float8_format} > {format_share(limit)}"
                 )
+    if figures.calls and figures.gemm is None:
+        problems.append("its equation is no single matrix product (a batch dimension)")
+    judged = speed(figures.gemm) if speed is not None and figures.gemm and not problems else None
+    if judged is not None and not judged.pays:
+        problems.append(judged.reason)
     if problems:
         return False, "; ".join(problems) + " -> not float8"
     amaxes = ", ".join(
@@ -281,7 +298,9 @@ def decide_float8(
     return True, (
         f"amax: {amaxes}; at most {format_share(largest['saturated'])} saturate and "
         f"{format_share(largest['underflowed'])} underflow in e4m3/e5m2 "
-        f"(<= {format_share(max_saturated)}, <= {format_share(max_underflowed)}) -> float8"
+        f"(<= {format_share(max_saturated)}, <= {format_share(max_underflowed)})"
+        + (f"; {judged.reason}" if judged is not None else "")
+        + " -> float8"
     )
 
 

@@ -19,6 +19,7 @@ A `model.keras` holds Keras' float8 layers: loaded without mpt_keras, they run K
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import keras
@@ -108,6 +109,20 @@ def einsum_float8(
     if permutation != sorted(permutation):
         outputs = ops.transpose(outputs, permutation)
     return outputs
+
+
+def gemm_shape(layer: Any, input_shape: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """`(M, K, N)` of the float8 GEMM `layer` runs on inputs of `input_shape`; None where its
+    equation is not one matrix product."""
+    product = as_matrix_product(_expanded(_equation(layer), len(input_shape)))
+    if product is None:
+        return None
+    lhs, rhs, _, free_lhs, contracted, free_rhs = product
+    kernel_shape = tuple(layer.kernel.shape)
+    inner = math.prod(kernel_shape[rhs.index(index)] for index in contracted)
+    columns = math.prod(kernel_shape[rhs.index(index)] for index in free_rhs)
+    rows = math.prod(input_shape[lhs.index(index)] for index in free_lhs)
+    return rows, inner, columns
 
 
 def as_matrix_product(equation: str) -> tuple[str, str, str, str, str, str] | None:

@@ -23,10 +23,12 @@ def run_calibration(
     steps: int = 8,
     thresholds: CalibrationThresholds = CalibrationThresholds(),
     float8: bool = False,
+    float8_speed: str = "measure",
 ) -> CalibrationResult:
     """Calibrates on the run's first `steps` train batches; writes the manifest and statistics.
 
     The model is built as `run_training`'s, in float32, at `loss_scale.initial_scale`.
+    `float8`, `float8_speed`: as `calibrate`'s.
     `stats_output` defaults to `<output stem>.stats.json`.
     """
     float32_config = dataclasses.replace(config, precision="float32", manifest=None)
@@ -45,6 +47,7 @@ def run_calibration(
         thresholds=thresholds,
         initial_scale=float(config.loss_scale.initial_scale),
         float8=float8,
+        float8_speed=float8_speed,
     )
     stats_path = stats_output or os.path.splitext(os.fspath(output))[0] + ".stats.json"
     for what, path, text in (

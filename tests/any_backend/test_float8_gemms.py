@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from mpt_keras.backend import current
+from mpt_keras.calibration.float8_speed import gemm_seconds
 from mpt_keras.errors import UserInputError
 from mpt_keras.precision.float8 import to_float8
 from mpt_keras.precision.float8_gemms import as_matrix_product, install_float8_gemms
@@ -174,3 +175,10 @@ def test_an_unknown_recipe_is_refused_with_the_allowed_ones():
     layer, _ = _layer("dense", "float32", None)
     with pytest.raises(UserInputError, match="^float8 recipe: received 'just_in_time'. Allowed"):
         install_float8_gemms(layer, "dense", "just_in_time")
+
+
+def test_gemm_seconds_times_both_compiled_programs():
+    """A figure per program, each a median of timed calls after the compile (not a speed
+    claim: this machine emulates float8)."""
+    wide, narrow = gemm_seconds((8, 16, 32), "float32")
+    assert 0 < wide < 10 and 0 < narrow < 10

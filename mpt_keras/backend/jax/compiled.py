@@ -1,7 +1,9 @@
-"""The optimized XLA program of a model's train step on JAX, compiled and never run."""
+"""XLA-compiled programs on JAX: a model's train step (its optimized HLO, never run) and a
+function's gradients."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -19,3 +21,8 @@ def train_step_hlo(model: keras.Model, batch: Any) -> str:
         [variable.value for variable in model.metrics_variables],
     )
     return jax.jit(model.train_step).lower(state, batch).compile().as_text()
+
+
+def compiled_gradients(loss: Callable[..., Any]) -> Callable[..., Any]:
+    """`loss`'s gradients for each of its arguments, XLA-compiled (`jax.jit(jax.grad)`)."""
+    return jax.jit(lambda *args: jax.grad(loss, argnums=tuple(range(len(args))))(*args))

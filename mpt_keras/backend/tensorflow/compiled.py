@@ -1,7 +1,9 @@
-"""The optimized XLA program of a model's train step on TensorFlow, compiled and never run."""
+"""XLA-compiled programs on TensorFlow: a model's train step (its optimized HLO, never run)
+and a function's gradients."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -16,3 +18,16 @@ def train_step_hlo(model: keras.Model, batch: Any) -> str:
     # No autograph, as the run's own steps (train_function.py): the same graph, traced faster.
     step = tf.function(model.train_step, jit_compile=True, autograph=False)
     return step.experimental_get_compiler_ir(batch)(stage="optimized_hlo")
+
+
+def compiled_gradients(loss: Callable[..., Any]) -> Callable[..., Any]:
+    """`loss`'s gradients for each of its arguments, XLA-compiled (`jit_compile=True`)."""
+
+    @tf.function(jit_compile=True, autograph=False)
+    def gradients(*args: Any) -> list[Any]:
+        with tf.GradientTape() as tape:
+            tape.watch(args)
+            value = loss(*args)
+        return tape.gradient(value, list(args))
+
+    return gradients
