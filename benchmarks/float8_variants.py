@@ -2,9 +2,9 @@
 
 A float8 twin (`<model>/<precision>+float8/...`) turns every `Dense` and
 `EinsumDense` of its model (`to_float8`, after the stack's manifest, before the
-optimizer is built). Keras' float8 layers cast a matmul's operands to float8
-and back around a matmul in the compute dtype; only XLA's GEMM rewrite on GPUs
-of CUDA compute capability 8.9 or newer makes that one float8 matmul. Anywhere
+optimizer is built), which runs their three GEMMs on operands cast to float8 and
+back (`precision/float8_gemms.py`); only XLA's GEMM rewrite on GPUs of CUDA
+compute capability 8.9 or newer makes each one float8 matmul. Anywhere
 else float8 is `emulated`: extra casts, slower than its twin. A TPU's float8
 support is not probed: emulated.
 """

@@ -8,8 +8,9 @@ blocks, 512 tokens, batch 16, a 32,768-token vocabulary; 92M parameters) trained
 and float8 (the bundled float8 manifest's matmuls; bfloat16 elsewhere), each by stock Keras and
 by mpt_keras in its own process, so that peak device memory is that cell's. Per cell: the
 median step, examples/s, peak device memory, the final loss, and for our float8 cell the census
-of the compiled step (which GEMMs run in float8; stock's layers are the same Keras float8
-layers); per precision, ours/stock. Stock
+of the compiled step (which GEMMs run in float8: ours are written in the form XLA's float8
+rewrite takes, `precision/float8_gemms.py`; stock's are Keras' own); per precision,
+ours/stock. Stock
 Keras never imports mpt_keras: its float16 step gets Keras' own LossScaleOptimizer, its float8
 the same layers quantized by `layer.quantize("float8")`.
 
@@ -184,25 +185,11 @@ def _cell_in_a_process(precision: str, stack: str, shape: Shape, steps: int) -> 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def machine() -> dict[str, Any]:
-    import jax
-    import keras
-
+def result_path(output: str, device_kind: str, today: datetime.date) -> str:
+    """`<output>/gpu_<date>_<device>.json`."""
     from benchmarks import result_files
 
-    return {
-        "cpu": result_files.cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "devices": [f"/device:{d.platform.upper()}:{d.id} {d.device_kind}" for d in jax.devices()],
-        "jax": jax.__version__,
-        "keras": keras.__version__,
-    }
-
-
-def result_path(output: str, device_kind: str, today: datetime.date) -> str:
-    """`<output>/gpu_<date>_<device>.json`, the device's name in lower case with dashes."""
-    device = re.sub(r"[^a-z0-9]+", "-", device_kind.lower()).strip("-") or "unknown"
-    return os.path.join(output, f"gpu_{today.isoformat()}_{device}.json")
+    return result_files.device_result_path(output, "gpu", device_kind, today)
 
 
 FLAGS = flags.FLAGS
@@ -242,7 +229,7 @@ def main(argv: Sequence[str]) -> None:
 
     from benchmarks import result_files
 
-    result["machine"] = machine()
+    result["machine"] = result_files.jax_machine()
     result["run"] = result_files.record(["python", "-m", "benchmarks.gpu_check", *sys.argv[1:]])
     path = result_path(FLAGS.output, jax.devices()[0].device_kind, datetime.date.today())
     os.makedirs(FLAGS.output, exist_ok=True)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -56,6 +58,26 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def jax_machine() -> dict[str, Any]:
+    """The CPU, its cores, JAX's devices, and the JAX and Keras versions (JAX scripts)."""
+    import jax
+    import keras
+
+    return {
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "devices": [f"/device:{d.platform.upper()}:{d.id} {d.device_kind}" for d in jax.devices()],
+        "jax": jax.__version__,
+        "keras": keras.__version__,
+    }
+
+
+def device_result_path(output: str, name: str, device_kind: str, today: datetime.date) -> str:
+    """`<output>/<name>_<date>_<device>.json`, the device's name in lower case with dashes."""
+    device = re.sub(r"[^a-z0-9]+", "-", device_kind.lower()).strip("-") or "unknown"
+    return os.path.join(output, f"{name}_{today.isoformat()}_{device}.json")
 
 
 def stamp(path: str, command: Sequence[str]) -> None:

@@ -1,0 +1,157 @@
+"""Float8 where it should pay most: MLP blocks, Keras' float8 and ours against bfloat16 (JAX).
+
+    KERAS_BACKEND=jax python -m benchmarks.float8_mlp [--small] [--output=benchmarks/results]
+
+Issue 34's goal: on an H100, float8 at least 1.3x bfloat16's step time on two MLP blocks of
+width 4096 (8192 tokens of 1024). Each variant trains a fresh model of the same shape in this
+process, 2 warm-up steps (the compile), then `--steps` timed ones (median). Variants:
+`bfloat16` (`mixed_bfloat16`); `float8 keras` (`layer.quantize("float8")`, Keras' own call);
+`float8 delayed` and `float8 current` (`to_float8` with each scaling: our GEMMs,
+`precision/float8_gemms.py`). Each float8 variant records the census of its compiled step
+(which GEMMs run in float8), and every variant its speed over `bfloat16`. Written to
+`<output>/float8_mlp_<date>_<device>.json`. `--small` is the CPU dry run the suite runs
+(tests/jax_backend/test_float8_mlp_benchmark.py): width 32, a few steps, all emulated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from absl import app, flags
+
+VARIANTS = ("bfloat16", "float8 keras", "float8 delayed", "float8 current")
+
+
+@dataclasses.dataclass(frozen=True)
+class MlpShape:
+    """Two-layer MLP blocks (`width` -> 4 x `width` -> `width`, residual) on a batch of
+    `sequences` x `tokens` vectors."""
+
+    width: int
+    blocks: int
+    sequences: int
+    tokens: int
+
+
+REFERENCE = MlpShape(width=4096, blocks=2, sequences=8, tokens=1024)
+SMALL = MlpShape(width=32, blocks=2, sequences=2, tokens=8)
+
+
+def build_mlp(shape: MlpShape) -> Any:
+    """The blocks as a functional model; its Dense layers are `block_<i>_up`, `block_<i>_down`."""
+    import keras
+
+    inputs = keras.Input((shape.tokens, shape.width))
+    hidden = inputs
+    for index in range(shape.blocks):
+        normed = keras.layers.LayerNormalization(name=f"block_{index}_norm")(hidden)
+        up = keras.layers.Dense(4 * shape.width, activation="gelu", name=f"block_{index}_up")
+        down = keras.layers.Dense(shape.width, name=f"block_{index}_down")
+        hidden = keras.layers.Add()([hidden, down(up(normed))])
+    return keras.Model(inputs, hidden)
+
+
+def measure_variant(variant: str, shape: MlpShape, steps: int) -> dict[str, Any]:
+    """One variant's median step, peak device memory, final loss and (float8) census."""
+    import jax
+    import keras
+    import numpy as np
+
+    from mpt_keras.precision.float8 import to_float8
+    from mpt_keras.precision.float8_census import take_census
+    from mpt_keras.precision.policies import global_policy
+
+    keras.utils.set_random_seed(0)
+    with global_policy("mixed_bfloat16"):
+        model = build_mlp(shape)
+    dense = [layer.name for layer in model.layers if isinstance(layer, keras.layers.Dense)]
+    if variant == "float8 keras":
+        for name in dense:
+            model.get_layer(name).quantize("float8")
+    elif variant.startswith("float8 "):
+        to_float8(model, dense, variant.removeprefix("float8 "))
+    model.compile(optimizer=keras.optimizers.AdamW(1e-4), loss="mse", jit_compile=True)
+    rng = np.random.default_rng(0)
+    size = (shape.sequences, shape.tokens, shape.width)
+    x = rng.standard_normal(size).astype("float32")
+    y = rng.standard_normal(size).astype("float32")
+    times, loss = [], float("nan")
+    for step in range(2 + steps):
+        start = time.perf_counter()
+        loss = float(model.train_on_batch(x, y))  # A host value: the step has finished.
+        if step >= 2:
+            times.append(time.perf_counter() - start)
+    median = statistics.median(times)
+    census = take_census(model, (x, y)) if variant != "bfloat16" else None
+    return {
+        "variant": variant,
+        "median_step_ms": median * 1000,
+        "step_ms": [t * 1000 for t in times],
+        "tokens_per_second": shape.sequences * shape.tokens / median,
+        "peak_device_bytes": (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use"),
+        "final_loss": loss,
+        "float8_census": census.to_dict() if census else None,
+        "census_summary": census.summary() if census else None,
+    }
+
+
+def run(shape: MlpShape, steps: int, variants: Sequence[str] = VARIANTS) -> dict[str, Any]:
+    """Every variant (one failing loses no other: a GPU run is one try) and its speed over
+    bfloat16 (bfloat16's step time over its own)."""
+    rows = []
+    for variant in variants:
+        try:
+            rows.append(measure_variant(variant, shape, steps))
+        except Exception as error:
+            message = str(error).strip().splitlines() or [type(error).__name__]
+            rows.append({"variant": variant, "error": message[-1][:300]})
+    times = {row["variant"]: row.get("median_step_ms") for row in rows}
+    base = times.get("bfloat16")
+    for row in rows:
+        ms = row.get("median_step_ms")
+        row["speed_over_bfloat16"] = base / ms if base and ms else None
+    return {"benchmark": "float8_mlp", "shape": dataclasses.asdict(shape), "steps": steps,
+            "rows": rows}  # fmt: skip
+
+
+FLAGS = flags.FLAGS
+flags.DEFINE_bool("small", False, "The CPU dry run: width 32, a few steps.")
+flags.DEFINE_integer("steps", None, "Timed steps per variant (default 20; --small: 2).", 1)
+flags.DEFINE_string("output", "benchmarks/results", "The folder the result file is written to.")
+
+
+def main(argv: Sequence[str]) -> None:
+    import jax
+
+    from benchmarks import result_files
+
+    shape = SMALL if FLAGS.small else REFERENCE
+    result = run(shape, FLAGS.steps or (2 if FLAGS.small else 20))
+    result["machine"] = result_files.jax_machine()
+    result["run"] = result_files.record(["python", "-m", "benchmarks.float8_mlp", *sys.argv[1:]])
+    device = jax.devices()[0].device_kind
+    path = result_files.device_result_path(
+        FLAGS.output, "float8_mlp", device, datetime.date.today()
+    )
+    os.makedirs(FLAGS.output, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as file:
+        json.dump(result, file, indent=2)
+    for row in result["rows"]:
+        figure = row.get("error") or (
+            f"{row['median_step_ms']:.2f} ms a step, {row['speed_over_bfloat16']:.2f}x bfloat16"
+            + (f"; {row['census_summary']}" if row["census_summary"] else "")
+        )
+        print(f"{row['variant']:>15}: {figure}")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    app.run(main)
