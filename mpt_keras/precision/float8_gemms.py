@@ -62,10 +62,11 @@ def float8_call(layer: Any, inputs: Any, training: Any = None, *, recipe: str) -
     if getattr(layer, "lora_enabled", False):
         raise UserInputError(f"layer '{layer.name}': float8 with LoRA. Allowed: LoRA off")
     equation = _equation(layer)
+    # Dequantized to the compute dtype, as Keras' quantize-dequantize: the kernel's dtype.
     outputs = einsum_float8(
         equation,
         inputs,
-        ops.convert_to_tensor(layer.kernel),
+        ops.cast(layer.kernel, layer.compute_dtype),
         {
             tensor: (
                 ops.convert_to_tensor(getattr(layer, f"{tensor}_scale")),
@@ -179,10 +180,11 @@ def _as_matrix(tensor: Any, term: str, rows: str, columns: str) -> tuple[Any, li
     return ops.reshape(tensor, (-1, column_size)), row_sizes
 
 
-def _quantized(values: Any, scale: Any, dtype: str) -> Any:
-    """`values / scale`, clipped to the format's range, in float8 (as Keras quantizes)."""
-    largest = ops.cast(_LARGEST[dtype], values.dtype)
-    scaled = ops.divide(values, ops.cast(scale, values.dtype))
+def _quantized(values: Any, scale: Any, dtype: str, compute_dtype: str) -> Any:
+    """`values / scale`, clipped to the format's range, in float8 (as Keras quantizes: the
+    scale and the bounds in the compute dtype, `values` in theirs)."""
+    largest = ops.cast(_LARGEST[dtype], compute_dtype)
+    scaled = ops.divide(values, ops.cast(scale, compute_dtype))
     return ops.cast(ops.clip(scaled, -largest, largest), dtype)
 
 
@@ -210,12 +212,12 @@ def _gemms(recipe: str):
 
     @ops.custom_gradient
     def gemm(inputs, kernel, x_scale, x_history, k_scale, k_history, g_scale, g_history):
-        dtype = inputs.dtype
+        dtype = kernel.dtype  # The compute dtype.
         if recipe == "current":
             x_scale = _scale_from(_amax(inputs), x_scale, _E4M3)
             k_scale = _scale_from(_amax(kernel), k_scale, _E4M3)
-        x = _dequantized(_quantized(inputs, x_scale, _E4M3), x_scale, dtype)
-        k = _dequantized(_quantized(kernel, k_scale, _E4M3), k_scale, dtype)
+        x = _dequantized(_quantized(inputs, x_scale, _E4M3, dtype), x_scale, dtype)
+        k = _dequantized(_quantized(kernel, k_scale, _E4M3, dtype), k_scale, dtype)
         outputs = ops.einsum("mk,kn->mn", x, k)
         scope = current.backward_scope()
 
@@ -239,8 +241,9 @@ def _gemms(recipe: str):
                         (g_scale, g_history, _E5M2),
                     )
                 )
-            g = _dequantized(_quantized(upstream, used_g_scale, _E5M2), used_g_scale, dtype)
-            inputs_grad = ops.einsum("mn,kn->mk", g, k)
+            g = _quantized(upstream, used_g_scale, _E5M2, dtype)
+            g = _dequantized(g, used_g_scale, dtype)
+            inputs_grad = ops.cast(ops.einsum("mn,kn->mk", g, k), inputs.dtype)
             kernel_grad = ops.einsum("mk,mn->kn", x, g)
             return (
                 inputs_grad,
