@@ -1,9 +1,10 @@
-"""Float8 training of chosen Dense and EinsumDense layers, on Keras' own mechanism.
+"""Float8 training of chosen Dense and EinsumDense layers, on Keras' own variables.
 
-`layer.quantize("float8")` makes Keras scale `inputs`, `kernel` (e4m3) and `outputs_grad`
-(e5m2) by per-tensor scales from a 1024-step amax history ("delayed scaling"); the backward
-pass returns the new state as `overwrite_with_gradient` "gradients", written as they are
-(never unscaled; a skipped step writes nothing). Under a float16 loss scale the gradient's
+`layer.quantize("float8")` gives a layer Keras' float8 state: `inputs`, `kernel` (e4m3) and
+`outputs_grad` (e5m2) scaled per tensor, by default from a 1024-step amax history ("delayed
+scaling"); `to_float8` then runs its GEMMs as `float8_gemms` writes them (delayed or current
+scaling). The backward pass returns the new state as `overwrite_with_gradient`
+"gradients", written as they are (never unscaled; a skipped step writes nothing). Under a float16 loss scale the gradient's
 history follows the scale: a growth saturates two steps, a backoff underflows a binade more
 for up to 1024 steps.
 
