@@ -4,9 +4,9 @@
 `outputs_grad` (e5m2) scaled per tensor, by default from a 1024-step amax history ("delayed
 scaling"); `to_float8` then runs its GEMMs as `float8_gemms` writes them (delayed or current
 scaling). The backward pass returns the new state as `overwrite_with_gradient`
-"gradients", written as they are (never unscaled; a skipped step writes nothing). Under a float16 loss scale the gradient's
-history follows the scale: a growth saturates two steps, a backoff underflows a binade more
-for up to 1024 steps.
+"gradients", written as they are (never unscaled; a skipped step writes nothing). Under a
+float16 loss scale the gradient's history follows the scale: a growth saturates two steps,
+a backoff underflows a binade more for up to 1024 steps.
 
 Order: the mixed policy, build, `to_float8`, then build the optimizer. Float8 layers train
 only compiled (eagerly, Keras 3.15.1's custom gradient fails on TensorFlow).
