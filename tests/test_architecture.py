@@ -447,8 +447,6 @@ TENSORFLOW_OUTSIDE_BACKEND = [
     "mpt_keras/execution/replica_step.py",
     "mpt_keras/execution/xla.py",
     "mpt_keras/runs/assembly.py",
-    "mpt_keras/runs/fit_loop.py",
-    "mpt_keras/runs/keras_objects.py",
     "mpt_keras/scaling/cross_replica.py",
     "mpt_keras/scaling/step_record.py",
 ]

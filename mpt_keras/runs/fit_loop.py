@@ -86,11 +86,9 @@ def sharded_by_data(dataset: Any) -> Any:
     batches as they are."""
     if current.is_jax():
         return dataset
-    import tensorflow as tf
+    from mpt_keras.backend.tensorflow import datasets
 
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return dataset.with_options(options)
+    return datasets.sharded_by_data(dataset)
 
 
 def _mend(state: Fit, diverged: Diverged) -> None:

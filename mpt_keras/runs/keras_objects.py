@@ -105,9 +105,9 @@ def _no_runtime_started() -> Any:
     would fix the CPU's devices before a strategy splits them); JAX starts nothing here."""
     if current.is_jax():
         return contextlib.nullcontext()
-    import tensorflow as tf
+    from mpt_keras.backend.tensorflow.devices import graph_of_its_own
 
-    return tf.Graph().as_default()
+    return graph_of_its_own()
 
 
 def _keras_component(config: ComponentConfig, module: Any, key: str) -> Callable[[], Any]:

@@ -99,3 +99,10 @@ def _rank_changes(spec: Any, source_spec: Any) -> set[int]:
             return {0}
         changes.add(change)
     return changes
+
+
+def sharded_by_data(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """`dataset`, split by data (not files) across a multi-worker strategy's workers."""
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.with_options(options)

@@ -31,3 +31,8 @@ def trace_without_running(function: Callable[..., Any], inputs: Any) -> None:
         lambda v: tf.TensorSpec(tuple(v.shape), keras.backend.standardize_dtype(v.dtype)), inputs
     )
     tf.function(function).get_concrete_function(specs)
+
+
+def graph_of_its_own() -> Any:
+    """A graph made the default (a `with` block): ops made inside start no runtime."""
+    return tf.Graph().as_default()
