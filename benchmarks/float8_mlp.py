@@ -19,9 +19,7 @@ import dataclasses
 import datetime
 import json
 import os
-import statistics
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -61,10 +59,10 @@ def build_mlp(shape: MlpShape) -> Any:
 
 def measure_variant(variant: str, shape: MlpShape, steps: int) -> dict[str, Any]:
     """One variant's median step, peak device memory, final loss and (float8) census."""
-    import jax
     import keras
     import numpy as np
 
+    from benchmarks.timed_steps import peak_device_bytes, timed_train_steps
     from mpt_keras.precision.float8 import to_float8
     from mpt_keras.precision.float8_census import take_census
     from mpt_keras.precision.policies import global_policy
@@ -83,21 +81,13 @@ def measure_variant(variant: str, shape: MlpShape, steps: int) -> dict[str, Any]
     size = (shape.sequences, shape.tokens, shape.width)
     x = rng.standard_normal(size).astype("float32")
     y = rng.standard_normal(size).astype("float32")
-    times, loss = [], float("nan")
-    for step in range(2 + steps):
-        start = time.perf_counter()
-        loss = float(model.train_on_batch(x, y))  # A host value: the step has finished.
-        if step >= 2:
-            times.append(time.perf_counter() - start)
-    median = statistics.median(times)
+    timed = timed_train_steps(model, x, y, steps)
     census = take_census(model, (x, y)) if variant != "bfloat16" else None
     return {
         "variant": variant,
-        "median_step_ms": median * 1000,
-        "step_ms": [t * 1000 for t in times],
-        "tokens_per_second": shape.sequences * shape.tokens / median,
-        "peak_device_bytes": (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use"),
-        "final_loss": loss,
+        **timed,
+        "tokens_per_second": shape.sequences * shape.tokens * 1000 / timed["median_step_ms"],
+        "peak_device_bytes": peak_device_bytes(),
         "float8_census": census.to_dict() if census else None,
         "census_summary": census.summary() if census else None,
     }

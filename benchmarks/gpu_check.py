@@ -27,10 +27,8 @@ import datetime
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -67,6 +65,7 @@ def measure_cell(precision: str, stack: str, shape: Shape, steps: int) -> dict[s
     import keras
     import numpy as np
 
+    from benchmarks.timed_steps import peak_device_bytes, timed_train_steps
     from mpt_keras.models.transformer import build_transformer_lm
 
     if stack == "ours":  # Our loss scaling for float16, our step logs.
@@ -94,15 +93,8 @@ def measure_cell(precision: str, stack: str, shape: Shape, steps: int) -> dict[s
     x, y = tokens[:, :-1], tokens[:, 1:]
     # float32: exact float32 matmuls ("highest"); TF32: XLA's "tensorfloat32" (its GPU default).
     matmul = {"float32": "highest", "tf32": "tensorfloat32"}.get(precision)
-    times, loss = [], float("nan")
     with jax.default_matmul_precision(matmul) if matmul else contextlib.nullcontext():
-        for step in range(2 + steps):
-            start = time.perf_counter()
-            loss = float(model.train_on_batch(x, y))  # A host value: the step has finished.
-            if step >= 2:
-                times.append(time.perf_counter() - start)
-    median = statistics.median(times)
-    memory = jax.devices()[0].memory_stats() or {}
+        timed = timed_train_steps(model, x, y, steps)
     census = None
     if precision == "float8" and stack == "ours":  # After timing: it compiles the step again.
         from mpt_keras.precision.float8_census import take_census
@@ -112,11 +104,9 @@ def measure_cell(precision: str, stack: str, shape: Shape, steps: int) -> dict[s
         "precision": precision,
         "stack": stack,
         "optimizer": type(model.optimizer).__module__ + "." + type(model.optimizer).__name__,
-        "median_step_ms": median * 1000,
-        "step_ms": [t * 1000 for t in times],
-        "examples_per_second": shape.batch / median,
-        "peak_device_bytes": memory.get("peak_bytes_in_use"),
-        "final_loss": loss,
+        **timed,
+        "examples_per_second": shape.batch * 1000 / timed["median_step_ms"],
+        "peak_device_bytes": peak_device_bytes(),
         "float8_census": census,
     }
 

@@ -59,9 +59,8 @@ def test_integers_are_accepted_for_floats():
             {"stpes": 3},
             "unknown key 'stpes'. Allowed keys: precision, manifest, seed, steps, "
             "checkpoint_every, eval_every, keep_checkpoints, log_every, strategy, virtual_cpus, "
-            "tpu, jit_compile, auto_promote, deterministic, imports, data, model, loss, metrics, "
-            "optimizer, loss_scale, "
-            "divergence",
+            "tpu, jit_compile, auto_promote, deterministic, saved_model, imports, data, model, "
+            "loss, metrics, optimizer, loss_scale, divergence",
         ),
         (
             {"data": {"batch": 3}},
@@ -143,9 +142,8 @@ def test_integers_are_accepted_for_floats():
             {"a\nb": 1},
             "unknown key 'a\\nb'. Allowed keys: precision, manifest, seed, steps, "
             "checkpoint_every, eval_every, keep_checkpoints, log_every, strategy, virtual_cpus, "
-            "tpu, jit_compile, auto_promote, deterministic, imports, data, model, loss, metrics, "
-            "optimizer, loss_scale, "
-            "divergence",
+            "tpu, jit_compile, auto_promote, deterministic, saved_model, imports, data, model, "
+            "loss, metrics, optimizer, loss_scale, divergence",
         ),
     ],
 )

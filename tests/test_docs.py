@@ -34,11 +34,13 @@ the test, since what it writes would land outside. TFDS' default data
 directory is the test session's (the `tfds_dir` fixture), not the home
 directory's.
 
-One override, so that the whole file takes about a minute: an `mpt-train`
+Two overrides, so that the whole file takes about a minute: an `mpt-train`
 that sets no `--steps` runs with `--steps=2` appended. Those examples train a
 config's full run (the Transformer's 400 steps); two steps take the same
 flags, files, assembly, checkpoints and outputs. `mpt-validate`
-keeps its steps: its gate means something only over them.
+keeps its steps: its gate means something only over them. And an `mpt-train`
+that does not set `--saved_model` writes none (`--nosaved_model`): the
+export traces the model once more, and tests/test_runs_training.py tests it.
 
 What is not run, and why (each reported as skipped, with the reason):
 
@@ -109,8 +111,9 @@ _COMMANDS_NOT_RUN = (
     ((".",), "activates the environment these tests run in"),
     (("python", "-m", "pytest"), "is this test suite, which .ci/run runs"),
 )
-# Appended to an `mpt-train` that sets no `--steps` (see above).
+# Appended to an `mpt-train` that sets no `--steps`, no `--saved_model` (see above).
 _TRAIN_STEPS = "--steps=2"
+_NO_SAVED_MODEL = "--nosaved_model"
 # What the examples name, relative to the repository root: copied where they run.
 _WORKSPACE_DIRECTORIES = ("configs", "examples")
 _MODULES = {module: program for program, module in LAUNCHERS.items()}
@@ -330,6 +333,8 @@ def _launcher(words: list[str], block: Block) -> tuple[str, list[str]]:
             )
     if program == "mpt-train" and not any(argument.startswith("--steps") for argument in argv):
         argv.append(_TRAIN_STEPS)
+    if program == "mpt-train" and not any("saved_model" in argument for argument in argv):
+        argv.append(_NO_SAVED_MODEL)
     return program, argv
 
 

@@ -89,6 +89,7 @@ def _argv(row: dict[str, Any], model_dir: str, tfds_dir: str, manifest: str) -> 
         "checkpoint_every": 2,
         "eval_every": 2,
         "log_every": 1,
+        "saved_model": False,  # Its export is no flag's (tests/test_runs_training.py).
         "data": {"data_dir": tfds_dir, "batch_size": 8, "eval_examples": 16},
     }
     # The flags are the point, not the width: a smaller step traces and compiles sooner.

@@ -284,7 +284,8 @@ def test_a_crashed_float8_run_resumes_to_the_state_of_an_uninterrupted_one(tfds_
     )
     config = tiny_config(tfds_dir, steps=7, manifest=str(manifest))
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-    run_training(config, Runtime(straight, verbose=0))
+    # The straight run also exports its SavedModel: our float8 call, traced for serving.
+    run_training(config.merged({"saved_model": True}), Runtime(straight, verbose=0))
     with pytest.raises(Crash):
         run_training(config, Runtime(resumed, verbose=0, callbacks=(CrashAtStep(5),)))
     keras.backend.clear_session(free_memory=False)
@@ -295,6 +296,9 @@ def test_a_crashed_float8_run_resumes_to_the_state_of_an_uninterrupted_one(tfds_
     ]
     expected, actual = (_float8_values(model) for model in models)
     _assert_same(actual, expected)
+    x = np.random.default_rng(0).uniform(0, 255, (4, 8, 8, 1)).astype("float32")
+    served = tf.saved_model.load(os.path.join(straight, "saved_model"))  # Owns the variables.
+    np.testing.assert_allclose(served.serve(x), models[0].predict(x, verbose=0), rtol=1e-6)
     # Seven steps wrote seven amaxes, resumed at step 3's checkpoint or not.
     history = expected["dense_0/inputs_amax_history"]
     assert np.count_nonzero(history) == 7, history[:8]

@@ -35,6 +35,7 @@ def _override(factory: str) -> str:
     return json.dumps(
         {
             "jit_compile": "false",
+            "saved_model": False,  # tests/test_own_model.py exports a keras_hub model's.
             "checkpoint_every": 2,
             "eval_every": 2,
             "model": {"factory": f"examples.user_models:{factory}", "options": MODELS[factory]},

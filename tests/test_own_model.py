@@ -68,8 +68,10 @@ def test_a_keras_applications_model_calibrates_and_trains(tfds_dir, tmp_path):
         f"--manifest={manifest}",
         "--steps=2",
         f"--config_override={override}",
+        "--nosaved_model",  # The keras_hub run below exports a user's model.
     )
     assert trained.status == 0, trained.stderr
+    assert "saved_model" not in os.listdir(model_dir)
     metrics = _read(os.path.join(model_dir, "metrics.json"))
     assert (metrics["step"], sorted(metrics)[-2:]) == (2, ["val_accuracy", "val_loss"])
     assert _read(os.path.join(model_dir, "config.json"))["model"]["factory"] == (
@@ -109,6 +111,7 @@ def test_a_keras_hub_model_trains_calibrates_and_validates(tfds_dir, tmp_path):
     )
     assert trained.status == 0, trained.stderr
     assert _read(os.path.join(model_dir, "metrics.json"))["step"] == 2
+    assert os.path.isfile(os.path.join(model_dir, "saved_model", "saved_model.pb"))
     layers = _read(os.path.join(model_dir, "precision_report.json"))["layers"]
     # Reported layer by layer inside the backbone's block, not as one unit.
     assert "gpt2_backbone/transformer_layer_0/self_attention/query" in {

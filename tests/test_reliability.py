@@ -199,6 +199,7 @@ def test_two_deterministic_runs_of_each_bundled_config_are_identical(
         "steps": 4,
         "checkpoint_every": 2,
         "eval_every": 2,
+        "saved_model": False,  # Weights are the point.
         **small_model(name),  # The determinism of its layers (dropout too), not their size.
     }
     override["data"] = {

@@ -39,7 +39,7 @@ def _scalars(event_dir):
 
 def test_run_writes_every_output(tfds_dir, tmp_path):
     model_dir = str(tmp_path / "run")
-    config = tiny_config(tfds_dir)
+    config = tiny_config(tfds_dir, saved_model=True)
     metrics = run_training(config, Runtime(model_dir, verbose=0))
 
     assert TrainConfig.from_json(os.path.join(model_dir, "config.json")) == config
@@ -88,6 +88,20 @@ def test_run_writes_every_output(tfds_dir, tmp_path):
     validation = _scalars(os.path.join(model_dir, "logs", "validation"))
     assert [step for step, _ in validation["loss"]] == [3, 6]
     assert validation["loss"][-1][1] == pytest.approx(metrics["val_loss"], rel=1e-5)
+    # The SavedModel serves the trained model's outputs.
+    x = np.random.default_rng(0).uniform(0, 255, (4, 8, 8, 1)).astype("float32")
+    served = tf.saved_model.load(os.path.join(model_dir, "saved_model"))
+    trained = keras.saving.load_model(os.path.join(model_dir, "model.keras"))
+    np.testing.assert_allclose(served.serve(x), trained.predict(x, verbose=0), rtol=1e-6)
+
+
+def test_without_a_saved_model_a_run_writes_none_and_a_rerun_may_ask_for_it(tfds_dir, tmp_path):
+    model_dir = str(tmp_path / "run")
+    run_training(tiny_config(tfds_dir, saved_model=False), Runtime(model_dir, verbose=0))
+    assert "saved_model" not in os.listdir(model_dir)
+    # A finished run only evaluates, then saves again: now with its SavedModel.
+    run_training(tiny_config(tfds_dir, saved_model=True), Runtime(model_dir, verbose=0))
+    assert os.path.isfile(os.path.join(model_dir, "saved_model", "saved_model.pb"))
 
 
 def test_resume_after_a_crash_reaches_the_same_weights_as_an_uninterrupted_run(tfds_dir, tmp_path):
@@ -143,7 +157,7 @@ def test_model_dir_of_another_run_is_refused(tfds_dir, tmp_path):
     assert str(raised.value) == (
         f"model_dir {model_dir} holds a run whose 'seed' differs (0 there, 5 now): use a new "
         "model_dir, or change only checkpoint_every, deterministic, eval_every, jit_compile, "
-        "keep_checkpoints, log_every, steps, strategy, tpu, virtual_cpus to resume"
+        "keep_checkpoints, log_every, saved_model, steps, strategy, tpu, virtual_cpus to resume"
     )
 
 

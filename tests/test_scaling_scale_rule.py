@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from mpt_keras.scaling.cross_replica import Writer
+from mpt_keras.backend.tensorflow.cross_replica import Writer
 from mpt_keras.scaling.scale_rule import ScaleVariables, back_off, clamped, count_finite_step
 
 GROWTH = dict(growth_factor=2.0, growth_interval=2, max_scale=8.0)

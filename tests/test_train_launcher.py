@@ -115,8 +115,8 @@ def test_python_dash_m_resumes_to_the_exact_step(tfds_dir, tmp_path):
             ["--config={unknown_key}"],
             "{unknown_key}: unknown key 'optimiser'. Allowed keys: precision, manifest, seed, "
             "steps, checkpoint_every, eval_every, keep_checkpoints, log_every, strategy, "
-            "virtual_cpus, tpu, jit_compile, auto_promote, deterministic, imports, data, model, "
-            "loss, metrics, optimizer, loss_scale, divergence",
+            "virtual_cpus, tpu, jit_compile, auto_promote, deterministic, saved_model, imports, "
+            "data, model, loss, metrics, optimizer, loss_scale, divergence",
         ),
         (
             ['--config_override={{"data": {{"name": "no_such_set"}}}}'],

@@ -10,9 +10,11 @@ from mpt_keras.keras_bridge.callbacks import GlobalStepCallback
 
 
 def tiny_config(tfds_dir: str, **changes: Any) -> TrainConfig:
-    """The digits MLP for 6 steps: checkpoints and validation every 3, telemetry every 2."""
+    """The digits MLP for 6 steps: checkpoints and validation every 3, telemetry every 2; no
+    SavedModel (its trace is a tenth of such a run; tests/test_runs_training.py exports one)."""
     values = {
         "precision": "float32",
+        "saved_model": False,
         "steps": 6,
         "checkpoint_every": 3,
         "eval_every": 3,

@@ -50,6 +50,10 @@ _CONFIG_FLAGS = field_flags.define(
         ),
         "jit_compile": FieldFlag("XLA-compile the train step.", choices=config_lib.JIT_COMPILE),
         "steps": FieldFlag("Total train steps of the run.", lower_bound=1),
+        "saved_model": FieldFlag(
+            "Export model_dir/saved_model, for TF Serving, at the end (TensorFlow only; "
+            "--nosaved_model skips the export's trace)."
+        ),
     },
     __name__,
     unset=True,
@@ -79,7 +83,15 @@ _DRY_RUN = flags.DEFINE_bool(
 
 
 _HELP_GROUPS = {
-    "The run": ("config", "model_dir", "config_override", "steps", "dry_run", "metrics_port"),
+    "The run": (
+        "config",
+        "model_dir",
+        "config_override",
+        "steps",
+        "saved_model",
+        "dry_run",
+        "metrics_port",
+    ),
     "Precision": ("precision", "manifest", "auto_promote", "canary_steps"),
     "Backend, distribution and XLA": (
         "backend",

@@ -45,9 +45,12 @@ def gradient_statistics(
     # A float8 layer's scales and amax histories have no gradient (a step overwrites them).
     variables = [v for v in model.trainable_variables if not is_float8_state(v)]
     pieces = [[] for _ in variables]
-    pass_gradients = _jax_gradients if current.is_jax() else _tensorflow_gradients
+    if current.is_jax():
+        from mpt_keras.backend.jax.gradients import recorded_gradients
+    else:
+        from mpt_keras.backend.tensorflow.gradients import recorded_gradients
     for batch in batches:
-        gradients, output_gradients = pass_gradients(model, recorder, variables, loss, *batch)
+        gradients, output_gradients = recorded_gradients(model, recorder, variables, loss, *batch)
         recorder.add_batch(output_gradients)
         for index, gradient in enumerate(gradients):
             if gradient is not None:
@@ -60,64 +63,6 @@ def gradient_statistics(
         )
         for variable, magnitudes in zip(variables, pieces)
     }
-
-
-def _tensorflow_gradients(
-    model: keras.Model,
-    recorder: Float8Recorder,
-    variables: list[keras.Variable],
-    loss: Callable[..., Any],
-    features: Any,
-    labels: Any,
-    sample_weight: Any,
-) -> tuple[list[Any], list[Any]]:
-    """The loss's gradients at `variables` (dense) and at the recorded matmul outputs."""
-    import tensorflow as tf
-
-    def watched(outputs: Any) -> Any:
-        tape.watch(outputs)
-        return outputs
-
-    with tf.GradientTape() as tape, recorder.recording(watched):
-        predictions = model(features, training=False)
-        value = loss(labels, predictions, sample_weight=sample_weight)
-    gradients, output_gradients = tape.gradient(value, (variables, recorder.outputs))
-    # An embedding's gradient comes as IndexedSlices.
-    return [None if g is None else tf.convert_to_tensor(g) for g in gradients], output_gradients
-
-
-def _jax_gradients(
-    model: keras.Model,
-    recorder: Float8Recorder,
-    variables: list[keras.Variable],
-    loss: Callable[..., Any],
-    features: Any,
-    labels: Any,
-    sample_weight: Any,
-) -> tuple[list[Any], list[Any]]:
-    """As `_tensorflow_gradients`, by `jax.grad` (the outputs recorded by an eager pass)."""
-    import jax
-    import jax.numpy as jnp
-
-    with recorder.recording(lambda outputs: outputs):
-        model(features, training=False)
-    probes = [jnp.zeros(output.shape, output.dtype) for output in recorder.outputs]
-    trainable = model.trainable_variables
-    positions = {id(variable): index for index, variable in enumerate(trainable)}
-    non_trainable = [variable.value for variable in model.non_trainable_variables]
-
-    def value(trainable_values: list[Any], probe_values: list[Any]) -> Any:
-        remaining = iter(probe_values)
-        with recorder.recording(lambda outputs: outputs + next(remaining), record=False):
-            predictions, _ = model.stateless_call(
-                trainable_values, non_trainable, features, training=False
-            )
-        return loss(labels, predictions, sample_weight=sample_weight)
-
-    gradients, output_gradients = jax.grad(value, argnums=(0, 1))(
-        [variable.value for variable in trainable], probes
-    )
-    return [gradients[positions[id(v)]] for v in variables], output_gradients
 
 
 def output_errors(group: Group) -> OutputErrors:

@@ -32,6 +32,7 @@ class TrainConfig:
         steps: Total train steps (a resumed run stops here).
         checkpoint_every: Also the length of one Keras "epoch" of `fit`.
         auto_promote: Promote layers overflowing at the loss-scale floor (`AutoPromote`).
+        saved_model: Export `saved_model/` at the end (TensorFlow only; it costs a trace).
         imports: Modules imported before components resolve (custom layers register).
         loss, metrics: `None`: the reference models' own, or a `model.file`'s.
         loss_scale: Of float16 layers; other runs pin the scale at 1.
@@ -51,6 +52,7 @@ class TrainConfig:
     jit_compile: str = "auto"
     auto_promote: bool = False
     deterministic: bool = False
+    saved_model: bool = True
     imports: tuple[str, ...] = ()
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)

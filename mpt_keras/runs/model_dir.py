@@ -31,6 +31,7 @@ _RESUMABLE_CHANGES = frozenset(
         "virtual_cpus",
         "tpu",
         "deterministic",
+        "saved_model",
     }
 )
 

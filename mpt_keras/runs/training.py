@@ -138,19 +138,22 @@ def _run(
             metrics = _final_metrics(run.model, validation, components.task, run.report)
             # Every worker saves (saving reads variables collectively); the chief's file counts.
             _save_model_atomic(run.model, os.path.join(write_dir, MODEL_FILE))
-            _save_for_users(run.model, write_dir)
+            _save_for_users(run.model, write_dir, saved_model=config.saved_model)
     if chief:
         write_json_atomic(os.path.join(model_dir, METRICS_FILE), metrics)
     _LOGGER.info("Final metrics: %s", metrics)
     return metrics
 
 
-def _save_for_users(model: keras.Model, write_dir: str) -> None:
-    """`serving.keras` (if loadable without mpt_keras) and the SavedModel (TensorFlow's)."""
+def _save_for_users(model: keras.Model, write_dir: str, *, saved_model: bool) -> None:
+    """`serving.keras` (if loadable without mpt_keras) and, if asked, the SavedModel
+    (TensorFlow's)."""
     try:
         serving.save_for_serving(model, os.path.join(write_dir, serving.SERVING_MODEL_FILE))
     except serving.NotServableError as error:
         _LOGGER.warning("No %s: %s", serving.SERVING_MODEL_FILE, error)
+    if not saved_model:
+        return
     if current.is_jax():
         _LOGGER.info("No %s: a SavedModel needs TensorFlow.", serving.SAVED_MODEL_DIR)
         return

@@ -39,7 +39,7 @@ class HandOvers:
         values = self._by_trace.pop(_replica_trace_key(), {})
         if current.is_jax():  # Eager `apply` only: a JAX trace hands nothing over.
             return values
-        from mpt_keras.scaling.cross_replica import current_graph
+        from mpt_keras.backend.tensorflow.cross_replica import current_graph
 
         graph = current_graph()
         for name in _TENSORS:
@@ -63,6 +63,6 @@ def _replica_trace_key() -> tuple[int, int]:
     """This replica in this trace (on JAX, where only an eager `apply` takes hand-overs: one)."""
     if current.is_jax():
         return (0, 0)
-    from mpt_keras.scaling.cross_replica import replica_trace_key
+    from mpt_keras.backend.tensorflow.cross_replica import replica_trace_key
 
     return replica_trace_key()

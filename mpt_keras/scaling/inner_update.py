@@ -11,9 +11,9 @@ import keras
 from keras import ops
 
 from mpt_keras import compat
+from mpt_keras.backend.tensorflow.cross_replica import Writer
 from mpt_keras.backend.tensorflow.distribute import in_cross_replica_context
 from mpt_keras.backend.tensorflow.values import copied_value
-from mpt_keras.scaling.cross_replica import Writer
 from mpt_keras.scaling.own_variables import ModelVariables, spread_over
 
 

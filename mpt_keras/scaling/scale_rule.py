@@ -8,7 +8,7 @@ import keras
 from keras import ops
 
 if TYPE_CHECKING:
-    from mpt_keras.scaling.cross_replica import Writer
+    from mpt_keras.backend.tensorflow.cross_replica import Writer
 
 
 class ScaleVariables(NamedTuple):

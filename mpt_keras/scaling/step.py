@@ -13,12 +13,12 @@ import keras
 from keras import ops
 
 from mpt_keras import compat
+from mpt_keras.backend.tensorflow.cross_replica import Writer, all_reduce_gradients, first_replica
 from mpt_keras.backend.tensorflow.distribute import current_strategy
 from mpt_keras.backend.tensorflow.step_verdict import batch_verdict, judge_gradients, unscale
 from mpt_keras.precision.float8 import is_float8_state
 from mpt_keras.scaling import scale_rule
 from mpt_keras.scaling.accumulation import accumulate
-from mpt_keras.scaling.cross_replica import Writer, all_reduce_gradients
 from mpt_keras.scaling.health import BAD_BATCH_MEMORY
 from mpt_keras.scaling.inner_update import apply_inner, skip_inner
 from mpt_keras.scaling.own_variables import (
@@ -112,7 +112,7 @@ def _write_step(
 ) -> None:
     """Writes the step in the cross-replica context, where a cond may write mirrored variables;
     `rows`: the state rows of the judged gradients, then of the float8 new values."""
-    record = record.shared(distribution)
+    record = record.shared(functools.partial(first_replica, distribution))
     write = Writer(distribution)
     dynamic = optimizer.dynamic
 

@@ -5,11 +5,8 @@ A NamedTuple, not a dataclass: `merge_call` regroups a NamedTuple's fields over 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
-
-import tensorflow as tf
-
-from mpt_keras.scaling.cross_replica import first_replica
 
 
 class StepRecord(NamedTuple):
@@ -19,20 +16,21 @@ class StepRecord(NamedTuple):
     grads: list[Any]  # For the inner apply: unscaled, all-reduced (a window's mean).
     accumulated: list[Any]  # New values of the accumulation variables.
     state: list[Any]  # The forward pass's state before it: put back on a skip.
-    should_apply: tf.Tensor
-    step_ends: tf.Tensor  # The inner optimizer's step (with accumulation, the window) ends.
-    finite: tf.Tensor  # The rest as in `verdict.GradientVerdict`.
-    halves: list[tf.Tensor]
-    new_values_finite: list[tf.Tensor]
-    bad_batch: tf.Tensor
-    loss: tf.Tensor  # The global loss (0 when none was handed over).
-    half_total: tf.Tensor
+    should_apply: Any
+    step_ends: Any  # The inner optimizer's step (with accumulation, the window) ends.
+    finite: Any  # The rest as in `verdict.GradientVerdict`.
+    halves: list[Any]
+    new_values_finite: list[Any]
+    bad_batch: Any
+    loss: Any  # The global loss (0 when none was handed over).
+    half_total: Any
 
-    def shared(self, distribution: tf.distribute.Strategy) -> StepRecord:
-        """This record in the cross-replica context: the first replica's verdict speaks for all."""
+    def shared(self, first_replica: Callable[[Any], Any]) -> StepRecord:
+        """This record in the cross-replica context: the first replica's verdict speaks for all
+        (`first_replica` of a per-replica value)."""
         return self._replace(
             **{
-                name: first_replica(distribution, getattr(self, name))
+                name: first_replica(getattr(self, name))
                 for name in self._fields
                 if name not in _PER_REPLICA
             }

@@ -39,3 +39,27 @@ def loss_and_gradients(model: keras.Model, x: Any, loss_of: Callable) -> tuple[A
     )
     value, _, gradients = run(x)
     return value, gradients
+
+
+def recorded_gradients(
+    model: keras.Model,
+    recorder: Any,
+    variables: list[keras.Variable],
+    loss: Callable[..., Any],
+    features: Any,
+    labels: Any,
+    sample_weight: Any,
+) -> tuple[list[Any], list[Any]]:
+    """The loss's gradients at `variables` (dense) and at the matmul outputs that `recorder`
+    (calibration's `Float8Recorder`) records in the same taped pass."""
+
+    def watched(outputs: Any) -> Any:
+        tape.watch(outputs)
+        return outputs
+
+    with tf.GradientTape() as tape, recorder.recording(watched):
+        predictions = model(features, training=False)
+        value = loss(labels, predictions, sample_weight=sample_weight)
+    gradients, output_gradients = tape.gradient(value, (variables, recorder.outputs))
+    # An embedding's gradient comes as IndexedSlices.
+    return [None if g is None else tf.convert_to_tensor(g) for g in gradients], output_gradients
