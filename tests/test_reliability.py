@@ -228,7 +228,7 @@ def test_two_deterministic_runs_of_each_bundled_config_are_identical(
     run_training(config, Runtime(str(tmp_path / "a"), verbose=0, callbacks=(probe,)))
     assert probe.enabled
     assert not tf_config.is_op_determinism_enabled()
-    keras.backend.clear_session()
+    keras.backend.clear_session(free_memory=False)
     run_training(config, Runtime(str(tmp_path / "b"), verbose=0))
     for a, b in zip(_weights(str(tmp_path / "a")), _weights(str(tmp_path / "b")), strict=True):
         np.testing.assert_array_equal(a, b)

@@ -117,7 +117,7 @@ def test_resume_after_a_crash_reaches_the_same_weights_as_an_uninterrupted_run(t
     with pytest.raises(Crash):
         run_training(config, Runtime(resumed, verbose=0, callbacks=(CrashAtStep(5),)))
     assert not os.path.exists(os.path.join(resumed, "metrics.json"))
-    keras.backend.clear_session()
+    keras.backend.clear_session(free_memory=False)
     metrics = run_training(config, Runtime(resumed, verbose=0))
     assert metrics["step"] == 9
 
@@ -143,7 +143,7 @@ def test_resume_from_a_step_off_the_checkpoint_grid(tfds_dir, tmp_path):
 def test_finished_run_only_evaluates(tfds_dir, tmp_path):
     model_dir = str(tmp_path / "run")
     first = run_training(tiny_config(tfds_dir), Runtime(model_dir, verbose=0))
-    keras.backend.clear_session()
+    keras.backend.clear_session(free_memory=False)
     again = run_training(tiny_config(tfds_dir), Runtime(model_dir, verbose=0))
     assert again == pytest.approx(first)
 

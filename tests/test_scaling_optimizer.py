@@ -44,7 +44,6 @@ def _float32_keras_state():
     keras.mixed_precision.set_global_policy("float32")
     yield
     keras.mixed_precision.set_global_policy(previous_policy)
-    keras.backend.clear_session()
 
 
 def _stepper(

@@ -58,7 +58,7 @@ def test_a_resumed_run_appends_without_duplicate_rows(tfds_dir, tmp_path):
     with pytest.raises(Crash):
         run_training(config, Runtime(resumed, verbose=0, callbacks=(CrashAtStep(5),)))
     assert [row["step"] for row in _rows(resumed)[1]] == ["2", "3", "4"]
-    keras.backend.clear_session()
+    keras.backend.clear_session(free_memory=False)
     run_training(config, Runtime(resumed, verbose=0))
 
     columns, rows = _rows(resumed)
