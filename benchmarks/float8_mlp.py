@@ -10,7 +10,7 @@ process, 2 warm-up steps (the compile), then `--steps` timed ones (median). Vari
 `precision/float8_gemms.py`). Each float8 variant records the census of its compiled step
 (which GEMMs run in float8), and every variant its speed over `bfloat16`. Written to
 `<output>/float8_mlp_<date>_<device>.json`. `--small` is the CPU dry run the suite runs
-(tests/jax_backend/test_float8_mlp_benchmark.py): width 32, a few steps, all emulated.
+(tests/jax_backend/test_float8_mlp_benchmark.py): width 32, one block, a few steps, all emulated.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class MlpShape:
 
 
 REFERENCE = MlpShape(width=4096, blocks=2, sequences=8, tokens=1024)
-SMALL = MlpShape(width=32, blocks=2, sequences=2, tokens=8)
+SMALL = MlpShape(width=32, blocks=1, sequences=2, tokens=8)
 
 
 def build_mlp(shape: MlpShape) -> Any:
@@ -113,7 +113,7 @@ def run(shape: MlpShape, steps: int, variants: Sequence[str] = VARIANTS) -> dict
 
 
 FLAGS = flags.FLAGS
-flags.DEFINE_bool("small", False, "The CPU dry run: width 32, a few steps.")
+flags.DEFINE_bool("small", False, "The CPU dry run: width 32, one block, a few steps.")
 flags.DEFINE_integer("steps", None, "Timed steps per variant (default 20; --small: 2).", 1)
 flags.DEFINE_string("output", "benchmarks/results", "The folder the result file is written to.")
 

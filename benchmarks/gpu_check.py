@@ -15,7 +15,7 @@ Keras never imports mpt_keras: its float16 step gets Keras' own LossScaleOptimiz
 the same layers quantized by `layer.quantize("float8")`.
 
 Written to `<output>/gpu_<date>_<device>.json`, which `python -m benchmarks.docs_tables` makes
-docs/benchmarks.md's table of. `--small` is the CPU dry run the suite runs (width 32, 2 blocks,
+docs/benchmarks.md's table of. `--small` is the CPU dry run the suite runs (width 32, 1 block,
 a few steps, cells in this process unless `--per_cell_processes`).
 """
 
@@ -56,7 +56,7 @@ class Shape:
 
 
 REFERENCE = Shape(width=768, heads=12, blocks=6, tokens=512, batch=16, vocabulary=32768)
-SMALL = Shape(width=32, heads=2, blocks=2, tokens=16, batch=4, vocabulary=64)
+SMALL = Shape(width=32, heads=2, blocks=1, tokens=16, batch=4, vocabulary=64)
 
 
 def measure_cell(precision: str, stack: str, shape: Shape, steps: int) -> dict[str, Any]:

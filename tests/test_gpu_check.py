@@ -40,9 +40,9 @@ def test_the_dry_run_measures_each_cell_in_its_own_process_and_makes_the_docs_ta
     ]
     for row in result["rows"]:
         assert row["median_step_ms"] > 0 and math.isfinite(row["final_loss"])
-    # Our cell's census of the compiled step: on a CPU, 36 GEMMs (12 layers, 3 each) emulated.
+    # Our cell's census of the compiled step: on a CPU, 18 GEMMs (6 layers, 3 each) emulated.
     census = result["rows"][1]["float8_census"]["summary"]
-    assert census.startswith("emulated: 0 of 36 GEMMs of 12 float8 layers run in float8")
+    assert census.startswith("emulated: 0 of 18 GEMMs of 6 float8 layers run in float8")
     ratio = result["ours_over_stock"]["float8"]
     assert ratio == result["rows"][1]["median_step_ms"] / result["rows"][0]["median_step_ms"]
     assert result["machine"]["jax"] and "tensorflow" not in result["machine"]

@@ -44,10 +44,13 @@ def install_float8_gemms(layer: keras.layers.Layer, path: str, recipe: str) -> N
 
 
 def check_installable(layer: keras.layers.Layer, path: str, recipe: str) -> None:
-    """Raises `UserInputError` for an unknown recipe or an `EinsumDense` whose equation is
-    not a matrix product (a dimension shared by input, kernel and output)."""
+    """Raises `UserInputError` for an unknown recipe, a layer with LoRA enabled (Keras' own
+    float8 call refuses LoRA too) or an `EinsumDense` whose equation is not a matrix product
+    (a dimension shared by input, kernel and output)."""
     if recipe not in RECIPES:
         raise UserInputError(f"float8 recipe: received '{recipe}'. Allowed: {', '.join(RECIPES)}")
+    if getattr(layer, "lora_enabled", False):
+        raise UserInputError(_lora_refusal(path))
     equation = _equation(layer)
     if as_matrix_product(_expanded(equation, None)) is None:
         raise UserInputError(
@@ -59,8 +62,8 @@ def check_installable(layer: keras.layers.Layer, path: str, recipe: str) -> None
 
 def float8_call(layer: Any, inputs: Any, training: Any = None, *, recipe: str) -> Any:
     """What a float8 `Dense`/`EinsumDense` computes: the GEMMs, then bias and activation."""
-    if getattr(layer, "lora_enabled", False):
-        raise UserInputError(f"layer '{layer.name}': float8 with LoRA. Allowed: LoRA off")
+    if getattr(layer, "lora_enabled", False):  # Enabled after the install.
+        raise UserInputError(_lora_refusal(layer.name))
     equation = _equation(layer)
     # Dequantized to the compute dtype, as Keras' quantize-dequantize: the kernel's dtype.
     outputs = einsum_float8(
@@ -84,6 +87,10 @@ def float8_call(layer: Any, inputs: Any, training: Any = None, *, recipe: str) -
     if layer.activation is not None:
         outputs = layer.activation(outputs)
     return outputs
+
+
+def _lora_refusal(layer: str) -> str:
+    return f"layer '{layer}': float8 GEMMs with LoRA enabled. Allowed: LoRA off"
 
 
 def einsum_float8(

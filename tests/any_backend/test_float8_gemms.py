@@ -14,7 +14,11 @@ from mpt_keras.backend import current
 from mpt_keras.calibration.float8_speed import gemm_seconds
 from mpt_keras.errors import UserInputError
 from mpt_keras.precision.float8 import to_float8
-from mpt_keras.precision.float8_gemms import as_matrix_product, install_float8_gemms
+from mpt_keras.precision.float8_gemms import (
+    as_matrix_product,
+    einsum_float8,
+    install_float8_gemms,
+)
 from mpt_keras.precision.policies import global_policy
 
 LAYERS = {
@@ -173,6 +177,32 @@ def test_an_unknown_recipe_is_refused_with_the_allowed_ones():
     layer, _ = _layer("dense", "float32", None)
     with pytest.raises(UserInputError, match="^float8 recipe: received 'just_in_time'. Allowed"):
         install_float8_gemms(layer, "dense", "just_in_time")
+
+
+def test_lora_is_refused_at_the_install_and_when_enabled_after_it():
+    with global_policy("float32"):
+        layer = keras.layers.Dense(4, name="adapted")
+        layer(np.ones((2, 3), "float32"))
+    layer.enable_lora(2)
+    layer.quantize("float8")
+    with pytest.raises(UserInputError) as raised:
+        install_float8_gemms(layer, "block/adapted", "delayed")
+    assert str(raised.value) == (
+        "layer 'block/adapted': float8 GEMMs with LoRA enabled. Allowed: LoRA off"
+    )
+    installed, x = _layer("dense", "float32", "delayed")
+    installed.enable_lora(2)
+    # Keras adds the call's arguments to the message on some backends: the first line is ours.
+    with pytest.raises(UserInputError, match="layer 'dense': float8 GEMMs with LoRA enabled"):
+        installed(x)
+
+
+def test_an_equation_that_is_no_matrix_product_is_refused_by_einsum_float8():
+    tensors = ("inputs", "kernel", "outputs_grad")
+    state = {tensor: (1.0, np.zeros(4, "float32")) for tensor in tensors}
+    with pytest.raises(UserInputError) as raised:
+        einsum_float8("abc,acd->abd", np.ones((2, 3, 4)), np.ones((2, 4, 5)), state, "delayed")
+    assert str(raised.value) == "equation 'abc,acd->abd': not a matrix product"
 
 
 def test_gemm_seconds_times_both_compiled_programs():
