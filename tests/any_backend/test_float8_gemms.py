@@ -48,36 +48,43 @@ def _layer(name: str, policy: str, recipe: str | None):
     return layer, x
 
 
-def _step(layer, x, cotangent):
-    """`(y, [dx, d each trainable variable])` of `sum(y * cotangent)`, compiled as a run's."""
+def _stepper(layer, x, cotangent):
+    """A function of no arguments: `(y, [dx, d each trainable variable])` of
+    `sum(y * cotangent)` at the variables' values then, compiled once as a run's step."""
     if current.is_jax():
         import jax
 
         # Through a model, as a run calls its layers (`__call__` casts the inputs).
         inputs = keras.Input(x.shape[1:])
         model = keras.Model(inputs, layer(inputs))
-        trainable = [v.value for v in model.trainable_variables]
         fixed = [v.value for v in model.non_trainable_variables]
 
         def loss(x, trainable):
             y, _ = model.stateless_call(trainable, fixed, x, training=True)
             return keras.ops.sum(keras.ops.cast(y, "float32") * cotangent), y
 
-        (_, y), (dx, grads) = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(x, trainable)
-        grads = [dx, *grads]
-    else:
-        import tensorflow as tf
+        compiled = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))
 
-        @tf.function(jit_compile=True)
-        def step(x):
-            with tf.GradientTape() as tape:
-                tape.watch(x)
-                y = layer(x, training=True)
-                loss = tf.reduce_sum(tf.cast(y, "float32") * cotangent)
-            return y, tape.gradient(loss, [x, *layer.trainable_variables])
+        def step():
+            (_, y), (dx, grads) = compiled(x, [v.value for v in model.trainable_variables])
+            return _array(y), [_array(g) for g in (dx, *grads)]
 
-        y, grads = step(tf.constant(x))
-    return _array(y), [_array(g) for g in grads]
+        return step
+    import tensorflow as tf
+
+    @tf.function(jit_compile=True)
+    def compiled(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x, training=True)
+            loss = tf.reduce_sum(tf.cast(y, "float32") * cotangent)
+        return y, tape.gradient(loss, [x, *layer.trainable_variables])
+
+    def step():
+        y, grads = compiled(tf.constant(x))
+        return _array(y), [_array(g) for g in grads]
+
+    return step
 
 
 def _array(value):
@@ -92,9 +99,10 @@ def test_delayed_scaling_computes_what_keras_float8_computes(name, policy):
     keras_layer, x = _layer(name, policy, None)
     ours, _ = _layer(name, policy, "delayed")
     cotangent = np.random.default_rng(2).standard_normal(keras_layer(x).shape).astype("float32")
+    keras_step, our_step = (_stepper(layer, x, cotangent) for layer in (keras_layer, ours))
     for _ in range(2):  # The second step scales by what the first step's history gave.
-        expected_y, expected = _step(keras_layer, x, cotangent)
-        y, grads = _step(ours, x, cotangent)
+        expected_y, expected = keras_step()
+        y, grads = our_step()
         for value, reference in zip([y, *grads], [expected_y, *expected], strict=True):
             if policy == "float32":
                 np.testing.assert_array_equal(value, reference)
@@ -120,7 +128,7 @@ def test_current_scaling_takes_each_tensors_scale_from_its_own_amax():
     layer.bias = None
     kernel = np.asarray(keras.ops.convert_to_numpy(layer.kernel))
     cotangent = (np.random.default_rng(2).standard_normal((4, 8, 24)) * 1e-3).astype("float32")
-    y, grads = _step(layer, x, cotangent)
+    y, grads = _stepper(layer, x, cotangent)()
 
     scales = {
         "inputs": np.float32(np.abs(x).max() / np.float32(448.0)),
