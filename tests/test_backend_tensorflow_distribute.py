@@ -212,6 +212,7 @@ def test_other_local_strategies(local):
     # Without virtual_cpus: the CPU devices there are, split earlier in this process.
     assert local["mirrored_without_virtual_cpus"] == 2
     assert local["mirrored_reused"] is True
+    assert local["mirrored_reused_without_virtual_cpus"] is True
     assert local["auto"] == {"class": "_DefaultDistributionStrategy", "replicas": 1}
 
 
@@ -366,6 +367,10 @@ def _local_results() -> dict[str, Any]:
     results["mirrored_reused"] = distribute.make_strategy("mirrored") is distribute.make_strategy(
         "mirrored"
     )
+    # However asked for: the CPU split by virtual_cpus=2 runs the same one without it.
+    results["mirrored_reused_without_virtual_cpus"] = distribute.make_strategy(
+        "mirrored"
+    ) is distribute.make_strategy("mirrored", virtual_cpus=2)
     auto = distribute.make_strategy("auto")
     results["auto"] = {"class": type(auto).__name__, "replicas": auto.num_replicas_in_sync}
     # Last: a failed TPU connection leaves the runtime connected to nothing.

@@ -68,15 +68,14 @@ def make_strategy(
 
 # One MirroredStrategy per device set and process: each numbers its all-reduces from the same
 # keys and TF remembers a key's shape for the process's life, so a second run with another
-# model aborted ("Shape mismatch in the collective instance 101").
+# model aborted ("Shape mismatch in the collective instance 101"). Keyed by the devices it
+# runs on, however asked for: `virtual_cpus=2`, then none on the CPU already split, is one.
 _MIRRORED: dict[tuple[str, ...], tf.distribute.MirroredStrategy] = {}
 
 
 def _mirrored(devices: Sequence[str] | None = None) -> tf.distribute.MirroredStrategy:
-    key = tuple(devices or ())
-    if key not in _MIRRORED:
-        _MIRRORED[key] = tf.distribute.MirroredStrategy(list(devices) if devices else None)
-    return _MIRRORED[key]
+    strategy = tf.distribute.MirroredStrategy(list(devices) if devices else None)
+    return _MIRRORED.setdefault(tuple(strategy.extended.worker_devices), strategy)
 
 
 def _split_cpu(virtual_cpus: int) -> list[str]:
