@@ -69,7 +69,8 @@ def pytest_collection_modifyitems(items):
     the slow tests simply run first.
     """
     for item in items:
-        if _uses_a_module_fixture(item):
+        # A test file marked with a group keeps it (the two-CPU host's, tests/replicas.py).
+        if _uses_a_module_fixture(item) and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 

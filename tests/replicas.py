@@ -1,9 +1,16 @@
 """Child processes for tests: two logical CPUs in one process, or a cluster of workers.
 
 Two replicas need the CPU split before TensorFlow initializes its devices,
-which the pytest process may have done already: `run_child` runs a test
-module's function in a child Python (the tests directory on its path), on two
-logical CPU devices, and returns what it printed as JSON. A multi-worker run
+which the pytest process may have done already: `run_on_two_cpus` runs a test
+module's function in this pytest process's two-CPU host, a child Python (the
+tests directory on its path) started on first use and kept, and returns what
+the function returned, through JSON. A TensorFlow process costs about 8 s of CPU
+to start, so the test files that use the host share one xdist group
+(`on_two_cpus`), and so one host; their functions build their models under
+`two_cpu_strategy()`, the one MirroredStrategy of the process that the
+launchers' `mirrored` runs share too (two would number their all-reduces from the
+same keys). `run_child` runs a function in a fresh child instead, for tests whose
+point is a fresh runtime. A multi-worker run
 needs a process per worker: `start_workers` starts one command per worker of a
 cluster on loopback ports, each with its `TF_CONFIG`, and `communicate_all`
 waits for them all (killing all if one hangs).
@@ -11,14 +18,19 @@ waits for them all (killing all if one hangs).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 _TESTS_DIR = Path(__file__).resolve().parent
 _CHILD = """
@@ -32,6 +44,95 @@ if {virtual_cpus}:
 import {module}
 print(json.dumps({module}.{function}(*sys.argv[1:])))
 """
+
+
+on_two_cpus = pytest.mark.xdist_group("two_cpus")  # tests/conftest.py keeps it.
+_HOST = """
+import importlib, json, sys, traceback
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras
+replies = open(int(sys.argv[1]), "w")
+for line in sys.stdin:
+    module, function, args = json.loads(line)
+    try:
+        reply = {"result": getattr(importlib.import_module(module), function)(*args)}
+    except BaseException:
+        reply = {"error": traceback.format_exc()}
+    keras.config.set_dtype_policy("float32")  # The next function starts from the defaults.
+    keras.backend.clear_session(free_memory=False)
+    replies.write(json.dumps(reply) + "\\n")
+    replies.flush()
+"""
+
+
+class _Host:
+    """The child that runs functions on two logical CPUs, one call at a time."""
+
+    def __init__(self) -> None:
+        self.log = tempfile.TemporaryFile("w+")
+        read, write = os.pipe()
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _HOST, str(write)],
+            stdin=subprocess.PIPE,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=child_env(),
+            pass_fds=(write,),
+        )
+        os.close(write)
+        self.replies = os.fdopen(read)
+
+    def call(self, module: str, function: str, args: Sequence[str], timeout: float) -> Any:
+        self.process.stdin.write(json.dumps([module, function, list(args)]) + "\n")
+        self.process.stdin.flush()
+        ready, _, _ = select.select([self.replies], [], [], timeout)
+        line = self.replies.readline() if ready else ""
+        if not line:
+            self.process.kill()
+            what = "died" if ready else "hung"
+            raise AssertionError(f"the two-CPU host {what}:\n{self.output()}")
+        reply = json.loads(line)
+        assert "error" not in reply, f"{reply.get('error')}\n{self.output()}"
+        return reply["result"]
+
+    def output(self) -> str:
+        """The end of what the host printed."""
+        self.log.seek(0)
+        return self.log.read()[-4000:]
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.stdin.close()
+            self.process.wait(timeout=60)
+
+
+_host: _Host | None = None
+
+
+def run_on_two_cpus(module: str, function: str, *args: str, timeout: float = 600) -> Any:
+    """`module.function(*args)` in the two-CPU host (see the module docstring); what it
+    returns, which JSON must hold. Mark the calling test files `on_two_cpus`.
+
+    Raises:
+        AssertionError: The function raised (its traceback and the host's output follow),
+            or the host died, or hung past `timeout` seconds (not a timing assertion); the
+            next call starts a new host.
+    """
+    global _host
+    if _host is None or _host.process.poll() is not None:
+        _host = _Host()
+        atexit.register(_host.close)
+    return _host.call(module, function, args, timeout)
+
+
+def two_cpu_strategy() -> Any:
+    """In the two-CPU host: the process's MirroredStrategy over both CPUs (the launchers')."""
+    from mpt_keras.backend.tensorflow.distribute import make_strategy
+
+    return make_strategy("mirrored", virtual_cpus=2)
 
 
 def run_child(

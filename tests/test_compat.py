@@ -11,9 +11,12 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from replicas import run_child
+from replicas import on_two_cpus, run_on_two_cpus, two_cpu_strategy
 
 from mpt_keras import compat
+
+# Its two-replica cases run in the two-CPU host (tests/replicas.py).
+pytestmark = on_two_cpus
 
 VERSIONS = f"Keras {keras.__version__}, TensorFlow {tf.__version__}"
 
@@ -70,15 +73,15 @@ def test_called_cond_is_one_unlowered_if_that_runs_the_chosen_branch():
 
 
 def lowering_under_two_replicas() -> list:
-    """`_if_ops_and_result(True)` under a strategy over two CPUs (in a child process)."""
-    with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
+    """`_if_ops_and_result(True)` under a strategy over two CPUs (in the two-CPU host)."""
+    with two_cpu_strategy().scope():
         lowering, result = _if_ops_and_result(True)
     return [lowering, result]
 
 
 def test_called_cond_stays_lowered_across_several_devices():
     # An unlowered If cannot place a branch writing on two devices.
-    assert run_child("test_compat", "lowering_under_two_replicas") == [[True], 1.0]
+    assert run_on_two_cpus("test_compat", "lowering_under_two_replicas") == [[True], 1.0]
 
 
 def test_reduce_per_replica_means_over_replicas_as_keras_train_function():

@@ -10,10 +10,10 @@ such cover (a Transformer trains in 3 rows, the canary on it is a dry run), and
 `test_the_rows_cover_every_pair` proves it covers.
 `--precision` and `--manifest` exclude each other (a one-line error, tested
 in tests/test_train_launcher.py), so a manifest is one more value of the
-precision. The rows run in one child process whose CPU is split into two logical devices first, so
-that `--strategy=mirrored` has two replicas; each run calls the launcher in
-that process (tests/launchers.py) and records its exit status and what it
-printed. A run passes if it exits 0 (and trained, or printed the precision
+precision. The rows run in the two-CPU host, a child process whose CPU is split into two
+logical devices first (tests/replicas.py), so that `--strategy=mirrored` has two replicas;
+each run calls the launcher in that process (tests/launchers.py) and records its exit
+status and what it printed. A run passes if it exits 0 (and trained, or printed the precision
 table for `--dry_run`), or exits 2 with exactly one `mpt-train: error:` line;
 a traceback fails it.
 """
@@ -28,8 +28,11 @@ from typing import Any
 
 import pytest
 from launchers import launch_in_process
-from replicas import run_child
+from replicas import on_two_cpus, run_on_two_cpus
 from tiny_runs import small_model
+
+# Its two-replica cases run in the two-CPU host (tests/replicas.py).
+pytestmark = on_two_cpus
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A manifest for any of the configs: the safe defaults, one rule by class.
@@ -115,7 +118,7 @@ def _argv(row: dict[str, Any], model_dir: str, tfds_dir: str, manifest: str) -> 
 
 
 def _run_rows(tfds_dir: str, work_dir: str) -> list[dict[str, Any]]:
-    """Runs every row (in the child process, see the module docstring)."""
+    """Runs every row (in the two-CPU host, see the module docstring)."""
     manifest = os.path.join(work_dir, "manifest.json")
     with open(manifest, "w") as file:
         json.dump(GENERIC_MANIFEST, file)
@@ -132,7 +135,7 @@ def _run_rows(tfds_dir: str, work_dir: str) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def outcomes(tfds_dir, tmp_path_factory) -> list[dict[str, Any]]:
     work_dir = str(tmp_path_factory.mktemp("flag_pairs"))
-    return run_child("test_flag_pairs", "_run_rows", tfds_dir, work_dir, timeout=1200)
+    return run_on_two_cpus("test_flag_pairs", "_run_rows", tfds_dir, work_dir, timeout=1200)
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from keras import ops
-from replicas import run_child
+from replicas import on_two_cpus, run_on_two_cpus, two_cpu_strategy
 from tiny_runs import Crash, CrashAtStep, tiny_config
 
 from mpt_keras.backend.tensorflow.checkpoints import Checkpointer
@@ -34,6 +34,9 @@ from mpt_keras.precision.float8 import (
 )
 from mpt_keras.runs.training import Runtime, run_training
 from mpt_keras.scaling.optimizer import LossScaleOptimizer
+
+# Its two-replica cases run in the two-CPU host (tests/replicas.py).
+pytestmark = on_two_cpus
 
 STEPS = ["keras_step", "xla"]
 FLOAT8_PATHS = ["hidden", "mix"]
@@ -356,7 +359,7 @@ def test_float8_statistics_read_scales_amax_and_the_kernels_losses():
 
 def test_two_replicas_write_the_float8_state_one_device_writes():
     """The replicas agree on the largest float8 value: the global batch's amax, the scale."""
-    results = run_child("test_float8", "_replica_results")
+    results = run_on_two_cpus("test_float8", "_replica_results")
     one_device, two_replicas = results["one_device"], results["mirrored"]
     for name, expected in one_device.items():
         # The replicas' sums of gradients round otherwise than one device's
@@ -374,7 +377,7 @@ def _replica_results() -> dict[str, dict[str, list[float]]]:
     results = {}
     for name, strategy in (
         ("one_device", tf.distribute.get_strategy()),
-        ("mirrored", tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])),
+        ("mirrored", two_cpu_strategy()),
     ):
         with strategy.scope():
             model = _compiled(

@@ -22,8 +22,8 @@ lacks without a documented reason would be an `xfail(strict=True)` naming it;
 there is none now.
 
 The two tf.distribute cases need the CPU split into two logical devices before
-TensorFlow initializes its devices, so they run in one child process that
-imports this module and calls `_distributed_results` (`replicas.run_child`).
+TensorFlow initializes its devices, so they run in the two-CPU host, a child process
+that imports this module and calls `_distributed_results` (`replicas.run_on_two_cpus`).
 """
 
 from __future__ import annotations
@@ -41,9 +41,12 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from replicas import run_child
+from replicas import on_two_cpus, run_on_two_cpus, two_cpu_strategy
 
 from mpt_keras.scaling.optimizer import LossScaleOptimizer
+
+# Its two-replica cases run in the two-CPU host (tests/replicas.py).
+pytestmark = on_two_cpus
 
 _TESTS_DIR = Path(__file__).resolve().parent
 
@@ -822,12 +825,12 @@ def test_swap_ema_weights_on_epoch_checkpoints_the_ema_weights(tmp_path):
     assert logs["mean_squared_error"] == loaded_logs["mean_squared_error"]
 
 
-# --- tf.distribute (one child process, see the module docstring) ------------
+# --- tf.distribute (the two-CPU host, see the module docstring) -------------
 
 
 @pytest.fixture(scope="module")
 def distributed() -> dict[str, Any]:
-    return run_child("test_keras_parity", "_distributed_results")
+    return run_on_two_cpus("test_keras_parity", "_distributed_results")
 
 
 def test_swap_ema_weights_under_mirrored_strategy(distributed):
@@ -910,7 +913,7 @@ def _distributed_swap_ema(strategy: tf.distribute.Strategy) -> dict[str, Any]:
 
 def _distributed_results() -> dict[str, Any]:
     """Runs the tf.distribute cases; needs two logical CPU devices."""
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    strategy = two_cpu_strategy()
     return {
         "fit": {
             "ours": _distributed_fit(strategy, ours=True),

@@ -25,7 +25,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from replicas import run_child
+from replicas import on_two_cpus, run_on_two_cpus, two_cpu_strategy
 from tensorboard.plugins.custom_scalar import layout_pb2, metadata
 
 from mpt_keras.backend.tensorflow import workers
@@ -35,6 +35,9 @@ from mpt_keras.precision.float8 import float8_statistics, to_float8
 from mpt_keras.runs.training import Runtime, run_training
 from mpt_keras.scaling.optimizer import LossScaleOptimizer
 from mpt_keras.telemetry.monitor import MixedPrecisionMonitor
+
+# Its two-replica cases run in the two-CPU host (tests/replicas.py).
+pytestmark = on_two_cpus
 
 BATCH_SIZE = 4
 
@@ -191,7 +194,7 @@ def test_an_overflow_after_the_last_interval_is_reported_at_the_end(tmp_path, ca
 
 def _train_mirrored(log_dir):
     """The run of the exact-steps test on two replicas, with histograms at the end."""
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    strategy = two_cpu_strategy()
     with strategy.scope():
         model = _tripwire_model()
     monitor = MixedPrecisionMonitor(
@@ -203,7 +206,7 @@ def _train_mirrored(log_dir):
 
 def test_two_replicas_write_the_single_device_values(tmp_path):
     # Two replicas need the CPU split before TensorFlow initializes its devices.
-    run_child("test_telemetry_monitor", "_train_mirrored", str(tmp_path))
+    run_on_two_cpus("test_telemetry_monitor", "_train_mirrored", str(tmp_path))
 
     train = _events(str(tmp_path / "train"))
     assert train["loss_scale"] == [(2, 1024.0), (4, 256.0), (6, 256.0)]
