@@ -442,10 +442,8 @@ def test_the_readme_is_a_short_tour():
 # Modules outside backend/tensorflow/ and compat/ that still import TensorFlow (on its path
 # only: JAX runs never load them); the list only shrinks.
 TENSORFLOW_OUTSIDE_BACKEND = [
-    "mpt_keras/execution/jit_rule.py",
     "mpt_keras/execution/replica_step.py",
     "mpt_keras/execution/xla.py",
-    "mpt_keras/runs/assembly.py",
 ]
 
 

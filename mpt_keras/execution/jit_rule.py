@@ -13,9 +13,11 @@ on 2 EPYC cores: 1.18 at 0.14M parameters, 1.04 at 0.47M, 0.73 at 1.73M, 0.60 at
 
 from __future__ import annotations
 
-import keras
-import tensorflow as tf
+from typing import Any
 
+import keras
+
+from mpt_keras.backend.tensorflow.devices import replica_device_type
 from mpt_keras.checks import check_choice
 from mpt_keras.config import JIT_COMPILE
 from mpt_keras.errors import UserInputError
@@ -48,7 +50,7 @@ _NO_DETERMINISTIC_XLA_GRADIENT = {
 
 def resolve_jit_compile(
     setting: str,
-    strategy: tf.distribute.Strategy,
+    strategy: Any,  # A tf.distribute.Strategy.
     precision: str,
     model: keras.Model | None = None,
     *,
@@ -72,7 +74,7 @@ def resolve_jit_compile(
         return setting == "true", f"jit_compile={setting}: as set"
     if blocker:
         return False, f"jit_compile=auto, deterministic: XLA off, it has no deterministic {blocker}"
-    device_type = _replica_device_type(strategy)
+    device_type = replica_device_type(strategy)
     prefix = f"jit_compile=auto: {device_type} replicas, {precision}: XLA"
     if device_type != "CPU":
         return True, f"{prefix} on, the fast path on accelerators"
@@ -124,14 +126,3 @@ def _has_attention(model: keras.Model) -> bool:
 
 def _has_convolution(model: keras.Model) -> bool:
     return any(isinstance(layer, _CONVOLUTIONS) for _, layer in iter_layers(model))
-
-
-def _replica_device_type(strategy: tf.distribute.Strategy) -> str:
-    """`TPU`, `GPU` or `CPU`: where the strategy's replicas compute."""
-    try:
-        devices = strategy.extended.worker_devices
-    except RuntimeError:
-        # The default strategy names no devices: it runs on the first GPU if any.
-        return "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
-    types = {tf.DeviceSpec.from_string(device).device_type for device in devices}
-    return next((kind for kind in ("TPU", "GPU") if kind in types), "CPU")

@@ -85,13 +85,12 @@ def _compile(
         jit_compile, jit_reason = _jax_jit_compile(config.jit_compile)
         model.compile(**compiled, jit_compile=jit_compile)  # Our step: scaling.compile_hook.
     else:
-        import tensorflow as tf
-
+        from mpt_keras.backend.tensorflow.distribute import current_strategy
         from mpt_keras.execution import jit_rule, xla
 
         jit_compile, jit_reason = jit_rule.resolve_jit_compile(
             config.jit_compile,
-            tf.distribute.get_strategy(),
+            current_strategy(),
             report.precision,
             model,
             deterministic=config.deterministic,

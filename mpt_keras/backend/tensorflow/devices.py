@@ -36,3 +36,14 @@ def trace_without_running(function: Callable[..., Any], inputs: Any) -> None:
 def graph_of_its_own() -> Any:
     """A graph made the default (a `with` block): ops made inside start no runtime."""
     return tf.Graph().as_default()
+
+
+def replica_device_type(strategy: tf.distribute.Strategy) -> str:
+    """`TPU`, `GPU` or `CPU`: where the strategy's replicas compute."""
+    try:
+        devices = strategy.extended.worker_devices
+    except RuntimeError:
+        # The default strategy names no devices: it runs on the first GPU if any.
+        return "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
+    types = {tf.DeviceSpec.from_string(device).device_type for device in devices}
+    return next((kind for kind in ("TPU", "GPU") if kind in types), "CPU")
