@@ -439,12 +439,8 @@ def test_the_readme_is_a_short_tour():
     assert lines <= 250, f"README.md has {lines} lines: move details to docs/"
 
 
-# Modules outside backend/tensorflow/ and compat/ that still import TensorFlow (on its path
-# only: JAX runs never load them); the list only shrinks.
-TENSORFLOW_OUTSIDE_BACKEND = [
-    "mpt_keras/execution/replica_step.py",
-    "mpt_keras/execution/xla.py",
-]
+# Only backend/tensorflow/ and compat/ import TensorFlow: JAX runs have none.
+TENSORFLOW_OUTSIDE_BACKEND: list[str] = []
 
 
 def _imports_tensorflow(path: str) -> bool:

@@ -171,7 +171,7 @@ def test_sample_weights_reach_the_xla_loss():
 def _count_forward_backward_traces(monkeypatch) -> list[int]:
     """Counts the traces of XLA-compiled forward and backward passes."""
     traces = [0]
-    original = xla._xla_function
+    original = xla.xla_function
 
     def counting(function):
         def replica_forward_backward(*args):
@@ -180,7 +180,7 @@ def _count_forward_backward_traces(monkeypatch) -> list[int]:
 
         return original(replica_forward_backward)
 
-    monkeypatch.setattr(xla, "_xla_function", counting)
+    monkeypatch.setattr(xla, "xla_function", counting)
     return traces
 
 

@@ -7,9 +7,10 @@ from collections.abc import Callable
 from typing import Any
 
 import keras
-import tensorflow as tf
 
 from mpt_keras import compat
+from mpt_keras.backend.tensorflow.gradients import taped_value_and_gradients
+from mpt_keras.backend.tensorflow.values import leading_size, read_value
 from mpt_keras.scaling.hand_over import state_before
 from mpt_keras.scaling.optimizer import LossScaleOptimizer
 
@@ -21,13 +22,17 @@ def make_forward_backward(model: keras.Model) -> ForwardBackward:
 
     def replica_forward_backward(x: Any, y: Any, sample_weight: Any) -> tuple[Any, Any, Any]:
         # As Keras' own train step.
-        with tf.GradientTape() as tape:
+        def scaled_loss() -> tuple[Any, tuple[Any, Any]]:
             y_pred = model(x, training=True) if compat.call_has_training_arg(model) else model(x)
             loss = compat.compute_loss(
                 model, x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
             )
-            scaled_loss = model.optimizer.scale_loss(loss)
-        return loss, y_pred, tape.gradient(scaled_loss, model.trainable_weights)
+            return model.optimizer.scale_loss(loss), (loss, y_pred)
+
+        _, (loss, y_pred), gradients = taped_value_and_gradients(
+            scaled_loss, model.trainable_weights
+        )
+        return loss, y_pred, gradients
 
     return replica_forward_backward
 
@@ -47,7 +52,7 @@ def make_step(
         # Batch-norm statistics as before the step: a skipped step puts them back.
         state = state_before(model.non_trainable_variables) if checked else []
         loss, y_pred, gradients = forward_backward(x, y, sample_weight)
-        batch_size = tf.shape(next(i for i in keras.tree.flatten(x) if i is not None))[0]
+        batch_size = leading_size(next(i for i in keras.tree.flatten(x) if i is not None))
         if checked:
             # Explicitly: the loss `scale_loss` got may be in a nested XLA function's graph.
             bad = optimizer.apply(
@@ -62,7 +67,7 @@ def make_step(
         # A skipped bad batch's loss is NaN and its predictions undefined (XLA's and
         # TensorFlow's argmax of a NaN row differ): the metrics take it, then are restored.
         variables = [v for metric in model.metrics for v in metric.variables] if checked else []
-        before = [tf.convert_to_tensor(variable) for variable in variables]
+        before = [read_value(variable) for variable in variables]
         compat.loss_tracker(model).update_state(
             compat.unscale_loss_for_distribution(loss), sample_weight=batch_size
         )

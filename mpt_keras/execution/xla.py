@@ -10,10 +10,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
-import tensorflow as tf
 
 from mpt_keras import compat
 from mpt_keras.backend.tensorflow import train_function
+from mpt_keras.backend.tensorflow.compiled import xla_function
+from mpt_keras.backend.tensorflow.distribute import on_one_device
 from mpt_keras.backend.tensorflow.multi_worker_fit import support_multi_worker_fit
 from mpt_keras.checks import refusal
 from mpt_keras.errors import UserInputError
@@ -67,28 +68,15 @@ def _replica_train_step(model: keras.Model, jit_compile: bool) -> Callable[[Any]
     def train_step(data: Any) -> dict[str, Any]:
         if compat.compile_config(model) is not compiled_with:
             return type(model).train_step(model, data)
-        whole_step_in_xla = jit_compile and _on_one_device()
+        whole_step_in_xla = jit_compile and on_one_device()
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         # New functions per trace: a cached one keeps the loss and optimizer first traced.
         forward_backward = make_forward_backward(model)
         if jit_compile and not whole_step_in_xla:
-            forward_backward = _xla_function(forward_backward)
+            forward_backward = xla_function(forward_backward)
         step = make_step(model, forward_backward)
         if whole_step_in_xla:
-            step = _xla_function(step)
+            step = xla_function(step)
         return step(x, y, sample_weight)
 
     return train_step
-
-
-def _on_one_device() -> bool:
-    """Whether the traced step runs with no strategy or a `OneDeviceStrategy`: any other,
-    even with one replica, merges the update (`merge_call`), which XLA cannot hold."""
-    return not tf.distribute.has_strategy() or isinstance(
-        tf.distribute.get_strategy(), tf.distribute.OneDeviceStrategy
-    )
-
-
-def _xla_function(function: Callable[..., Any]) -> Callable[..., Any]:
-    # No autograph, as Keras' own XLA step (`do_not_convert`; see train_function.py).
-    return tf.function(function, jit_compile=True, autograph=False)

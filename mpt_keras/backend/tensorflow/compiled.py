@@ -10,6 +10,11 @@ import keras
 import tensorflow as tf
 
 
+def xla_function(function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function` XLA-compiled; no autograph, as Keras' own XLA step (`do_not_convert`)."""
+    return tf.function(function, jit_compile=True, autograph=False)
+
+
 def train_step_hlo(model: keras.Model, batch: Any) -> str:
     """The optimized HLO text of `model.train_step` on `batch` as XLA compiles it
     (`jit_compile=True`, one replica's step). The model, loss, metrics and optimizer are

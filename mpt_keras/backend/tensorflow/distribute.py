@@ -106,3 +106,11 @@ def in_cross_replica_context() -> bool:
 def current_strategy() -> tf.distribute.Strategy:
     """The strategy in scope (TensorFlow's default one when none is)."""
     return tf.distribute.get_strategy()
+
+
+def on_one_device() -> bool:
+    """Whether code runs with no strategy or a `OneDeviceStrategy`: any other, even with one
+    replica, merges the update (`merge_call`), which XLA cannot hold."""
+    return not tf.distribute.has_strategy() or isinstance(
+        tf.distribute.get_strategy(), tf.distribute.OneDeviceStrategy
+    )

@@ -16,6 +16,16 @@ def gradient_tape_scope() -> Callable[[], Any]:
     return lambda: tf.name_scope(f"gradient_tape/{scope}/" if scope else "gradient_tape/")
 
 
+def taped_value_and_gradients(
+    compute: Callable[[], tuple[Any, Any]], variables: list[Any]
+) -> tuple[Any, Any, list]:
+    """`compute()` gives `(value, aux)`; returns them and `value`'s gradients with respect to
+    `variables`, taped where it runs (eagerly, or in the caller's trace)."""
+    with tf.GradientTape() as tape:
+        value, aux = compute()
+    return value, aux, tape.gradient(value, variables)
+
+
 def traced_value_and_gradients(
     compute: Callable[..., tuple[Any, Any]], variables: Callable[[], list[keras.Variable]]
 ) -> Callable[..., tuple[Any, Any, list]]:

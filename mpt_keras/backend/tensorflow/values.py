@@ -30,3 +30,13 @@ def copied_value(variable: keras.Variable | tf.Variable) -> tf.Tensor:
     """A copy of `variable`'s value now: `tf.identity` reads one, where
     `ops.convert_to_tensor` would give the variable back."""
     return tf.identity(tf_variable(variable))
+
+
+def read_value(variable: keras.Variable | tf.Variable) -> tf.Tensor:
+    """`variable`'s value now, as one read (in a trace, a read op ordered before later writes)."""
+    return tf.convert_to_tensor(variable)
+
+
+def leading_size(tensor: Any) -> tf.Tensor:
+    """`tensor`'s first dimension as a tensor (`tf.shape`), known or not in the trace."""
+    return tf.shape(tensor)[0]
