@@ -126,3 +126,9 @@ def test_eval_batches_refuses_bad_input():
         eval_batches(*_arrays(), 0)
     with pytest.raises(UserInputError, match="0 examples"):
         eval_batches(*_arrays(0), 4)
+
+
+def test_both_pipelines_run_without_tf_datas_autotuning():
+    # Its thread costs CPU and a deleted iterator waits for it (batches.py's docstring).
+    for batches in (train_batches(*_arrays(), BATCH, seed=0), eval_batches(*_arrays(), BATCH)):
+        assert batches.options().autotune.enabled is False
