@@ -5,8 +5,9 @@ The models are the ones `examples/` ships: a `keras.applications` MobileNet
 and a subclassed CNN, fed by data factories over data that ships offline, each
 cut small, a few steps each. The launchers run in this process
 (tests/launchers.py), as their flags and factories are the point; the subclassed
-model's runs are processes of their own, as splitting the CPU into replicas
-needs one, and the first config error is checked before TensorFlow is imported.
+model's, on two replicas, in the two-CPU host (tests/replicas.py), as splitting the
+CPU needs a process of its own; and the first config error is checked in a process
+that has not imported TensorFlow.
 """
 
 import json
@@ -16,6 +17,7 @@ import sys
 
 import pytest
 from launchers import launch_in_process
+from replicas import on_two_cpus, run_on_two_cpus
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MOBILENET = os.path.join(REPO, "examples", "configs", "mobilenet_digits.json")
@@ -177,9 +179,28 @@ def test_help_shows_the_launchers_own_flags_grouped_with_defaults(launcher, grou
     assert not any("test_tmpdir" in line or "--verbosity" in line for line in lines)
 
 
-def test_a_subclassed_model_trains_mirrored_with_xla_and_resumes(tfds_dir, tmp_path):
-    config = os.path.join(REPO, "examples", "configs", "small_cnn_digits.json")
+@on_two_cpus
+def test_a_subclassed_model_trains_mirrored_with_xla_and_resumes(tmp_path):
     model_dir = str(tmp_path / "run")
+    first, resumed = run_on_two_cpus("test_own_model", "_subclassed_runs", model_dir)
+    assert first[0] == 0, first[1]
+    assert resumed[0] == 0, resumed[1]
+    assert "Training steps 3..4" in resumed[1]
+    metrics = _read(os.path.join(model_dir, "metrics.json"))
+    assert (metrics["step"], metrics["precision"]) == (4, "mixed_bfloat16")
+    report = _read(os.path.join(model_dir, "precision_report.json"))
+    assert report["jit_compile"] is True
+    assert {layer["path"]: layer["policy"] for layer in report["layers"]} == {
+        "conv2d": "mixed_bfloat16",
+        "global_average_pooling2d": "mixed_bfloat16",
+        "dense": "float32",
+    }
+
+
+def _subclassed_runs(model_dir: str) -> list[tuple[int | str, str]]:
+    """In the two-CPU host: 2 steps of the subclassed CNN on two replicas with XLA, then a
+    resume to 4; each run's (exit status, stderr)."""
+    config = os.path.join(REPO, "examples", "configs", "small_cnn_digits.json")
     # 4 filters over 8x8 digits, 2 a replica: little for XLA to compile (the config: 16, 16x16).
     override = json.dumps(
         {
@@ -196,21 +217,10 @@ def test_a_subclassed_model_trains_mirrored_with_xla_and_resumes(tfds_dir, tmp_p
         "--strategy=mirrored",
         "--virtual_cpus=2",
         "--jit_compile=true",
+        "--nosaved_model",
     ]
-    first = _launch("train", *flags, "--steps=2")
-    assert first.returncode == 0, first.stderr
-    resumed = _launch("train", *flags, "--steps=4")
-    assert resumed.returncode == 0, resumed.stderr
-    assert "Training steps 3..4" in resumed.stderr
-    metrics = _read(os.path.join(model_dir, "metrics.json"))
-    assert (metrics["step"], metrics["precision"]) == (4, "mixed_bfloat16")
-    report = _read(os.path.join(model_dir, "precision_report.json"))
-    assert report["jit_compile"] is True
-    assert {layer["path"]: layer["policy"] for layer in report["layers"]} == {
-        "conv2d": "mixed_bfloat16",
-        "global_average_pooling2d": "mixed_bfloat16",
-        "dense": "float32",
-    }
+    runs = [launch_in_process("mpt-train", *flags, f"--steps={steps}") for steps in (2, 4)]
+    return [(run.status, run.stderr) for run in runs]
 
 
 def test_a_model_from_a_keras_file_trains_with_its_compiled_loss(tmp_path):
