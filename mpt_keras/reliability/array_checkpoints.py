@@ -9,21 +9,16 @@ one that cannot be read or does not match the model is skipped for the one befor
 
 from __future__ import annotations
 
-import logging
 import os
-import re
 import zipfile
 from collections.abc import Mapping
 
 import keras
 import numpy as np
 
-from mpt_keras.errors import UserInputError
+from mpt_keras.checkpoint_files import CHECKPOINT_SUBDIR, newest_first, restore_newest
 
-CHECKPOINT_SUBDIR = "checkpoints"
-_FILE = re.compile(r"^step-(\d+)\.npz$")
 _STEP = "step"
-_LOGGER = logging.getLogger(__name__)
 
 
 class ArrayCheckpointer:
@@ -53,29 +48,19 @@ class ArrayCheckpointer:
     def restore(self) -> int:
         """Restores the newest readable checkpoint; returns its steps done (0: none).
         `UserInputError` if none of the checkpoints can be read."""
-        candidates = checkpoint_files(self._directory)
-        problems = []
-        for path in candidates:
-            try:
-                values, step = self._read(path)
-            except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
-                problems.append(str(error).splitlines()[0] or type(error).__name__)
-                _LOGGER.warning(
-                    "Checkpoint %s cannot be restored (%s): trying the one before it.",
-                    path,
-                    problems[-1],
-                )
-                continue
+
+        def restore(path: str) -> int:
+            values, step = self._read(path)
             for key, variable in self._variables.items():
                 variable.assign(values[key])
-            _LOGGER.info("Resumed from %s at step %d.", path, step)
             return step
-        if candidates:
-            raise UserInputError(
-                f"{self._directory}: none of its {len(candidates)} checkpoints can be "
-                f"restored (the latest: {problems[0]}); move the directory away to start over"
-            )
-        return 0
+
+        return restore_newest(
+            self._directory,
+            checkpoint_files(self._directory),
+            restore,
+            (OSError, ValueError, KeyError, zipfile.BadZipFile),
+        )
 
     def save(self, step: int) -> str:
         """Saves the state after `step` steps; returns the checkpoint path."""
@@ -112,9 +97,4 @@ class ArrayCheckpointer:
 
 def checkpoint_files(directory: str) -> list[str]:
     """The checkpoints in `directory`, newest first."""
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    steps = sorted((int(m.group(1)) for m in map(_FILE.match, names) if m), reverse=True)
-    return [os.path.join(directory, f"step-{step}.npz") for step in steps]
+    return [f"{stem}.npz" for stem in newest_first(directory, ".npz")]
