@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from mpt_keras.errors import UserInputError
 
 CHECKPOINT_SUBDIR = "checkpoints"
+PREFIX = "step"  # A checkpoint's name: `step-<N>`, then its files' suffixes.
 _LOGGER = logging.getLogger(__name__)
 
 
@@ -28,9 +29,9 @@ def newest_first(directory: str, suffix: str) -> list[str]:
         names = os.listdir(directory)
     except FileNotFoundError:
         return []
-    pattern = re.compile(rf"^step-(\d+){re.escape(suffix)}$")
+    pattern = re.compile(rf"^{PREFIX}-(\d+){re.escape(suffix)}$")
     steps = sorted((int(m.group(1)) for m in map(pattern.match, names) if m), reverse=True)
-    return [os.path.join(directory, f"step-{step}") for step in steps]
+    return [os.path.join(directory, f"{PREFIX}-{step}") for step in steps]
 
 
 def restore_newest(

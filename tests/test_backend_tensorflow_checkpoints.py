@@ -65,7 +65,7 @@ def test_new_run_restores_nothing(tmp_path):
 def test_a_torn_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog, suffix):
     saved = _save_three(str(tmp_path))
     _corrupt(os.path.join(tmp_path, "checkpoints", "step-3"), suffix)
-    with caplog.at_level(logging.WARNING, logger="mpt_keras.backend.tensorflow.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="mpt_keras.checkpoint_files"):
         step, kernel, scale = _restore(str(tmp_path))
     assert (step, scale) == (2, 4.0)
     np.testing.assert_array_equal(kernel, saved[2])

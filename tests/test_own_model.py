@@ -195,11 +195,14 @@ def test_a_subclassed_model_trains_mirrored_with_xla_and_resumes(tmp_path):
         "global_average_pooling2d": "mixed_bfloat16",
         "dense": "float32",
     }
+    # The subclassed model exports for serving from under the strategy too.
+    assert os.path.isfile(os.path.join(model_dir, "saved_model", "saved_model.pb"))
 
 
 def _subclassed_runs(model_dir: str) -> list[tuple[int | str, str]]:
     """In the two-CPU host: 2 steps of the subclassed CNN on two replicas with XLA, then a
-    resume to 4; each run's (exit status, stderr)."""
+    resume to 4 in the same process (a resume in a fresh one: test_train_launcher.py); each
+    run's (exit status, stderr)."""
     config = os.path.join(REPO, "examples", "configs", "small_cnn_digits.json")
     # 4 filters over 8x8 digits, 2 a replica: little for XLA to compile (the config: 16, 16x16).
     override = json.dumps(
@@ -217,7 +220,6 @@ def _subclassed_runs(model_dir: str) -> list[tuple[int | str, str]]:
         "--strategy=mirrored",
         "--virtual_cpus=2",
         "--jit_compile=true",
-        "--nosaved_model",
     ]
     runs = [launch_in_process("mpt-train", *flags, f"--steps={steps}") for steps in (2, 4)]
     return [(run.status, run.stderr) for run in runs]

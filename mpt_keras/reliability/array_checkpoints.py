@@ -16,7 +16,12 @@ from collections.abc import Mapping
 import keras
 import numpy as np
 
-from mpt_keras.checkpoint_files import CHECKPOINT_SUBDIR, newest_first, restore_newest
+from mpt_keras.checkpoint_files import (
+    CHECKPOINT_SUBDIR,
+    PREFIX,
+    newest_first,
+    restore_newest,
+)
 
 _STEP = "step"
 
@@ -65,8 +70,8 @@ class ArrayCheckpointer:
     def save(self, step: int) -> str:
         """Saves the state after `step` steps; returns the checkpoint path."""
         os.makedirs(self._directory, exist_ok=True)
-        path = os.path.join(self._directory, f"step-{step}.npz")
-        partial = os.path.join(self._directory, f".partial.step-{step}.npz")
+        path = os.path.join(self._directory, f"{PREFIX}-{step}.npz")
+        partial = os.path.join(self._directory, f".partial.{PREFIX}-{step}.npz")
         arrays = {key: keras.ops.convert_to_numpy(v.value) for key, v in self._variables.items()}
         with open(partial, "wb") as file:
             np.savez(file, **arrays, **{_STEP: np.int64(step)})

@@ -6,10 +6,10 @@ epoch is a fresh seeded permutation and a run resumed at step k continues at the
 position without replaying.
 
 Both pipelines run with tf.data's autotuning off: slicing arrays held in memory has nothing
-to tune, while the tuner's thread costs CPU and a deleted iterator waits for it, up to its
-period (seconds to a minute). tests/test_runs_training.py took 82 s (70 s of CPU) with it
-and 55 s (56 s) without (2 AVX2 EPYC cores, 2026-11-28). A prefetch still grows its buffer
-by itself, and a parallel map runs as many calls as there are cores.
+to tune, while the tuner's thread costs CPU and a deleted iterator waits for it, seconds to
+a minute (measured in docs/architecture.md). A prefetch of AUTOTUNE keeps its own buffer
+tuner (`legacy_autotune`); the parallel map keeps its initial parallelism
+(`tf.data.Options().autotune.initial_parallelism`, 16 by default).
 """
 
 import numpy as np

@@ -9,7 +9,12 @@ from collections.abc import Mapping
 import keras
 import tensorflow as tf
 
-from mpt_keras.checkpoint_files import CHECKPOINT_SUBDIR, newest_first, restore_newest
+from mpt_keras.checkpoint_files import (
+    CHECKPOINT_SUBDIR,
+    PREFIX,
+    newest_first,
+    restore_newest,
+)
 
 # Raised reading a torn or foreign checkpoint.
 _UNREADABLE = (tf.errors.OpError, ValueError, AssertionError, IndexError, KeyError)
@@ -48,7 +53,7 @@ class Checkpointer:
             self._checkpoint,
             directory=os.path.join(write_dir or model_dir, CHECKPOINT_SUBDIR),
             max_to_keep=keep,
-            checkpoint_name="step",  # As checkpoint_files names them.
+            checkpoint_name=PREFIX,
         )
 
     def restore(self) -> int:
