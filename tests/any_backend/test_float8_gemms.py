@@ -14,7 +14,6 @@ import pytest
 
 from mpt_keras.backend import current
 from mpt_keras.calibration import float8_speed
-from mpt_keras.calibration.float8_speed import gemm_seconds
 from mpt_keras.errors import UserInputError
 from mpt_keras.precision.float8 import to_float8
 from mpt_keras.precision.float8_gemms import (
@@ -234,5 +233,5 @@ def test_gemm_seconds_is_each_programs_median_after_its_compile(monkeypatch):
     monkeypatch.setattr(
         float8_speed, "time", types.SimpleNamespace(perf_counter=lambda: next(clock))
     )
-    assert gemm_seconds((8, 16, 32), "float32") == (3, 30)
+    assert float8_speed.gemm_seconds((8, 16, 32), "float32") == (3, 30)
     assert next(clock, None) is None  # Every reading taken.

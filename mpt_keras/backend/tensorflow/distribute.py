@@ -112,5 +112,5 @@ def on_one_device() -> bool:
     """Whether code runs with no strategy or a `OneDeviceStrategy`: any other, even with one
     replica, merges the update (`merge_call`), which XLA cannot hold."""
     return not tf.distribute.has_strategy() or isinstance(
-        tf.distribute.get_strategy(), tf.distribute.OneDeviceStrategy
+        current_strategy(), tf.distribute.OneDeviceStrategy
     )
