@@ -46,6 +46,23 @@ def is_traced(value: Any = None) -> bool:
     return is_tracing()
 
 
+def float8_dot(lhs: Any, rhs: Any, contracting: tuple[int, int]) -> Any:
+    """`lhs @ rhs` of two float8 matrices over their dimensions `contracting` (one each; the
+    result's dimensions are `lhs`'s free one, then `rhs`'s), in float32. JAX hands XLA the
+    float8 values, which its GPU GEMM rewriters need (`backend/jax/float8_dots.py`);
+    TensorFlow has no float8 matmul: their float32 conversions, exact, are multiplied."""
+    if is_jax():
+        from mpt_keras.backend.jax.float8_dots import float8_dot as jax_float8_dot
+
+        return jax_float8_dot(lhs, rhs, contracting)
+    lhs, rhs = (keras.ops.cast(matrix, "float32") for matrix in (lhs, rhs))
+    if contracting[0] == 0:
+        lhs = keras.ops.transpose(lhs)
+    if contracting[1] == 1:
+        rhs = keras.ops.transpose(rhs)
+    return keras.ops.matmul(lhs, rhs)
+
+
 def backward_scope() -> Callable[[], contextlib.AbstractContextManager]:
     """Called in a custom gradient's forward: what its backward enters so that the ops it
     makes carry the forward's name scopes as autodiff's do (TensorFlow puts a custom

@@ -1,8 +1,9 @@
 """The GEMMs of a compiled XLA program, read from its optimized HLO text.
 
-Only after optimization does XLA decide what each matmul runs as: a `dot` (a CPU's own loop,
-or a GPU's GEMM fusion), or a library call (`custom-call` to cuBLAS: `__cublas$gemm`,
-`__cublas$lt$matmul`, and `__cublas$lt$matmul$f8` for float8 operands). Each keeps the
+Only after optimization does XLA decide what each matmul runs as: a `dot` (a CPU's own loop),
+a `triton gemm` (a dot inside a GPU's Triton GEMM fusion), or a library call (`custom-call`
+to cuBLAS: `__cublas$gemm`, `__cublas$lt$matmul`, and `__cublas$lt$matmul$f8` for float8
+operands). Each keeps the
 `op_name` of the framework op it came from, with the name scopes it ran in (JAX:
 `jit(train_step)/transpose(jvp(model))/dense/dot_general`; TensorFlow:
 `gradient_tape/model_1/dense_1/MatMul`). A GEMM runs in float8 only where its operands
@@ -41,13 +42,20 @@ _TARGET = re.compile(r'custom_call_target="(?P<target>[^"]*)"')
 _GRAD = re.compile(r'grad_(?P<which>[xy])="true"')
 # Library calls that are GEMMs (cuBLAS, cuBLASLt, hipBLASLt; oneDNN's matmul on CPUs).
 _GEMM_TARGET = re.compile(r"gemm|matmul", re.IGNORECASE)
+# A computation's name, and a fusion XLA hands to Triton as a GEMM (`__triton_gemm`,
+# `__triton_nested_gemm_fusion`): `calls=%gemm_fusion_dot.3_computation, ...`.
+_NAME = re.compile(r"^\s*(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s*\(")
+_TRITON_GEMM_CALL = re.compile(
+    r'calls=%?(?P<computation>[\w.\-]+).*"kind":"__triton[a-z_]*gemm[a-z_]*"'
+)
+TRITON_GEMM = "triton gemm"
 
 
 @dataclasses.dataclass(frozen=True)
 class CompiledGemm:
     """One GEMM of a compiled program.
 
-    `kernel`: `dot`, or the library call's target. `operand_types`: the HLO element types of
+    `kernel`: `dot`, `triton gemm`, or the library call's target. `operand_types`: the HLO element types of
     its operands as they reach it (`f8e4m3fn`, `bf16`, ...). `op_name`: the framework op it
     came from, with its name scopes. `gradient_of`: `x` or `y` where TensorFlow says the GEMM
     computes the gradient of its op's first or second operand (`grad_x`/`grad_y`), else None.
@@ -83,13 +91,17 @@ class CompiledGemm:
 def compiled_gemms(hlo: str) -> tuple[CompiledGemm, ...]:
     """Every GEMM of an optimized HLO module's text (`dot`s and GEMM library calls), in order."""
     gemms: list[CompiledGemm] = []
+    triton = {match["computation"] for match in _TRITON_GEMM_CALL.finditer(hlo)}
     types: dict[str, str] = {}  # The current computation's values: name -> element type.
+    in_triton = False
     for line in hlo.splitlines():
         header = _HEADER.match(line)
         if header:
             types = {
                 param["name"]: param["type"] for param in _HEADER_PARAM.finditer(header["params"])
             }
+            name = _NAME.match(line)
+            in_triton = name is not None and name["name"] in triton
             continue
         instruction = _INSTRUCTION.match(line)
         if not instruction:
@@ -97,18 +109,18 @@ def compiled_gemms(hlo: str) -> tuple[CompiledGemm, ...]:
         array = _ARRAY.search(instruction["type"])
         if array:
             types[instruction["name"]] = array["element"]
-        gemm = _gemm(instruction, array, types)
+        gemm = _gemm(instruction, array, types, in_triton)
         if gemm is not None:
             gemms.append(gemm)
     return tuple(gemms)
 
 
 def _gemm(
-    instruction: re.Match, array: re.Match | None, types: dict[str, str]
+    instruction: re.Match, array: re.Match | None, types: dict[str, str], in_triton: bool
 ) -> CompiledGemm | None:
     attributes = instruction["attributes"]
     if instruction["op"] == "dot":
-        kernel = "dot"
+        kernel = TRITON_GEMM if in_triton else "dot"
     elif instruction["op"] == "custom-call":
         target = _TARGET.search(attributes)
         if target is None or not _GEMM_TARGET.search(target["target"]):

@@ -32,6 +32,7 @@ import keras
 
 from mpt_keras import compat
 from mpt_keras.backend import current
+from mpt_keras.errors import UserInputError
 from mpt_keras.keras_bridge.layer_calls import calls_wrapped
 from mpt_keras.keras_bridge.layer_paths import iter_layer_paths
 from mpt_keras.precision.compiled_gemms import CompiledGemm, compiled_gemms
@@ -117,15 +118,25 @@ class Float8Census:
 
 
 def take_census(
-    model: keras.Model, batch: Any, *, probe: HardwareProbe | None = None, xla: bool = True
+    model: keras.Model,
+    batch: Any,
+    *,
+    probe: HardwareProbe | None = None,
+    xla: bool = True,
+    target: str | None = None,
 ) -> Float8Census:
     """The census of `model`'s train step on `batch` (one batch as `fit` takes it).
 
     `model` is compiled (its loss and optimizer set); its float8 layers are found by
     `is_float8`. `probe`: this machine's by default. With `xla=False` nothing is compiled:
-    without XLA no float8 GEMM exists, every float8 layer is `emulated`.
+    without XLA no float8 GEMM exists, every float8 layer is `emulated`. `target` (JAX only;
+    `gpu_targets.TARGETS`, such as `h100`): the step compiled for that GPU instead, on this
+    machine, whatever it has (`backend/jax/gpu_targets.py`: what it needs, what differs).
     """
-    supported, reason = float8_gemm_support(probe or probe_hardware(), xla)
+    if target is not None:
+        supported, reason = target_float8_support(target)
+    else:
+        supported, reason = float8_gemm_support(probe or probe_hardware(), xla)
     layers: dict[str, Any] = {}
     for entry in iter_layer_paths(model):
         if is_float8(entry.layer) and all(entry.layer is not seen for seen in layers.values()):
@@ -141,7 +152,7 @@ def take_census(
             from mpt_keras.backend.jax.compiled import train_step_hlo
         else:
             from mpt_keras.backend.tensorflow.compiled import train_step_hlo
-        hlo = train_step_hlo(model, batch)
+        hlo = train_step_hlo(model, batch, target) if target else train_step_hlo(model, batch)
     kernel_sizes = {path: math.prod(layer.kernel.shape) for path, layer in layers.items()}
     census = census_of(compiled_gemms(hlo), kernel_sizes, supported, reason)
     for row in census.fallbacks:
@@ -154,6 +165,22 @@ def take_census(
             row.kernel,
         )
     return census
+
+
+def target_float8_support(target: str) -> tuple[bool, str]:
+    """`float8_gemm_support` of the GPU `target`, compiled for here: a one-line error off JAX."""
+    if not current.is_jax():
+        raise UserInputError(
+            f"float8 census for GPU target '{target}': received Keras backend "
+            f"'{current.name()}'. Allowed: jax (JAX's CUDA plugin compiles for a GPU without one)"
+        )
+    from mpt_keras.backend.jax import gpu_targets
+
+    gpu_targets.check_target(target)
+    major, minor = gpu_targets.COMPUTE_CAPABILITY
+    probe = HardwareProbe(gpu_compute_capabilities=((major, minor),))
+    supported, reason = float8_gemm_support(probe)
+    return supported, f"compiled for {target}, no autotuning: {reason}"
 
 
 def census_of(

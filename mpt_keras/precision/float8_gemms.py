@@ -1,16 +1,17 @@
-"""Float8 layers whose three GEMMs are written the way XLA's GPU rewriter takes them.
+"""Float8 layers whose three GEMMs reach XLA as float8 GEMMs: forward, input and weight gradient.
 
-Keras' float8 `Dense`/`EinsumDense` fake-quantize the input and kernel, multiply in the
-compute dtype and leave the gradients to autodiff. XLA turns a GEMM into cuBLASLt's float8
-GEMM only on a dot with one contracting dimension and operands of rank batch + 2, each
-`convert(float8) * broadcast(scalar scale)` (`gemm_rewriter.cc`'s `MatchFp8Param`): a
-`[batch, tokens, width]` input gives a weight gradient contracting two dimensions, and the
-GEMM falls back to bfloat16 without a word. Here the input is flattened to `[M, K]` and the
-kernel to `[K, N]` before quantizing, and the custom gradient writes all three GEMMs as such
-dots: forward e4m3 x e4m3, input gradient e5m2 x e4m3, weight gradient e4m3 x e5m2.
+Keras' float8 `Dense`/`EinsumDense` fake-quantize the input and kernel, multiply the
+dequantized values (`convert(float8) * scale`) in the compute dtype and leave the gradients
+to autodiff. Compiled for a GPU, XLA's Triton GEMM fusion takes such a dot as a bfloat16 GEMM
+and then drops the round trip through float8 (`backend/jax/float8_dots.py`): no GEMM runs in
+float8. Here each GEMM is a dot of the float8 values themselves, accumulated in float32 and
+multiplied by the two scales after: the input flattened to `[M, K]`, the kernel to `[K, N]`,
+and a custom gradient writing the backward GEMMs the same way: forward e4m3 x e4m3, input
+gradient e5m2 x e4m3, weight gradient e4m3 x e5m2.
 
 Two scaling recipes, on Keras' own variables (`inputs_scale`, `inputs_amax_history`, ...):
-- `delayed`: Keras' (the scale from the amax history of earlier steps), the same numbers;
+- `delayed`: Keras' (the scale from the amax history of earlier steps), the same numbers to
+  the rounding of where the scales multiply;
 - `current`: Transformer Engine's `Float8CurrentScaling`, each tensor's scale from its own
   amax in this call (`amax / largest`); the variables record the scale used and the amax.
 A `model.keras` holds Keras' float8 layers: loaded without mpt_keras, they run Keras' call.
@@ -195,9 +196,18 @@ def _quantized(values: Any, scale: Any, dtype: str, compute_dtype: str) -> Any:
     return ops.cast(ops.clip(scaled, -largest, largest), dtype)
 
 
-def _dequantized(quantized: Any, scale: Any, dtype: str) -> Any:
-    """`convert(float8) * scale`, the operand form XLA's rewriter matches before a dot."""
-    return ops.multiply(ops.cast(quantized, dtype), ops.cast(scale, dtype))
+def _product(
+    equation: str, lhs: Any, rhs: Any, lhs_scale: Any, rhs_scale: Any, dtype: str
+) -> Any:
+    """`equation` (`mk,kn->mn`, `mn,kn->mk` or `mk,mn->kn`) of the float8 `lhs` and `rhs`,
+    times both scales (in float32: a float16 sum of float8 values, up to 448 each, overflows),
+    in `dtype`."""
+    terms, _ = equation.split("->")
+    lhs_term, rhs_term = terms.split(",")
+    shared = (set(lhs_term) & set(rhs_term)).pop()
+    product = current.float8_dot(lhs, rhs, (lhs_term.index(shared), rhs_term.index(shared)))
+    scale = ops.multiply(ops.cast(lhs_scale, "float32"), ops.cast(rhs_scale, "float32"))
+    return ops.cast(ops.multiply(product, scale), dtype)
 
 
 def _amax(values: Any) -> Any:
@@ -223,9 +233,9 @@ def _gemms(recipe: str):
         if recipe == "current":
             x_scale = _scale_from(_amax(inputs), x_scale, _E4M3)
             k_scale = _scale_from(_amax(kernel), k_scale, _E4M3)
-        x = _dequantized(_quantized(inputs, x_scale, _E4M3, dtype), x_scale, dtype)
-        k = _dequantized(_quantized(kernel, k_scale, _E4M3, dtype), k_scale, dtype)
-        outputs = ops.einsum("mk,kn->mn", x, k)
+        x = _quantized(inputs, x_scale, _E4M3, dtype)
+        k = _quantized(kernel, k_scale, _E4M3, dtype)
+        outputs = _product("mk,kn->mn", x, k, x_scale, k_scale, dtype)
         scope = current.backward_scope()
 
         def grad(*args, upstream=None, variables=None):
@@ -249,9 +259,8 @@ def _gemms(recipe: str):
                     )
                 )
             g = _quantized(upstream, used_g_scale, _E5M2, dtype)
-            g = _dequantized(g, used_g_scale, dtype)
-            inputs_grad = ops.cast(ops.einsum("mn,kn->mk", g, k), inputs.dtype)
-            kernel_grad = ops.einsum("mk,mn->kn", x, g)
+            inputs_grad = _product("mn,kn->mk", g, k, used_g_scale, k_scale, inputs.dtype)
+            kernel_grad = _product("mk,mn->kn", x, g, x_scale, used_g_scale, dtype)
             return (
                 inputs_grad,
                 kernel_grad,

@@ -9,10 +9,13 @@ from typing import Any
 import jax
 import keras
 
+from mpt_keras.backend.jax import gpu_targets
 
-def train_step_hlo(model: keras.Model, batch: Any) -> str:
+
+def train_step_hlo(model: keras.Model, batch: Any, target: str | None = None) -> str:
     """The optimized HLO text of `model.train_step` on `batch`, as Keras' JAX trainer jits it
-    (one step, the model's state as its argument). The model, loss, metrics and optimizer are
+    (one step, the model's state as its argument), for this machine's device or compiled for
+    the GPU `target` (`gpu_targets.TARGETS`). The model, loss, metrics and optimizer are
     built; nothing is run or assigned."""
     state = (
         [variable.value for variable in model.trainable_variables],
@@ -20,6 +23,8 @@ def train_step_hlo(model: keras.Model, batch: Any) -> str:
         [variable.value for variable in model.optimizer.variables],
         [variable.value for variable in model.metrics_variables],
     )
+    if target is not None:
+        return gpu_targets.optimized_hlo(model.train_step, (state, batch), target)
     return jax.jit(model.train_step).lower(state, batch).compile().as_text()
 
 
