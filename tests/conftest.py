@@ -17,6 +17,10 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 # cores, and TensorFlow's spinning pools cost CPU. tests/test_execution_xla.py took 110.6 s of
 # CPU with it and 123.7 s without (one run each, 2 AVX2 EPYC cores, 2026-11-28).
 os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+# JAX on the CPU, here and in every child: the tests pin CPU figures, and the test extra's
+# CUDA plugin (for compiling for a GPU without one) would otherwise look for a GPU at JAX's
+# start, and print that it found no cuDNN.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 XLA_TEST_FLAG = "--xla_backend_optimization_level=0"
 if XLA_TEST_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_TEST_FLAG}".strip()

@@ -67,3 +67,17 @@ def test_precision_is_the_widest_operand_unless_both_are_float8():
     assert gemm("bf16", "f32").precision == "float32"
     assert gemm("f16", "f16").precision == "float16"
     assert gemm("f32", "f32", kernel="__cublas$lt$matmul$f8").precision == "float8"
+
+
+def test_a_dot_in_a_triton_gemm_fusion_is_a_triton_gemm_of_its_parameters_types():
+    """`data/h100_float8_triton.hlo`: two GEMM fusions of XLA's program for an H100 (jaxlib
+    0.10.2, compiled on a CPU by tests/jax_backend/test_float8_census_for_a_gpu.py's means),
+    cut down: a split-K weight gradient e4m3 x e5m2 and a forward e4m3 x e4m3, the scales
+    multiplied in the fusion."""
+    with open(os.path.join(os.path.dirname(__file__), "data", "h100_float8_triton.hlo")) as file:
+        gemms = compiled_gemms(file.read())
+    assert [(g.name, g.kernel, g.operand_types, g.result_shape, g.precision) for g in gemms] == [
+        ("dot.3", "triton gemm", ("f8e4m3fn", "f8e5m2"), (8, 64, 128), "float8"),
+        ("dot_general.1", "triton gemm", ("f8e4m3fn", "f8e4m3fn"), (256, 128), "float8"),
+    ]
+    assert gemms[0].op_name == "jit(loss)/transpose(jvp(up))/float8_weight_gradient/dot_general"

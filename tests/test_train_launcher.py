@@ -134,6 +134,19 @@ def test_python_dash_m_resumes_to_the_exact_step(tfds_dir, tmp_path):
             "policy (its 'default' and rules). Allowed: one of them",
         ),
         (
+            ["--census_target=h100"],
+            "--census_target=h100 without --dry_run: the census compiles the step for that GPU "
+            "and never runs it. Allowed: with --dry_run",
+        ),
+        (
+            ["--census_target=h100", "--dry_run"],
+            "mpt-train --census_target runs on Keras backend jax, and Keras has tensorflow",
+        ),
+        (
+            ["--census_target=a100"],
+            "flag --census_target=a100: value should be one of <h100|h200>",
+        ),
+        (
             ["--manifest={bad_manifest}"],
             '{bad_manifest}: rules[0].policy: received "float16". Allowed: float32, '
             "mixed_float16, mixed_bfloat16",

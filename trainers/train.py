@@ -16,6 +16,7 @@ from absl import flags
 
 import mpt_keras
 from mpt_keras import config as config_lib
+from mpt_keras.backend.names import GPU_TARGETS
 from mpt_keras.precision.names import PRECISIONS
 from trainers import backend_flag, cli, field_flags
 from trainers.field_flags import FieldFlag
@@ -80,6 +81,13 @@ _BACKEND = backend_flag.define(__name__)
 _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False, "Print each layer's precision and exit without training."
 )
+_CENSUS_TARGET = flags.DEFINE_enum(
+    "census_target",
+    None,
+    list(GPU_TARGETS),
+    "With --dry_run on --backend=jax: the float8 census of the train step compiled for this "
+    "GPU, here, with no GPU needed (JAX's CUDA plugin; docs/precision.md).",
+)
 
 
 _HELP_GROUPS = {
@@ -90,6 +98,7 @@ _HELP_GROUPS = {
         "steps",
         "saved_model",
         "dry_run",
+        "census_target",
         "metrics_port",
     ),
     "Precision": ("precision", "manifest", "auto_promote", "canary_steps"),
@@ -114,10 +123,19 @@ def main(argv: Sequence[str]) -> None:
         )
     # Checked whole, with no TensorFlow: a bad flag or config answers at once.
     config = config_lib.resolve_config(_CONFIG.value, _CONFIG_OVERRIDE.value, **flag_values)
+    census_target = _CENSUS_TARGET.value
+    if census_target is not None and not _DRY_RUN.value:
+        raise mpt_keras.UserInputError(
+            f"--census_target={census_target} without --dry_run: the census compiles the step "
+            "for that GPU and never runs it. Allowed: with --dry_run"
+        )
     cli.import_tensorflow()
     backend_flag.check("mpt-train", _BACKEND.value)
+    if census_target is not None:
+        backend_flag.check("mpt-train --census_target", _BACKEND.value, served=("jax",))
     if _DRY_RUN.value:
-        print(mpt_keras.plan_precision(config).format_table(), end="")
+        report = mpt_keras.plan_precision(config, census_target=census_target)
+        print(report.format_table(), end="")
         return
     runtime = mpt_keras.Runtime(model_dir=_MODEL_DIR.value, metrics_port=_METRICS_PORT.value)
     if _CANARY_STEPS.value:

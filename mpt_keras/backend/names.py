@@ -1,4 +1,4 @@
-"""The backends and the strategy names each serves; imports no backend, so a config or a
+"""The backends, the strategy names each serves and the GPU targets; imports no backend, so a config or a
 launcher's flags can check them before Keras is imported."""
 
 from mpt_keras.checks import refusal
@@ -13,6 +13,9 @@ STRATEGIES_ON = {
     "jax": ("auto", "one_device", "data_parallel"),
 }
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu", "data_parallel")
+
+# The GPUs a JAX program can be compiled for without one (`backend.jax.gpu_targets`).
+GPU_TARGETS = ("h100", "h200")
 
 
 def check_strategy(name: str, backend: str) -> None:

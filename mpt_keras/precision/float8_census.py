@@ -37,6 +37,7 @@ from mpt_keras.keras_bridge.layer_calls import calls_wrapped
 from mpt_keras.keras_bridge.layer_paths import iter_layer_paths
 from mpt_keras.precision.compiled_gemms import CompiledGemm, compiled_gemms
 from mpt_keras.precision.float8 import is_float8
+from mpt_keras.precision.float8_gemms import GEMM_SCOPES
 from mpt_keras.precision.hardware import HardwareProbe, float8_gemm_support, probe_hardware
 from mpt_keras.tables import aligned
 
@@ -46,6 +47,8 @@ _SCOPE = "mpt_float8_census_"
 _SCOPE_IN_OP_NAME = re.compile(rf"(?:^|[/(]){_SCOPE}(\d+)(?:_\d+)?(?=[/)]|$)")
 VERDICTS = ("float8", "fallback", "emulated")
 _ROLES = ("forward", "input gradient", "weight gradient", "gradient")
+# Our GEMMs' name scopes (TensorFlow may add `_<n>`), each read as the role it names.
+_GEMM_SCOPE = re.compile(rf"(?:^|[/(])({'|'.join(GEMM_SCOPES.values())})(?:_\d+)?(?=[/)]|$)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,18 +214,24 @@ def census_of(
 
 
 def _roles(gemms: list[CompiledGemm], kernel_size: int) -> list[str]:
-    """Each GEMM's role: forward unless it is a gradient's (JAX: in a `transpose(`; TF: under
-    a `gradient_tape/` scope). TensorFlow marks which operand's gradient (`grad_x`: the inputs'); on
-    JAX the weight gradient is the one whose result has the kernel's size, unless every
-    gradient GEMM's has (tokens equal to the output width): then `gradient`."""
+    """Each GEMM's role: the name scope ours run in says it (`float8_gemms.GEMM_SCOPES`).
+    Keras' own: forward unless it is a gradient's (JAX: in a `transpose(`; TF: under a
+    `gradient_tape/` scope). TensorFlow marks which operand's gradient (`grad_x`: the
+    inputs'); on JAX the weight gradient is the one whose result (or its last two dimensions)
+    has the kernel's size, unless every gradient GEMM's has (tokens equal to the output
+    width): then `gradient`."""
+    scoped = [_GEMM_SCOPE.search(gemm.op_name) for gemm in gemms]
+    if all(scoped):
+        return [match.group(1).removeprefix("float8_").replace("_", " ") for match in scoped]
     backward = [
         "transpose(" in gemm.op_name
         or "gradient_tape/" in gemm.op_name
         or gemm.gradient_of is not None
         for gemm in gemms
     ]
+    # A GPU's split-K GEMM computes `[splits, K, N]` partial sums: its last two dimensions.
     kernel_sized = [
-        is_backward and gemm.result_size == kernel_size
+        is_backward and kernel_size in (gemm.result_size, math.prod(gemm.result_shape[-2:]))
         for gemm, is_backward in zip(gemms, backward)
     ]
     ambiguous = sum(kernel_sized) > 1 and all(kernel_sized[i] for i, b in enumerate(backward) if b)

@@ -53,11 +53,12 @@ def assemble(
     return Run(model, manifest, report, optimizer, report.jit_compile)
 
 
-def plan_precision(config: TrainConfig) -> PrecisionReport:
+def plan_precision(config: TrainConfig, census_target: str | None = None) -> PrecisionReport:
     """Each layer's precision in the run's untrained model (`--dry_run`), with `jit_compile`.
 
     With float8 layers, the train step is compiled as the run would compile it (never run)
-    and the report holds its float8 census: which of their GEMMs really run in float8.
+    and the report holds its float8 census: which of their GEMMs really run in float8, on
+    this machine's device or, on JAX, on the GPU `census_target` (`GPU_TARGETS`).
     """
     components = resolve_components(config)
     data = components.data()
@@ -66,7 +67,7 @@ def plan_precision(config: TrainConfig) -> PrecisionReport:
         return report
     _, report = _compile(model, config, components, report)
     batch = data.batch_of_step(config.data.batch_size, config.seed, step=1)
-    census = take_census(model, batch, xla=bool(report.jit_compile))
+    census = take_census(model, batch, xla=bool(report.jit_compile), target=census_target)
     return dataclasses.replace(report, float8_census=census)
 
 

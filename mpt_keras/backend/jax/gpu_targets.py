@@ -17,14 +17,15 @@ from typing import Any
 import jax
 import jaxlib
 
+from mpt_keras.backend.names import GPU_TARGETS
+from mpt_keras.checks import refusal
 from mpt_keras.errors import UserInputError
 
-# Each target's device as XLA describes it (`jax.lib` reports these for a real one).
+# Each target's device as XLA describes it: its name, memory (bytes) and bandwidth (bytes/s).
 _DEVICES = {
     "h100": ("NVIDIA H100 80GB HBM3", 84929347584, 3352320000000),
     "h200": ("NVIDIA H200", 150110011392, 4800000000000),
 }
-TARGETS = tuple(_DEVICES)
 # Both are Hopper: the same SMs, the first with float8 tensor cores and TMA.
 COMPUTE_CAPABILITY = (9, 0)
 _HOPPER = """gpu_device_info {{
@@ -55,7 +56,7 @@ device_description_str: "{name}"
 
 
 def target_config(target: str) -> str:
-    """XLA's description of `target` (one of `TARGETS`), as the CUDA plugin parses it."""
+    """XLA's description of `target` (one of `GPU_TARGETS`), as the CUDA plugin parses it."""
     check_target(target)
     name, memory, bandwidth = _DEVICES[target]
     return _HOPPER.format(name=name, memory=memory, bandwidth=bandwidth)
@@ -63,9 +64,7 @@ def target_config(target: str) -> str:
 
 def check_target(target: str) -> None:
     if target not in _DEVICES:
-        raise UserInputError(
-            f"GPU target: received '{target}'. Allowed: {', '.join(TARGETS)}"
-        )
+        raise refusal("GPU target", repr(target), ", ".join(GPU_TARGETS))
 
 
 @functools.cache
