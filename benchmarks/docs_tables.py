@@ -18,7 +18,7 @@ from typing import Any
 
 from absl import app, flags
 
-from benchmarks import ablation_table, gpu_table, result_files, suite_report
+from benchmarks import ablation_table, census_table, gpu_table, result_files, suite_report
 from mpt_keras.errors import UserInputError
 
 PROGRAM = "python -m benchmarks.docs_tables"
@@ -111,11 +111,16 @@ def _gpu_check_table(result: Mapping[str, Any], source: str) -> tuple[list[Any],
     return [result], gpu_table.markdown_table(result, source)
 
 
+def _census_table(result: Mapping[str, Any], source: str) -> tuple[list[Any], list[str]]:
+    return [result], census_table.markdown_table(result, source)
+
+
 # Per `benchmark`: its measurements (each with its run record) and its table.
 _TABLES: dict[str, Callable[[Any, str], tuple[list[Any], list[str]]]] = {
     "suite": _suite_table,  # mpt-bench's bench.json.
     ablation_table.BENCHMARK: _stack_ablation_table,
     gpu_table.BENCHMARK: _gpu_check_table,  # python -m benchmarks.gpu_check.
+    census_table.BENCHMARK: _census_table,  # python -m benchmarks.float8_census.
 }
 
 

@@ -25,36 +25,9 @@ from typing import Any
 
 from absl import app, flags
 
+from benchmarks.float8_models import MLP_REFERENCE, MLP_SMALL, MlpShape, build_mlp
+
 VARIANTS = ("bfloat16", "float8 keras", "float8 delayed", "float8 current")
-
-
-@dataclasses.dataclass(frozen=True)
-class MlpShape:
-    """Two-layer MLP blocks (`width` -> 4 x `width` -> `width`, residual) on a batch of
-    `sequences` x `tokens` vectors."""
-
-    width: int
-    blocks: int
-    sequences: int
-    tokens: int
-
-
-REFERENCE = MlpShape(width=4096, blocks=2, sequences=8, tokens=1024)
-SMALL = MlpShape(width=32, blocks=1, sequences=2, tokens=8)
-
-
-def build_mlp(shape: MlpShape) -> Any:
-    """The blocks as a functional model; its Dense layers are `block_<i>_up`, `block_<i>_down`."""
-    import keras
-
-    inputs = keras.Input((shape.tokens, shape.width))
-    hidden = inputs
-    for index in range(shape.blocks):
-        normed = keras.layers.LayerNormalization(name=f"block_{index}_norm")(hidden)
-        up = keras.layers.Dense(4 * shape.width, activation="gelu", name=f"block_{index}_up")
-        down = keras.layers.Dense(shape.width, name=f"block_{index}_down")
-        hidden = keras.layers.Add()([hidden, down(up(normed))])
-    return keras.Model(inputs, hidden)
 
 
 def measure_variant(variant: str, shape: MlpShape, steps: int) -> dict[str, Any]:
@@ -123,7 +96,7 @@ def main(argv: Sequence[str]) -> None:
 
     from benchmarks import result_files
 
-    shape = SMALL if FLAGS.small else REFERENCE
+    shape = MLP_SMALL if FLAGS.small else MLP_REFERENCE
     result = run(shape, FLAGS.steps or (2 if FLAGS.small else 20))
     result["machine"] = result_files.jax_machine()
     result["run"] = result_files.record(["python", "-m", "benchmarks.float8_mlp", *sys.argv[1:]])

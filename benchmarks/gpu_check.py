@@ -8,9 +8,8 @@ blocks, 512 tokens, batch 16, a 32,768-token vocabulary; 92M parameters) trained
 and float8 (the bundled float8 manifest's matmuls; bfloat16 elsewhere), each by stock Keras and
 by mpt_keras in its own process, so that peak device memory is that cell's. Per cell: the
 median step, examples/s, peak device memory, the final loss, and for our float8 cell the census
-of the compiled step (which GEMMs run in float8: ours are written in the form XLA's float8
-rewrite takes, `precision/float8_gemms.py`; stock's are Keras' own); per precision,
-ours/stock. Stock
+of the compiled step (which GEMMs run in float8: ours are dots of float8 operands,
+`precision/float8_gemms.py`; stock's are Keras' own); per precision, ours/stock. Stock
 Keras never imports mpt_keras: its float16 step gets Keras' own LossScaleOptimizer, its float8
 the same layers quantized by `layer.quantize("float8")`.
 
@@ -26,7 +25,6 @@ import dataclasses
 import datetime
 import json
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -36,37 +34,27 @@ os.environ["KERAS_BACKEND"] = "jax"  # Before Keras loads: the check is of Keras
 
 from absl import app, flags  # noqa: E402
 
+from benchmarks.float8_models import (  # noqa: E402
+    TRANSFORMER_REFERENCE,
+    TRANSFORMER_SMALL,
+    TransformerShape,
+    apply_float8,
+    build_transformer,
+)
+
 BENCHMARK = "gpu_check"  # benchmarks.gpu_table's.
 PRECISIONS = ("float32", "tf32", "mixed_bfloat16", "mixed_float16", "float8")
 STACKS = ("stock", "ours")
-FLOAT8_MANIFEST = "configs/manifests/python_source_transformer_float8.json"
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    """The Transformer and its batch."""
-
-    width: int
-    heads: int
-    blocks: int
-    tokens: int
-    batch: int
-    vocabulary: int
-
-
-REFERENCE = Shape(width=768, heads=12, blocks=6, tokens=512, batch=16, vocabulary=32768)
-SMALL = Shape(width=32, heads=2, blocks=1, tokens=16, batch=4, vocabulary=64)
-
-
-def measure_cell(precision: str, stack: str, shape: Shape, steps: int) -> dict[str, Any]:
+def measure_cell(precision: str, stack: str, shape: TransformerShape, steps: int) -> dict[str, Any]:
     """Trains one cell's model for 2 warm-up steps (compilation) and `steps` timed ones."""
     import jax
     import keras
     import numpy as np
 
     from benchmarks.timed_steps import peak_device_bytes, timed_train_steps
-    from mpt_keras.models.transformer import build_transformer_lm
 
     if stack == "ours":  # Our loss scaling for float16, our step logs.
         from mpt_keras.scaling import compile_hook
@@ -77,12 +65,9 @@ def measure_cell(precision: str, stack: str, shape: Shape, steps: int) -> dict[s
     keras.utils.set_random_seed(0)
     policy = {"float32": "float32", "tf32": "float32", "float8": "mixed_bfloat16"}
     keras.mixed_precision.set_global_policy(policy.get(precision, precision))
-    model = build_transformer_lm(
-        shape.vocabulary, shape.tokens, num_layers=shape.blocks, d_model=shape.width,
-        num_heads=shape.heads,
-    )  # fmt: skip
+    model = build_transformer(shape)
     if precision == "float8":
-        _to_float8(model, stack)
+        apply_float8(model, stack)
     model.compile(
         optimizer=keras.optimizers.AdamW(1e-4),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -111,24 +96,8 @@ def measure_cell(precision: str, stack: str, shape: Shape, steps: int) -> dict[s
     }
 
 
-def _to_float8(model: Any, stack: str) -> None:
-    """Ours: the float8 manifest. Stock: Keras' `quantize("float8")` on the layers it names."""
-    from mpt_keras.precision.manifest import PrecisionManifest
-
-    manifest = PrecisionManifest.from_json(os.path.join(_REPO, FLOAT8_MANIFEST))
-    if stack == "ours":
-        manifest.apply(model)
-        return
-    pattern = next(rule.path for rule in manifest.rules if rule.policy == "float8")
-    from mpt_keras.keras_bridge.layer_paths import iter_layers
-
-    for path, layer in iter_layers(model):
-        if re.search(pattern, path):
-            layer.quantize("float8")
-
-
 def run_check(
-    shape: Shape, steps: int, precisions: Sequence[str], per_cell_processes: bool
+    shape: TransformerShape, steps: int, precisions: Sequence[str], per_cell_processes: bool
 ) -> dict[str, Any]:
     """Every cell (in its own process when `per_cell_processes`), with ours/stock per precision."""
     rows = []
@@ -163,7 +132,9 @@ def run_check(
     }
 
 
-def _cell_in_a_process(precision: str, stack: str, shape: Shape, steps: int) -> dict[str, Any]:
+def _cell_in_a_process(
+    precision: str, stack: str, shape: TransformerShape, steps: int
+) -> dict[str, Any]:
     command = [
         sys.executable, "-m", "benchmarks.gpu_check", f"--cell={precision},{stack}",
         f"--steps={steps}", f"--shape={json.dumps(dataclasses.asdict(shape))}",
@@ -194,7 +165,8 @@ flags.DEFINE_string("cell", None, "Internal: measure one cell, `precision,stack`
 flags.DEFINE_string(
     "shape",
     None,
-    "The model's shape as JSON (Shape's fields), instead of --small's or the reference's.",
+    "The model's shape as JSON (TransformerShape's fields), instead of --small's or the "
+    "reference's.",
 )
 
 
@@ -203,15 +175,15 @@ def main(argv: Sequence[str]) -> None:
 
     if FLAGS.cell:
         precision, stack = FLAGS.cell.split(",")
-        shape = Shape(**json.loads(FLAGS.shape))
+        shape = TransformerShape(**json.loads(FLAGS.shape))
         print(json.dumps(measure_cell(precision, stack, shape, FLAGS.steps)))
         return
     unknown = [p for p in FLAGS.precisions if p not in PRECISIONS]
     if unknown:
         raise app.UsageError(str(refusal("--precisions", ",".join(unknown), ", ".join(PRECISIONS))))
-    shape = SMALL if FLAGS.small else REFERENCE
+    shape = TRANSFORMER_SMALL if FLAGS.small else TRANSFORMER_REFERENCE
     if FLAGS.shape:
-        shape = Shape(**json.loads(FLAGS.shape))
+        shape = TransformerShape(**json.loads(FLAGS.shape))
     steps = FLAGS.steps or (3 if FLAGS.small else 20)
     per_cell = not FLAGS.small if FLAGS.per_cell_processes is None else FLAGS.per_cell_processes
     result = run_check(shape, steps, FLAGS.precisions, per_cell)

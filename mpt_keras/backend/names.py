@@ -1,5 +1,5 @@
-"""The backends, the strategy names each serves and the GPU targets; imports no backend, so a config or a
-launcher's flags can check them before Keras is imported."""
+"""The backends, the strategy names each serves and the GPU targets; imports no backend, so a
+config or a launcher's flags can check them before Keras is imported."""
 
 from mpt_keras.checks import refusal
 from mpt_keras.errors import UserInputError

@@ -55,10 +55,11 @@ TRITON_GEMM = "triton gemm"
 class CompiledGemm:
     """One GEMM of a compiled program.
 
-    `kernel`: `dot`, `triton gemm`, or the library call's target. `operand_types`: the HLO element types of
-    its operands as they reach it (`f8e4m3fn`, `bf16`, ...). `op_name`: the framework op it
-    came from, with its name scopes. `gradient_of`: `x` or `y` where TensorFlow says the GEMM
-    computes the gradient of its op's first or second operand (`grad_x`/`grad_y`), else None.
+    `kernel`: `dot`, `triton gemm`, or the library call's target. `operand_types`: the HLO
+    element types of its operands as they reach it (`f8e4m3fn`, `bf16`, ...). `op_name`: the
+    framework op it came from, with its name scopes. `gradient_of`: `x` or `y` where
+    TensorFlow says the GEMM computes the gradient of its op's first or second operand
+    (`grad_x`/`grad_y`), else None.
     """
 
     name: str

@@ -73,7 +73,7 @@ def float8_call(layer: Any, inputs: Any, training: Any = None, *, recipe: str) -
     if getattr(layer, "lora_enabled", False):  # Enabled after the install.
         raise UserInputError(_lora_refusal(layer.name))
     equation = _equation(layer)
-    # Dequantized to the compute dtype, as Keras' quantize-dequantize: the kernel's dtype.
+    # In the compute dtype, as Keras' float8 call: the kernel quantizes from it.
     outputs = einsum_float8(
         equation,
         inputs,
@@ -203,9 +203,7 @@ def _quantized(values: Any, scale: Any, dtype: str, compute_dtype: str) -> Any:
     return ops.cast(ops.clip(scaled, -largest, largest), dtype)
 
 
-def _product(
-    equation: str, lhs: Any, rhs: Any, lhs_scale: Any, rhs_scale: Any, dtype: str
-) -> Any:
+def _product(equation: str, lhs: Any, rhs: Any, lhs_scale: Any, rhs_scale: Any, dtype: str) -> Any:
     """`equation` (one of `GEMM_SCOPES`) of the float8 `lhs` and `rhs`, times both scales
     (in float32: a float16 sum of float8 values, up to 448 each, overflows), in `dtype`."""
     terms, _ = equation.split("->")

@@ -2,7 +2,8 @@
 trains, and each float8 variant's census finds its 6 GEMMs (1 block x 2 Dense x 3), all
 emulated here. Its timings are this CPU's and are not checked."""
 
-from benchmarks.float8_mlp import SMALL, VARIANTS, run
+from benchmarks.float8_mlp import VARIANTS, run
+from benchmarks.float8_models import MLP_SMALL as SMALL
 
 
 def test_every_variant_trains_and_the_float8_ones_take_their_census():
