@@ -118,10 +118,15 @@ def cells_in_a_child(small: bool, target: str) -> list[dict[str, Any]]:
 
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("target", "h100", list(GPU_TARGETS), "The GPU the steps are compiled for.")
-flags.DEFINE_bool("small", False, "Both models shrunk: the suite's dry run.")
-flags.DEFINE_string("output", "benchmarks/results", "The folder the result file is written to.")
-flags.DEFINE_string("part", None, "Internal: write this process's cells to this file, no more.")
+
+
+def define_flags() -> None:
+    """The script's flags, defined when it runs (not on import: the float8 MLP benchmark,
+    imported in the same process by the suite, defines some of the same names)."""
+    flags.DEFINE_enum("target", "h100", list(GPU_TARGETS), "The GPU the steps are compiled for.")
+    flags.DEFINE_bool("small", False, "Both models shrunk: the suite's dry run.")
+    flags.DEFINE_string("output", "benchmarks/results", "The folder the result file goes to.")
+    flags.DEFINE_string("part", None, "Internal: write this process's cells to this file only.")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -152,4 +157,5 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -210,7 +210,8 @@ def _product(equation: str, lhs: Any, rhs: Any, lhs_scale: Any, rhs_scale: Any, 
     lhs_term, rhs_term = terms.split(",")
     shared = (set(lhs_term) & set(rhs_term)).pop()
     with keras.name_scope(GEMM_SCOPES[equation]):
-        product = current.float8_dot(lhs, rhs, (lhs_term.index(shared), rhs_term.index(shared)))
+        contracting = (lhs_term.index(shared), rhs_term.index(shared))
+        product = current.float8_dot(lhs, rhs, contracting, dtype)
         scale = ops.multiply(ops.cast(lhs_scale, "float32"), ops.cast(rhs_scale, "float32"))
         return ops.cast(ops.multiply(product, scale), dtype)
 
