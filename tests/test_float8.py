@@ -32,6 +32,7 @@ from mpt_keras.precision.float8 import (
     format_max,
     to_float8,
 )
+from mpt_keras.precision.float8_census import take_census
 from mpt_keras.runs.training import Runtime, run_training
 from mpt_keras.scaling.optimizer import LossScaleOptimizer
 
@@ -447,3 +448,14 @@ def test_a_loaded_float8_model_keeps_its_optimizers_state_by_variable(tmp_path, 
     assert loaded.optimizer.nonfinite_counts() == counts
     for saved, restored in zip(model.optimizer.variables, loaded.optimizer.variables, strict=True):
         np.testing.assert_array_equal(saved.numpy(), restored.numpy(), err_msg=saved.path)
+
+
+def test_a_census_for_a_gpu_target_is_refused_on_tensorflow_in_one_line():
+    """Only JAX's CUDA plugin compiles for a GPU without one (the census on JAX:
+    tests/jax_backend/test_float8_census_for_a_gpu.py); refused before the model is read."""
+    with pytest.raises(UserInputError) as raised:
+        take_census(None, None, target="h100")
+    assert str(raised.value) == (
+        "float8 census for GPU target 'h100': received Keras backend 'tensorflow'. Allowed: "
+        "jax (JAX's CUDA plugin compiles for a GPU without one)"
+    )

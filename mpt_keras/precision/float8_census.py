@@ -137,7 +137,7 @@ def take_census(
     machine, whatever it has (`backend/jax/gpu_targets.py`: what it needs, what differs).
     """
     if target is not None:
-        supported, reason = target_float8_support(target)
+        supported, reason = target_float8_support(target, xla)
     else:
         supported, reason = float8_gemm_support(probe or probe_hardware(), xla)
     layers: dict[str, Any] = {}
@@ -170,7 +170,7 @@ def take_census(
     return census
 
 
-def target_float8_support(target: str) -> tuple[bool, str]:
+def target_float8_support(target: str, xla: bool = True) -> tuple[bool, str]:
     """`float8_gemm_support` of the GPU `target`, compiled for here: a one-line error off JAX."""
     if not current.is_jax():
         raise UserInputError(
@@ -180,9 +180,10 @@ def target_float8_support(target: str) -> tuple[bool, str]:
     from mpt_keras.backend.jax import gpu_targets
 
     gpu_targets.check_target(target)
-    major, minor = gpu_targets.COMPUTE_CAPABILITY
-    probe = HardwareProbe(gpu_compute_capabilities=((major, minor),))
-    supported, reason = float8_gemm_support(probe)
+    probe = HardwareProbe(gpu_compute_capabilities=(gpu_targets.COMPUTE_CAPABILITY,))
+    supported, reason = float8_gemm_support(probe, xla)
+    if not xla:
+        return supported, f"{target}, not compiled: {reason}"
     return supported, f"compiled for {target}, no autotuning: {reason}"
 
 

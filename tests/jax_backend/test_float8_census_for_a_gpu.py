@@ -102,6 +102,16 @@ def test_mpt_train_dry_run_takes_the_census_for_an_h100(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_without_xla_nothing_is_compiled_for_the_target_and_every_layer_is_emulated():
+    census = take_census(*_model_and_batch(ours=True), target="h100", xla=False)
+    assert (census.rows, census.unseen) == ((), ("up", "down"))
+    assert census.summary() == (
+        "emulated: 0 of 0 GEMMs of 2 float8 layers run in float8 (h100, not compiled: GPU "
+        "compute capability 9.0 has float8 tensor cores, but only XLA's GEMM rewrite reaches "
+        "them and XLA is off)"
+    )
+
+
 def test_an_unknown_target_is_refused_in_one_line():
     with pytest.raises(UserInputError) as raised:
         take_census(*_model_and_batch(ours=True), target="a100")

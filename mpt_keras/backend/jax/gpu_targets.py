@@ -26,10 +26,10 @@ _DEVICES = {
     "h100": ("NVIDIA H100 80GB HBM3", 84929347584, 3352320000000),
     "h200": ("NVIDIA H200", 150110011392, 4800000000000),
 }
-# Both are Hopper: the same SMs, the first with float8 tensor cores and TMA.
+# Both are Hopper: the same SMs (float8 tensor cores among them), other memory.
 COMPUTE_CAPABILITY = (9, 0)
 _HOPPER = """gpu_device_info {{
-  cuda_compute_capability {{ major: 9 minor: 0 }}
+  cuda_compute_capability {{ major: {major} minor: {minor} }}
   core_count: 132
   fpus_per_core: 128
   threads_per_block_limit: 1024
@@ -59,7 +59,8 @@ def target_config(target: str) -> str:
     """XLA's description of `target` (one of `GPU_TARGETS`), as the CUDA plugin parses it."""
     check_target(target)
     name, memory, bandwidth = _DEVICES[target]
-    return _HOPPER.format(name=name, memory=memory, bandwidth=bandwidth)
+    major, minor = COMPUTE_CAPABILITY
+    return _HOPPER.format(major=major, minor=minor, name=name, memory=memory, bandwidth=bandwidth)
 
 
 def check_target(target: str) -> None:
