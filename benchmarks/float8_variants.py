@@ -2,10 +2,10 @@
 
 A float8 twin (`<model>/<precision>+float8/...`) turns every `Dense` and
 `EinsumDense` of its model (`to_float8`, after the stack's manifest, before the
-optimizer is built), which runs their three GEMMs on operands cast to float8 and
-back (`precision/float8_gemms.py`); only XLA's GEMM rewrite on GPUs of CUDA
-compute capability 8.9 or newer makes each one float8 matmul. Anywhere
-else float8 is `emulated`: extra casts, slower than its twin. A TPU's float8
+optimizer is built), which runs their three GEMMs on operands quantized to
+float8 (`precision/float8_gemms.py`); only XLA on GPUs of CUDA compute capability
+8.9 or newer makes each one float8 matmul. Anywhere else float8 is `emulated`:
+extra casts, slower than its twin. A TPU's float8
 support is not probed: emulated.
 """
 
@@ -37,8 +37,8 @@ METHOD = (
     "emulated"
 )
 _EMULATION = (
-    "Keras' float8 layers cast their matmuls' operands to float8 and back and multiply "
-    "in the compute dtype: extra work, no speed-up"
+    "float8 layers quantize their matmuls' operands to float8 and multiply them converted "
+    "back to a wider type: extra work, no speed-up"
 )
 
 

@@ -237,8 +237,8 @@ def test_a_model_whose_flops_cannot_be_counted_is_measured_without_them(monkeypa
 
 
 EMULATION = (
-    "Keras' float8 layers cast their matmuls' operands to float8 and back and multiply in the "
-    "compute dtype: extra work, no speed-up"
+    "float8 layers quantize their matmuls' operands to float8 and multiply them converted back "
+    "to a wider type: extra work, no speed-up"
 )
 NO_GPU = f"no GPU: this machine has no float8 matmul units; {EMULATION}"
 

@@ -192,52 +192,6 @@ def test_ablation_cells_become_one_row_each_under_their_dates_machine_and_comman
     assert text == f"# Benchmarks\n\n{begin}\n{ABLATION_SECTION}\n{docs_tables.END}\n\nthe end\n"
 
 
-CENSUS_GEMMS = [
-    {"layer": "block_0_up", "gemm": "forward", "runs_in": "float8", "kernel": "triton gemm",
-     "verdict": "float8"},
-    {"layer": "block_0_up", "gemm": "weight gradient", "runs_in": "bfloat16",
-     "kernel": "triton gemm", "verdict": "fallback"},
-]  # fmt: skip
-CENSUS = {
-    "benchmark": "float8_census",
-    "target": "h100",
-    "rows": [
-        {
-            "model": "mlp",
-            "shape": {"width": 4096, "blocks": 2, "sequences": 8, "tokens": 1024},
-            "variant": "float8 delayed",
-            "triton_gemms": True,
-            "census": {"gemms": CENSUS_GEMMS},
-        },
-        {"model": "transformer", "variant": "float8 keras", "triton_gemms": False,
-         "error": "needs JAX's CUDA plugin"},
-    ],  # fmt: skip
-    "machine": {**MACHINE, "jax": "0.10.2"},
-    "run": {"date": "2026-12-04T20:00:00+00:00", "command": "python -m benchmarks.float8_census",
-            "cpu_flags": ["avx", "avx2", "fma"]},
-}  # fmt: skip
-
-
-def test_a_census_result_becomes_one_row_per_cell_with_its_kernels_counted(tmp_path):
-    _write(tmp_path, "results/census.json", CENSUS)
-    text, _ = docs_tables.regenerate(_page("results/census.json"), str(tmp_path))
-    section = text.split(docs_tables.begin_marker("results/census.json"))[1]
-    assert section.split(docs_tables.END)[0].splitlines()[2:] == [
-        f"Measured 2026-12-04 on {AVX2}, JAX 0.10.2, Keras 3.15.1, by "
-        "`python -m benchmarks.float8_census`:",
-        "",
-        "Each train step compiled for an H100 on this machine, no GPU present (XLA's GPU "
-        "compiler, before autotuning), never run.",
-        "",
-        "| model | float8 layers | XLA's Triton GEMMs | GEMMs in float8 | what XLA made of them |",
-        "|---|---|---|---:|---|",
-        "| MLP, 2 blocks of width 4096, 8 x 1024 tokens | ours, delayed scaling | on (default) | "
-        "1 of 2 | 1 `triton gemm` in float8, 1 `triton gemm` in bfloat16 |",
-        "| transformer | Keras' own (`quantize`) | off | | not compiled: needs JAX's CUDA plugin |",
-        "",
-    ]
-
-
 def test_a_result_file_not_measured_yet_is_said_so_and_the_prose_is_kept(tmp_path):
     _write(tmp_path, "results/bench.json", BENCH)
     page = _page("results/absent.json", "results/bench.json")

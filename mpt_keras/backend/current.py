@@ -46,18 +46,20 @@ def is_traced(value: Any = None) -> bool:
     return is_tracing()
 
 
-def float8_dot(lhs: Any, rhs: Any, contracting: tuple[int, int], dtype: str) -> Any:
+def float8_dot(lhs: Any, rhs: Any, contracting: tuple[int, int], dtype: Any) -> Any:
     """`lhs @ rhs` of two float8 matrices over their dimensions `contracting` (one each; the
-    result's dimensions are `lhs`'s free one, then `rhs`'s), in float32, for a layer computing
-    in `dtype`. JAX hands XLA the float8 values, which its GPU GEMM rewriters need
-    (`backend/jax/float8_dots.py`). TensorFlow has no float8 matmul: it multiplies their
-    conversions, exact, to bfloat16 where the layer computes in it (a CPU's bfloat16 matmul),
-    else to float32 (a float16 sum of float8 values overflows)."""
+    result's dimensions are `lhs`'s free one, then `rhs`'s), as float32, for a layer computing
+    in `dtype`. JAX hands XLA the float8 values, which its GPU GEMM rewriters need, summed in
+    float32 (`backend/jax/float8_dots.py`). TensorFlow has no float8 matmul: it multiplies
+    their conversions, exact, to bfloat16 where the layer computes in it (a CPU's bfloat16
+    matmul; the sum then rounds to bfloat16 once), else to float32 (a float16 sum of float8
+    values overflows)."""
     if is_jax():
         from mpt_keras.backend.jax.float8_dots import float8_dot as jax_float8_dot
 
         return jax_float8_dot(lhs, rhs, contracting)
-    wide = "bfloat16" if dtype == "bfloat16" else "float32"
+    bfloat16 = keras.backend.standardize_dtype(dtype) == "bfloat16"
+    wide = "bfloat16" if bfloat16 else "float32"
     lhs, rhs = (keras.ops.cast(matrix, wide) for matrix in (lhs, rhs))
     if contracting[0] == 0:
         lhs = keras.ops.transpose(lhs)

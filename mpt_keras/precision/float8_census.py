@@ -1,12 +1,12 @@
 """The float8 census: what each float8 layer's GEMMs really run in, read from the compiled step.
 
-`to_float8` makes a layer quantize its matmul's operands to float8 and back; only XLA's GEMM
-rewrite, on a device with float8 tensor cores, turns that into a float8 GEMM, and it may take
-some of a layer's GEMMs and not others (then the rest run in bfloat16 or float32, with the
-quantization's cost on top). So the census compiles the train step, never runs it, and reads
-each GEMM of each float8 layer from the optimized program (`compiled_gemms`). A GEMM is
-`float8`, a `fallback` (float8 GEMMs exist on this device, yet this one runs wider: logged as
-a warning) or `emulated` (the device has none).
+`to_float8` makes a layer quantize its matmul's operands to float8; only XLA, on a device
+with float8 tensor cores, turns a GEMM of them into a float8 GEMM, and it decides per GEMM
+(Keras' own form of the three loses all of them on an H100; then they run in bfloat16 or
+float32, with the quantization's cost on top). So the census compiles the train step, never
+runs it, and reads each GEMM of each float8 layer from the optimized program
+(`compiled_gemms`). A GEMM is `float8`, a `fallback` (float8 GEMMs exist on this device, yet
+this one runs wider: logged as a warning) or `emulated` (the device has none).
 
 Each float8 layer's call runs in a name scope of its own for the compile, so its GEMMs, the
 gradients' too, carry it in their `op_name`.
@@ -48,7 +48,8 @@ _SCOPE_IN_OP_NAME = re.compile(rf"(?:^|[/(]){_SCOPE}(\d+)(?:_\d+)?(?=[/)]|$)")
 VERDICTS = ("float8", "fallback", "emulated")
 _ROLES = ("forward", "input gradient", "weight gradient", "gradient")
 # Our GEMMs' name scopes (TensorFlow may add `_<n>`), each read as the role it names.
-_GEMM_SCOPE = re.compile(rf"(?:^|[/(])({'|'.join(GEMM_SCOPES.values())})(?:_\d+)?(?=[/)]|$)")
+_ROLE_OF_SCOPE = dict(GEMM_SCOPES.values())
+_GEMM_SCOPE = re.compile(rf"(?:^|[/(])({'|'.join(_ROLE_OF_SCOPE)})(?:_\d+)?(?=[/)]|$)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +134,7 @@ def take_census(
     `model` is compiled (its loss and optimizer set); its float8 layers are found by
     `is_float8`. `probe`: this machine's by default. With `xla=False` nothing is compiled:
     without XLA no float8 GEMM exists, every float8 layer is `emulated`. `target` (JAX only;
-    `gpu_targets.TARGETS`, such as `h100`): the step compiled for that GPU instead, on this
+    `backend.names.GPU_TARGETS`, such as `h100`): the step compiled for that GPU instead, on this
     machine, whatever it has (`backend/jax/gpu_targets.py`: what it needs, what differs).
     """
     if target is not None:
@@ -218,23 +219,27 @@ def _roles(gemms: list[CompiledGemm], kernel_size: int) -> list[str]:
     """Each GEMM's role: the name scope ours run in says it (`float8_gemms.GEMM_SCOPES`).
     Keras' own: forward unless it is a gradient's (JAX: in a `transpose(`; TF: under a
     `gradient_tape/` scope). TensorFlow marks which operand's gradient (`grad_x`: the
-    inputs'); on JAX the weight gradient is the one whose result (or its last two dimensions)
-    has the kernel's size, unless every gradient GEMM's has (tokens equal to the output
-    width): then `gradient`."""
+    inputs'); on JAX the weight gradient is the one whose result has the kernel's size (where
+    none has, a split-K one's last two dimensions), unless every gradient GEMM's has (tokens
+    equal to the output width): then `gradient`."""
     scoped = [_GEMM_SCOPE.search(gemm.op_name) for gemm in gemms]
     if all(scoped):
-        return [match.group(1).removeprefix("float8_").replace("_", " ") for match in scoped]
+        return [_ROLE_OF_SCOPE[match.group(1)] for match in scoped]
     backward = [
         "transpose(" in gemm.op_name
         or "gradient_tape/" in gemm.op_name
         or gemm.gradient_of is not None
         for gemm in gemms
     ]
-    # A GPU's split-K GEMM computes `[splits, K, N]` partial sums: its last two dimensions.
     kernel_sized = [
-        is_backward and kernel_size in (gemm.result_size, math.prod(gemm.result_shape[-2:]))
+        is_backward and gemm.result_size == kernel_size
         for gemm, is_backward in zip(gemms, backward)
     ]
+    if not any(kernel_sized):  # A GPU's split-K GEMM: `[splits, K, N]` partial sums.
+        kernel_sized = [
+            is_backward and math.prod(gemm.result_shape[-2:]) == kernel_size
+            for gemm, is_backward in zip(gemms, backward)
+        ]
     ambiguous = sum(kernel_sized) > 1 and all(kernel_sized[i] for i, b in enumerate(backward) if b)
     roles = []
     for gemm, is_backward, sized in zip(gemms, backward, kernel_sized):

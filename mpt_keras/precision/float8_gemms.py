@@ -36,12 +36,12 @@ DEFAULT_RECIPE = "delayed"
 _E4M3 = "float8_e4m3fn"
 _E5M2 = "float8_e5m2"
 _LARGEST = {name: float(ml_dtypes.finfo(name).max) for name in (_E4M3, _E5M2)}
-# Each GEMM's equation on the flattened operands, and the name scope it runs in: the census
-# reads a compiled GEMM's role from it (XLA may split or fuse a GEMM, changing its shape).
+# Each GEMM's equation on the flattened operands, the name scope it runs in and the role it
+# names: the census reads a compiled GEMM's role from it (XLA may split or fuse a GEMM).
 GEMM_SCOPES = {
-    "mk,kn->mn": "float8_forward",
-    "mn,kn->mk": "float8_input_gradient",
-    "mk,mn->kn": "float8_weight_gradient",
+    "mk,kn->mn": ("float8_forward", "forward"),
+    "mn,kn->mk": ("float8_input_gradient", "input gradient"),
+    "mk,mn->kn": ("float8_weight_gradient", "weight gradient"),
 }
 
 
@@ -209,7 +209,7 @@ def _product(equation: str, lhs: Any, rhs: Any, lhs_scale: Any, rhs_scale: Any, 
     terms, _ = equation.split("->")
     lhs_term, rhs_term = terms.split(",")
     shared = (set(lhs_term) & set(rhs_term)).pop()
-    with keras.name_scope(GEMM_SCOPES[equation]):
+    with keras.name_scope(GEMM_SCOPES[equation][0]):
         contracting = (lhs_term.index(shared), rhs_term.index(shared))
         product = current.float8_dot(lhs, rhs, contracting, dtype)
         scale = ops.multiply(ops.cast(lhs_scale, "float32"), ops.cast(rhs_scale, "float32"))

@@ -96,8 +96,8 @@ def _array(value):
 @pytest.mark.parametrize("name", LAYERS)
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
 def test_delayed_scaling_computes_what_keras_float8_computes(name, policy):
-    """Computing in float32: the same numbers. In bfloat16 (TensorFlow): within a rounding of
-    the largest value, the GEMM's sums adding in another order than Keras' einsum's."""
+    """Computing in float32: the same numbers. In bfloat16: within a rounding of the largest
+    value, our scales multiplying the GEMM's float32 sum, Keras' each bfloat16 operand."""
     keras_layer, x = _layer(name, policy, None)
     ours, _ = _layer(name, policy, "delayed")
     cotangent = np.random.default_rng(2).standard_normal(keras_layer(x).shape).astype("float32")

@@ -6,14 +6,18 @@ Two float8 Dense layers under a bfloat16 head, on `[batch, tokens, width]` input
 our optimizer. Ours: each GEMM a Triton GEMM of float8 operands, 5 of 5. Keras' own float8
 (`quantize("float8")` alone): each a bfloat16 Triton GEMM, XLA having dropped the round trip
 through float8 (`simplify-fp-conversions`), 0 of 5: a fallback and a warning each. XLA's
-version decides this (the test extra pins jax with its plugin).
+version decides this (the test extra pins jax with its plugin). The suite's XLA flag
+(`--xla_backend_optimization_level=0`, tests/conftest.py) leaves these programs' GEMMs as
+they are without it (the same kernels, types and shapes, 2026-12-04).
 """
 
 import json
 import logging
 import os
+import re
 
 import jax
+import jaxlib
 import keras
 import numpy as np
 import pytest
@@ -78,6 +82,23 @@ def test_keras_own_float8_compiled_for_an_h100_runs_in_bfloat16_with_a_warning_e
     assert len(caplog.records) == 5
 
 
+def test_xla_drops_keras_float8_rounding_for_an_h100_and_keeps_ours():
+    """Compiled for an H100, Keras' float8 step holds no float8 value at all (the round trips
+    `simplify-fp-conversions` removed, the GEMMs taking the bfloat16 values); ours quantizes
+    the two inputs and kernels and the two output gradients, each in its format."""
+    from mpt_keras import compat
+    from mpt_keras.backend.jax.compiled import train_step_hlo
+
+    programs = {}
+    for ours in (False, True):
+        model, batch = _model_and_batch(ours)
+        compat.symbolic_build(model, batch)
+        programs[ours] = train_step_hlo(model, batch, "h100")
+    assert re.findall(r"\bf8e(?:4m3fn|5m2)\[", programs[False]) == []
+    converts = re.findall(r"= (f8e4m3fn|f8e5m2)\[[\d,]*\]\S* (?:convert|fusion)\(", programs[True])
+    assert sorted(set(converts)) == ["f8e4m3fn", "f8e5m2"]
+
+
 def test_mpt_train_dry_run_takes_the_census_for_an_h100(tmp_path):
     override = json.dumps(
         {
@@ -132,9 +153,9 @@ def test_without_the_cuda_plugin_the_census_says_what_to_install(monkeypatch):
     finally:
         gpu_targets.compile_only_device.cache_clear()
     assert str(raised.value) == (
-        "compiling for GPU target 'h100' needs JAX's CUDA plugin of this jaxlib's version "
-        f"(pip install jax-cuda13-plugin=={jax.__version__}): Unknown backend: 'cuda' "
-        "requested, but no platforms are available."
+        "compiling for GPU target 'h100': no CUDA compile-only topology (Unknown backend: "
+        "'cuda' requested, but no platforms are available.). It needs JAX's CUDA plugin of "
+        f"this jaxlib's version: pip install jax-cuda13-plugin=={jaxlib.__version__}"
     )
 
 
@@ -165,3 +186,6 @@ def test_each_target_is_a_device_xla_compiles_for():
 
     kinds = [gpu_targets.compile_only_device(target).device_kind for target in GPU_TARGETS]
     assert kinds == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    for target in GPU_TARGETS:  # XLA's GPU compiler ran: its fusions carry a GPU's config.
+        hlo = gpu_targets.optimized_hlo(lambda x: x * 2, (np.ones(4, "float32"),), target)
+        assert "kind=kLoop" in hlo and '"operation_queue_id"' in hlo

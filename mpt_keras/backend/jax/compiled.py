@@ -15,7 +15,7 @@ from mpt_keras.backend.jax import gpu_targets
 def train_step_hlo(model: keras.Model, batch: Any, target: str | None = None) -> str:
     """The optimized HLO text of `model.train_step` on `batch`, as Keras' JAX trainer jits it
     (one step, the model's state as its argument), for this machine's device or compiled for
-    the GPU `target` (`gpu_targets.TARGETS`). The model, loss, metrics and optimizer are
+    the GPU `target` (`backend.names.GPU_TARGETS`). The model, loss, metrics and optimizer are
     built; nothing is run or assigned."""
     state = (
         [variable.value for variable in model.trainable_variables],

@@ -4,7 +4,7 @@ JAX's CUDA plugin compiles for a GPU it is told about (XLA's `GpuTargetConfigPro
 capability, cores, memory, CUDA's version) through a compile-only topology, on any machine,
 GPU or none. The program it returns is the one XLA would run there, with one difference: no
 autotuning, which times kernels on the device (where a Triton GEMM and a cuBLAS one could
-both serve, the device might pick the other; either keeps its operands' types). It needs
+both serve, the device might pick the other). It needs
 the plugin of this jaxlib's version (`jax-cuda13-plugin`) and CUDA's `ptxas` (a CUDA
 toolkit's, or pip's `nvidia-cuda-nvcc`); it needs no GPU driver, cuDNN nor cuBLAS.
 """
@@ -64,7 +64,7 @@ def target_config(target: str) -> str:
 
 
 def check_target(target: str) -> None:
-    if target not in _DEVICES:
+    if target not in GPU_TARGETS:
         raise refusal("GPU target", repr(target), ", ".join(GPU_TARGETS))
 
 
@@ -82,9 +82,10 @@ def compile_only_device(target: str) -> Any:
         raise
     except Exception as error:  # The plugin's absence reads differently per JAX version.
         raise UserInputError(
-            f"compiling for GPU target '{target}' needs JAX's CUDA plugin of this jaxlib's "
-            f"version (pip install jax-cuda13-plugin=={jaxlib.__version__}): "
-            f"{str(error).splitlines()[0] if str(error) else type(error).__name__}"
+            f"compiling for GPU target '{target}': no CUDA compile-only topology "
+            f"({str(error).splitlines()[0] if str(error) else type(error).__name__}). It needs "
+            f"JAX's CUDA plugin of this jaxlib's version: pip install "
+            f"jax-cuda13-plugin=={jaxlib.__version__}"
         ) from None
     return topology.devices[0]
 
