@@ -51,7 +51,6 @@ def census_of_cell(model_name: str, variant: str, small: bool, target: str) -> d
     import numpy as np
 
     from benchmarks import float8_models as models
-    from mpt_keras.precision.float8 import to_float8
     from mpt_keras.precision.float8_census import take_census
     from mpt_keras.precision.policies import global_policy
 
@@ -74,18 +73,12 @@ def census_of_cell(model_name: str, variant: str, small: bool, target: str) -> d
     if model_name == "transformer":
         models.apply_float8(model, "stock" if variant == "float8 keras" else "ours")
     else:
-        dense = [layer.name for layer in model.layers if isinstance(layer, keras.layers.Dense)]
-        if variant == "float8 keras":
-            for name in dense:
-                model.get_layer(name).quantize("float8")
-        else:
-            to_float8(model, dense, variant.removeprefix("float8 "))
+        models.apply_mlp_float8(model, variant)
     model.compile(optimizer=keras.optimizers.AdamW(1e-4), loss=loss, jit_compile=True)
     census = take_census(model, batch, target=target)
-    shape_dict = dataclasses.asdict(shape)
     return {
         "model": model_name,
-        "shape": shape_dict,
+        "shape": dataclasses.asdict(shape),
         "variant": variant,
         "census": census.to_dict(),
     }

@@ -25,7 +25,13 @@ from typing import Any
 
 from absl import app, flags
 
-from benchmarks.float8_models import MLP_REFERENCE, MLP_SMALL, MlpShape, build_mlp
+from benchmarks.float8_models import (
+    MLP_REFERENCE,
+    MLP_SMALL,
+    MlpShape,
+    apply_mlp_float8,
+    build_mlp,
+)
 
 VARIANTS = ("bfloat16", "float8 keras", "float8 delayed", "float8 current")
 
@@ -36,19 +42,13 @@ def measure_variant(variant: str, shape: MlpShape, steps: int) -> dict[str, Any]
     import numpy as np
 
     from benchmarks.timed_steps import peak_device_bytes, timed_train_steps
-    from mpt_keras.precision.float8 import to_float8
     from mpt_keras.precision.float8_census import take_census
     from mpt_keras.precision.policies import global_policy
 
     keras.utils.set_random_seed(0)
     with global_policy("mixed_bfloat16"):
         model = build_mlp(shape)
-    dense = [layer.name for layer in model.layers if isinstance(layer, keras.layers.Dense)]
-    if variant == "float8 keras":
-        for name in dense:
-            model.get_layer(name).quantize("float8")
-    elif variant.startswith("float8 "):
-        to_float8(model, dense, variant.removeprefix("float8 "))
+    apply_mlp_float8(model, variant)
     model.compile(optimizer=keras.optimizers.AdamW(1e-4), loss="mse", jit_compile=True)
     rng = np.random.default_rng(0)
     size = (shape.sequences, shape.tokens, shape.width)

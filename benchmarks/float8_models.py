@@ -64,6 +64,22 @@ def build_mlp(shape: MlpShape) -> Any:
     return keras.Model(inputs, hidden)
 
 
+def apply_mlp_float8(model: Any, variant: str) -> None:
+    """The MLP's Dense layers in float8 by `variant`: `float8 keras` (`quantize("float8")`,
+    Keras' own call), `float8 delayed` or `float8 current` (`to_float8`, our GEMMs); any other
+    variant leaves them as they are."""
+    import keras
+
+    from mpt_keras.precision.float8 import to_float8
+
+    dense = [layer.name for layer in model.layers if isinstance(layer, keras.layers.Dense)]
+    if variant == "float8 keras":
+        for name in dense:
+            model.get_layer(name).quantize("float8")
+    elif variant.startswith("float8 "):
+        to_float8(model, dense, variant.removeprefix("float8 "))
+
+
 def build_transformer(shape: TransformerShape) -> Any:
     """The reference Transformer language model of `shape`."""
     from mpt_keras.models.transformer import build_transformer_lm

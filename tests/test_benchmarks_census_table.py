@@ -3,7 +3,10 @@ made through docs_tables as the page's other tables; a hand-made result pins its
 
 import json
 
-from benchmarks import docs_tables
+import pytest
+
+from benchmarks import census_table, docs_tables
+from mpt_keras.errors import UserInputError
 
 MACHINE = {
     "cpu": "AMD EPYC",
@@ -59,3 +62,9 @@ def test_a_census_result_becomes_one_row_per_cell_with_its_kernels_counted(tmp_p
         "| transformer | Keras' own (`quantize`) | off | | not compiled: needs JAX's CUDA plugin |",
         "",
     ]
+
+
+def test_a_census_result_without_rows_is_one_line_naming_the_file():
+    with pytest.raises(UserInputError) as raised:
+        census_table.markdown_table({"benchmark": "float8_census", "rows": []}, "r.json")
+    assert str(raised.value) == "r.json: received no rows. Allowed: a float8_census result"

@@ -34,7 +34,7 @@ _INSTRUCTION = re.compile(
     r"(?P<op>[\w\-]+)\((?P<operands>[^)]*)\)(?P<attributes>.*)$"
 )
 # A computation's header: `%fused_computation.2 (param_0: f32[32,4], ...) -> f32[32,32] {`.
-_HEADER = re.compile(r"^\s*(?:ENTRY\s+)?%?[\w.\-]+\s*\((?P<params>.*)\)\s*->.*\{\s*$")
+_HEADER = re.compile(r"^\s*(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s*\((?P<params>.*)\)\s*->.*\{\s*$")
 _HEADER_PARAM = re.compile(r"(?P<name>[\w.\-]+):\s*(?P<type>[a-z][a-z0-9]*)\[")
 _ARRAY = re.compile(r"(?P<element>[a-z][a-z0-9]*)\[(?P<dims>[\d,]*)\]")
 _OP_NAME = re.compile(r'op_name="(?P<op_name>[^"]*)"')
@@ -42,9 +42,8 @@ _TARGET = re.compile(r'custom_call_target="(?P<target>[^"]*)"')
 _GRAD = re.compile(r'grad_(?P<which>[xy])="true"')
 # Library calls that are GEMMs (cuBLAS, cuBLASLt, hipBLASLt; oneDNN's matmul on CPUs).
 _GEMM_TARGET = re.compile(r"gemm|matmul", re.IGNORECASE)
-# A computation's name, and a fusion XLA hands to Triton as a GEMM (`__triton_gemm`,
-# `__triton_nested_gemm_fusion`): `calls=%gemm_fusion_dot.3_computation, ...`.
-_NAME = re.compile(r"^\s*(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s*\(")
+# A fusion XLA hands to Triton as a GEMM (`__triton_gemm`, `__triton_nested_gemm_fusion`):
+# `calls=%gemm_fusion_dot.3_computation, ...`.
 _TRITON_GEMM_CALL = re.compile(
     r'calls=%?(?P<computation>[\w.\-]+).*"kind":"__triton[a-z_]*gemm[a-z_]*"'
 )
@@ -101,8 +100,7 @@ def compiled_gemms(hlo: str) -> tuple[CompiledGemm, ...]:
             types = {
                 param["name"]: param["type"] for param in _HEADER_PARAM.finditer(header["params"])
             }
-            name = _NAME.match(line)
-            in_triton = name is not None and name["name"] in triton
+            in_triton = header["name"] in triton
             continue
         instruction = _INSTRUCTION.match(line)
         if not instruction:

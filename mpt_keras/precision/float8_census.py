@@ -48,7 +48,7 @@ _SCOPE_IN_OP_NAME = re.compile(rf"(?:^|[/(]){_SCOPE}(\d+)(?:_\d+)?(?=[/)]|$)")
 VERDICTS = ("float8", "fallback", "emulated")
 _ROLES = ("forward", "input gradient", "weight gradient", "gradient")
 # Our GEMMs' name scopes (TensorFlow may add `_<n>`), each read as the role it names.
-_ROLE_OF_SCOPE = dict(GEMM_SCOPES.values())
+_ROLE_OF_SCOPE = {scope: role for scope, role, _ in GEMM_SCOPES.values()}
 _GEMM_SCOPE = re.compile(rf"(?:^|[/(])({'|'.join(_ROLE_OF_SCOPE)})(?:_\d+)?(?=[/)]|$)")
 
 

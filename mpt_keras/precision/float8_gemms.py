@@ -36,12 +36,13 @@ DEFAULT_RECIPE = "delayed"
 _E4M3 = "float8_e4m3fn"
 _E5M2 = "float8_e5m2"
 _LARGEST = {name: float(ml_dtypes.finfo(name).max) for name in (_E4M3, _E5M2)}
-# Each GEMM's equation on the flattened operands, the name scope it runs in and the role it
-# names: the census reads a compiled GEMM's role from it (XLA may split or fuse a GEMM).
+# Each GEMM's equation on the flattened operands: the name scope it runs in, the role it
+# names (the census reads a compiled GEMM's role from it: XLA may split or fuse a GEMM) and
+# the dimension each operand contracts.
 GEMM_SCOPES = {
-    "mk,kn->mn": ("float8_forward", "forward"),
-    "mn,kn->mk": ("float8_input_gradient", "input gradient"),
-    "mk,mn->kn": ("float8_weight_gradient", "weight gradient"),
+    "mk,kn->mn": ("float8_forward", "forward", (1, 0)),
+    "mn,kn->mk": ("float8_input_gradient", "input gradient", (1, 1)),
+    "mk,mn->kn": ("float8_weight_gradient", "weight gradient", (0, 0)),
 }
 
 
@@ -206,11 +207,8 @@ def _quantized(values: Any, scale: Any, dtype: str, compute_dtype: str) -> Any:
 def _product(equation: str, lhs: Any, rhs: Any, lhs_scale: Any, rhs_scale: Any, dtype: str) -> Any:
     """`equation` (one of `GEMM_SCOPES`) of the float8 `lhs` and `rhs`, times both scales
     (in float32: a float16 sum of float8 values, up to 448 each, overflows), in `dtype`."""
-    terms, _ = equation.split("->")
-    lhs_term, rhs_term = terms.split(",")
-    shared = (set(lhs_term) & set(rhs_term)).pop()
-    with keras.name_scope(GEMM_SCOPES[equation][0]):
-        contracting = (lhs_term.index(shared), rhs_term.index(shared))
+    scope, _, contracting = GEMM_SCOPES[equation]
+    with keras.name_scope(scope):
         product = current.float8_dot(lhs, rhs, contracting, dtype)
         scale = ops.multiply(ops.cast(lhs_scale, "float32"), ops.cast(rhs_scale, "float32"))
         return ops.cast(ops.multiply(product, scale), dtype)

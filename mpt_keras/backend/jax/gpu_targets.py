@@ -74,12 +74,11 @@ def compile_only_device(target: str) -> Any:
     JAX's CUDA plugin is missing."""
     from jax.experimental import topologies
 
+    config = target_config(target)
     try:
         topology = topologies.get_topology_desc(
-            platform="cuda", topology="1x1x1", target_config=target_config(target)
+            platform="cuda", topology="1x1x1", target_config=config
         )
-    except UserInputError:
-        raise
     except Exception as error:  # The plugin's absence reads differently per JAX version.
         raise UserInputError(
             f"compiling for GPU target '{target}': no CUDA compile-only topology "
