@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 
-from mpt_keras.keras_bridge.layer_calls import calls_before_cast, calls_wrapped
+from mpt_keras.keras_bridge.layer_calls import calls_before_cast, calls_wrapped, run_method
 
 
 def _counting(seen):
@@ -45,6 +45,18 @@ def test_an_instance_call_and_a_layer_given_twice_are_restored_even_on_error():
             raise ValueError("the model failed")
     assert seen == ["hidden", "hidden"]
     assert vars(hidden)["call"] is own
+
+
+def test_a_float8_layer_is_watched_in_the_quantized_call_keras_runs_instead_of_call():
+    model, seen = _model(), []
+    model.get_layer("out").quantize("float8")
+    assert [run_method(layer) for layer in model.layers[1:]] == ["call", "quantized_call"]
+    with calls_wrapped(model.layers[1:], _counting(seen)):
+        model(np.ones((1, 2), "float32"))
+    assert seen == ["hidden", "out"]
+    model(np.ones((1, 2), "float32"))
+    assert seen == ["hidden", "out"]
+    assert all({"call", "quantized_call"}.isdisjoint(vars(layer)) for layer in model.layers)
 
 
 def test_calls_before_cast_sees_the_inputs_as_given_and_puts_call_back():

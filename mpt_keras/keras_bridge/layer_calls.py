@@ -1,9 +1,10 @@
 """Layer calls watched for the length of a block: how the toolkit watches a model run.
 
-`calls_wrapped` wraps the `call` of chosen layers, which sees the inputs after Keras cast
-them to the compute dtype; `calls_before_cast` wraps `Layer.__call__` for every layer, which
-sees them as the caller gave them (a float32 value too large for the float16 layer it feeds
-is still finite there; diagnosis needs that). Both leave every layer as they found it, a
+`calls_wrapped` wraps the method Keras runs for each chosen layer (`call`, or a quantized
+layer's `quantized_call`), which sees the inputs after Keras cast them to the compute dtype;
+`calls_before_cast` wraps `Layer.__call__` for every layer, which sees them as the caller
+gave them (a float32 value too large for the float16 layer it feeds is still finite there;
+diagnosis needs that). Both leave every layer as they found it, a
 `call` set on the instance included, also when the model raises.
 """
 
@@ -25,27 +26,35 @@ _CLASS_LOCK = threading.Lock()
 def calls_wrapped(
     layers: Iterable[keras.layers.Layer],
     wrap: Callable[[keras.layers.Layer, Callable[..., Any]], Callable[..., Any]],
-    method: str = "call",
+    method: str | None = None,
 ) -> Iterator[None]:
     """Gives each layer the `call` that `wrap(layer, its call)` returns, inside the block.
 
-    `method="quantized_call"` wraps what a quantized layer (`layer.quantize`) runs instead.
-    A layer given twice is wrapped twice. On exit, even on error, each `call` is as it was:
-    the class's, or the one set on the instance before.
+    `method`: the method wrapped; by default the one Keras runs for the layer, `run_method`
+    (a float8 layer's `call` never runs, so wrapping it would miss every call). A layer given
+    twice is wrapped twice. On exit, even on error, each method is as it was: the class's, or
+    the one set on the instance before.
     """
     wrapped = []
     try:
         for layer in layers:
-            own_call = vars(layer).get(method)
-            setattr(layer, method, wrap(layer, getattr(layer, method)))
-            wrapped.append((layer, own_call))
+            name = method or run_method(layer)
+            own_call = vars(layer).get(name)
+            setattr(layer, name, wrap(layer, getattr(layer, name)))
+            wrapped.append((layer, name, own_call))
         yield
     finally:
-        for layer, own_call in reversed(wrapped):  # A layer wrapped twice unwinds in order.
+        for layer, name, own_call in reversed(wrapped):  # A layer wrapped twice unwinds in order.
             if own_call is None:
-                delattr(layer, method)
+                delattr(layer, name)
             else:
-                setattr(layer, method, own_call)
+                setattr(layer, name, own_call)
+
+
+def run_method(layer: keras.layers.Layer) -> str:
+    """The method Keras' `__call__` runs for `layer`: `quantized_call` for a quantized layer
+    (`layer.quantize`: float8, int8, ...), else `call`."""
+    return "call" if getattr(layer, "quantization_mode", None) is None else "quantized_call"
 
 
 @contextlib.contextmanager

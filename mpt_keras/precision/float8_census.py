@@ -149,9 +149,7 @@ def take_census(
         return Float8Census(supported, reason, rows=(), unseen=tuple(layers))
     compat.symbolic_build(model, batch)
     indices = {id(layer): index for index, layer in enumerate(layers.values())}
-    with calls_wrapped(
-        layers.values(), functools.partial(_in_scope, indices), method="quantized_call"
-    ):
+    with calls_wrapped(layers.values(), functools.partial(_in_scope, indices)):
         if current.is_jax():
             from mpt_keras.backend.jax.compiled import train_step_hlo
         else:

@@ -230,14 +230,8 @@ class _CallRecorder:
 
     @contextlib.contextmanager
     def wrapping(self, layers: Iterable[keras.layers.Layer]) -> Iterator[None]:
-        """Records every layer's calls; a quantized layer (float8) runs `quantized_call`."""
-        layers = list(layers)
-        quantized = [layer for layer in layers if getattr(layer, "quantization_mode", None)]
-        plain = [layer for layer in layers if not getattr(layer, "quantization_mode", None)]
-        with (
-            calls_wrapped(plain, self._recording),
-            calls_wrapped(quantized, self._recording, method="quantized_call"),
-        ):
+        """Records every layer's calls (a quantized layer's too: `calls_wrapped`)."""
+        with calls_wrapped(layers, self._recording):
             yield
 
     def _recording(self, layer: keras.layers.Layer, call: Any) -> Any:

@@ -28,7 +28,7 @@ import keras
 import numpy as np
 
 from mpt_keras.keras_bridge.layer_calls import calls_wrapped
-from mpt_keras.precision.float8 import learned_weights
+from mpt_keras.precision.float8 import is_float8, learned_weights
 from mpt_keras.validation.parity_rows import ParityRows, Recorder, Row, UnreachedLayer
 
 _NO_TWIN = "the candidate model has no layer at this path"
@@ -39,7 +39,7 @@ class LayerParity:
     """One layer's (or model output's) forward parity (module doc)."""
 
     path: str
-    compute_dtype: str
+    compute_dtype: str  # `float8` for a float8 layer (`_compute`).
     max_abs_error: float
     mean_abs_error: float
     relative_error: float
@@ -93,11 +93,9 @@ def forward_parity(
     parities = {}
     for row in relative:
         upstream = [relative[parent] for parent in walk.rows[row].parents if parent in relative]
-        # An operation has no policy: the dtype it returned.
-        policy = getattr(twin.rows[pairs[row]].layer, "dtype_policy", None)
         parities[row] = sums[row].parity(
             walk.rows[row].path,
-            policy.compute_dtype if policy is not None else sums[row].received_dtype,
+            _compute(twin.rows[pairs[row]].layer, sums[row].received_dtype),
             error_jump=relative[row] - max(upstream, default=0.0),
             logits=walk.rows[row].output,
         )
@@ -173,6 +171,16 @@ class _ErrorSums:
             top1_agreement=self.agreements / predictions if logits else None,
             kl_divergence=self.kl_sum / predictions if logits else None,
         )
+
+
+def _compute(layer: Any, received_dtype: str) -> str:
+    """What `layer` computes in: `float8` for a float8 layer (its matmul; it returns its
+    policy's compute dtype), its policy's compute dtype, or for an operation, which has no
+    policy, the dtype it returned."""
+    if is_float8(layer):
+        return "float8"
+    policy = getattr(layer, "dtype_policy", None)
+    return policy.compute_dtype if policy is not None else received_dtype
 
 
 def _paired(rows: list[Row], twins: list[Row]) -> tuple[dict[int, int], dict[int, str]]:
