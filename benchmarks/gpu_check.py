@@ -27,7 +27,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 os.environ["KERAS_BACKEND"] = "jax"  # Before Keras loads: the check is of Keras' JAX backend.
@@ -54,6 +54,7 @@ def measure_cell(precision: str, stack: str, shape: TransformerShape, steps: int
     import keras
     import numpy as np
 
+    from benchmarks import result_files
     from benchmarks.timed_steps import peak_device_bytes, timed_train_steps
 
     if stack == "ours":  # Our loss scaling for float16, our step logs.
@@ -93,16 +94,26 @@ def measure_cell(precision: str, stack: str, shape: TransformerShape, steps: int
         "examples_per_second": shape.batch * 1000 / timed["median_step_ms"],
         "peak_device_bytes": peak_device_bytes(),
         "float8_census": census,
+        "device_kind": jax.devices()[0].device_kind,
+        "machine": result_files.jax_machine(),  # run_check keeps the first cell's.
     }
 
 
 def run_check(
-    shape: TransformerShape, steps: int, precisions: Sequence[str], per_cell_processes: bool
+    shape: TransformerShape,
+    steps: int,
+    precisions: Sequence[str],
+    per_cell_processes: bool,
+    stacks: Sequence[str] = STACKS,
+    measured: Callable[[dict[str, Any]], None] = lambda result: None,
 ) -> dict[str, Any]:
-    """Every cell (in its own process when `per_cell_processes`), with ours/stock per precision."""
-    rows = []
-    for stack in STACKS:  # Stock first: in one process, ours hooks Keras for good.
-        for precision in precisions:
+    """Every cell (in its own process when `per_cell_processes`), with ours/stock per
+    precision; `measured` gets the result so far after each cell."""
+    rows: list[dict[str, Any]] = []
+    result = {"benchmark": BENCHMARK, "shape": dataclasses.asdict(shape), "steps": steps,
+              "rows": rows}  # fmt: skip
+    for stack in [stack for stack in STACKS if stack in stacks]:  # Stock first: in one
+        for precision in precisions:  # process, ours hooks Keras for good.
             try:
                 if per_cell_processes:
                     rows.append(_cell_in_a_process(precision, stack, shape, steps))
@@ -111,25 +122,26 @@ def run_check(
             except Exception as error:  # One failed cell loses no other (a GPU run is one try).
                 message = str(error).strip().splitlines() or [type(error).__name__]
                 rows.append({"precision": precision, "stack": stack, "error": message[-1][:300]})
+            result.setdefault("machine", rows[-1].pop("machine", None))
+            result.update(_ratios(rows, precisions))
+            measured(result)
+    return result
+
+
+def _ratios(rows: Sequence[dict[str, Any]], precisions: Sequence[str]) -> dict[str, Any]:
+    """Ours/stock per precision, and stock `mixed_bfloat16`'s speedups, of the cells so far."""
     times = {(r["precision"], r["stack"]): r.get("median_step_ms") for r in rows}
     ratios = {
         p: times[p, "ours"] / times[p, "stock"]
         for p in precisions
-        if times[p, "ours"] and times[p, "stock"]
+        if times.get((p, "ours")) and times.get((p, "stock"))
     }
     speedups = {
         f"mixed_bfloat16_over_{base}": times[base, "stock"] / times["mixed_bfloat16", "stock"]
         for base in ("float32", "tf32")
         if times.get((base, "stock")) and times.get(("mixed_bfloat16", "stock"))
     }
-    return {
-        "benchmark": BENCHMARK,
-        "shape": dataclasses.asdict(shape),
-        "steps": steps,
-        "rows": rows,
-        "ours_over_stock": ratios,
-        "speedups": speedups,
-    }
+    return {"ours_over_stock": ratios, "speedups": speedups}
 
 
 def _cell_in_a_process(
@@ -157,6 +169,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_bool("small", False, "The CPU dry run: a width-32 model, a few steps.")
 flags.DEFINE_integer("steps", None, "Timed steps per cell (default 20; --small: 3).", lower_bound=1)
 flags.DEFINE_list("precisions", list(PRECISIONS), f"Any of {', '.join(PRECISIONS)}.")
+flags.DEFINE_list("stacks", list(STACKS), f"Any of {', '.join(STACKS)}.")
 flags.DEFINE_string("output", "benchmarks/results", "The folder the result file is written to.")
 flags.DEFINE_bool(
     "per_cell_processes", None, "One process per cell (default: yes, except with --small)."
@@ -178,25 +191,38 @@ def main(argv: Sequence[str]) -> None:
         shape = TransformerShape(**json.loads(FLAGS.shape))
         print(json.dumps(measure_cell(precision, stack, shape, FLAGS.steps)))
         return
-    unknown = [p for p in FLAGS.precisions if p not in PRECISIONS]
-    if unknown:
-        raise app.UsageError(str(refusal("--precisions", ",".join(unknown), ", ".join(PRECISIONS))))
+    for name, given, allowed in (
+        ("--precisions", FLAGS.precisions, PRECISIONS),
+        ("--stacks", FLAGS.stacks, STACKS),
+    ):
+        unknown = [value for value in given if value not in allowed]
+        if unknown:
+            raise app.UsageError(str(refusal(name, ",".join(unknown), ", ".join(allowed))))
     shape = TRANSFORMER_SMALL if FLAGS.small else TRANSFORMER_REFERENCE
     if FLAGS.shape:
         shape = TransformerShape(**json.loads(FLAGS.shape))
     steps = FLAGS.steps or (3 if FLAGS.small else 20)
     per_cell = not FLAGS.small if FLAGS.per_cell_processes is None else FLAGS.per_cell_processes
-    result = run_check(shape, steps, FLAGS.precisions, per_cell)
-    import jax
-
     from benchmarks import result_files
 
-    result["machine"] = result_files.jax_machine()
-    result["run"] = result_files.record(["python", "-m", "benchmarks.gpu_check", *sys.argv[1:]])
-    path = result_path(FLAGS.output, jax.devices()[0].device_kind, datetime.date.today())
+    command = result_files.record(["python", "-m", "benchmarks.gpu_check", *sys.argv[1:]])
     os.makedirs(FLAGS.output, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as file:
-        json.dump(result, file, indent=2)
+
+    def write(result: dict[str, Any]) -> str | None:
+        """After each cell, so that a stopped run keeps them; the device is a cell's: with a
+        process per cell this one never starts JAX (it would hold the GPU's memory)."""
+        kinds = [row["device_kind"] for row in result["rows"] if "device_kind" in row]
+        if not kinds:
+            return None
+        path = result_path(FLAGS.output, kinds[0], datetime.date.today())
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump({**result, "run": command}, file, indent=2)
+        return path
+
+    result = run_check(shape, steps, FLAGS.precisions, per_cell, FLAGS.stacks, write)
+    path = write(result)
+    if path is None:
+        sys.exit(f"gpu_check: no cell ran: {'; '.join(row['error'] for row in result['rows'])}")
     for row in result["rows"]:
         figure = row.get("error") or f"{row['median_step_ms']:.2f} ms a step"
         print(f"{row['precision']:>15} {row['stack']:>5}: {figure}")

@@ -40,6 +40,8 @@ def test_the_dry_run_measures_each_cell_in_its_own_process_and_makes_the_docs_ta
     ]
     for row in result["rows"]:
         assert row["median_step_ms"] > 0 and math.isfinite(row["final_loss"])
+        # Each cell's device; the machine once, the first cell's (the parent never starts JAX).
+        assert row["device_kind"] == "cpu" and "machine" not in row
     # Our cell's census of the compiled step: on a CPU, 18 GEMMs (6 layers, 3 each) emulated.
     census = result["rows"][1]["float8_census"]["summary"]
     assert census.startswith("emulated: 0 of 18 GEMMs of 6 float8 layers run in float8")
@@ -52,10 +54,13 @@ def test_the_dry_run_measures_each_cell_in_its_own_process_and_makes_the_docs_ta
     assert "JAX " in table[1] and "`python -m benchmarks.gpu_check --small" in table[1]
 
 
-def test_an_unknown_precision_is_one_line():
+def test_an_unknown_precision_or_stack_is_one_line():
     done = _check("--precisions=float32,int4")
     assert done.returncode != 0
     assert "--precisions: received int4. Allowed: float32, tf32, mixed_bfloat16" in done.stderr
+    done = _check("--stacks=ours,mine")
+    assert done.returncode != 0
+    assert "--stacks: received mine. Allowed: stock, ours" in done.stderr
 
 
 def test_a_result_without_rows_is_one_line_naming_the_file():
