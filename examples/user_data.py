@@ -1,9 +1,9 @@
 """Data factories of a user's own, for `"data": {"factory": "examples.user_data:..."}`.
 
 A data factory returns `(train, eval)`: `tf.data.Dataset`s of unbatched
-`(x, y)` (or `(x, y, sample_weight)`) elements, or `(x, y)` arrays (the only
-kind on Keras' JAX backend); the run batches, shuffles, shards and repeats
-them. A third element may declare what the data decides about the model that
+`(x, y)` (or `(x, y, sample_weight)`) elements, or `(x, y)` arrays, `x` an
+array or a dict of them (the only kind on Keras' JAX backend); the run
+batches, shuffles, shards and repeats them. A third element may declare what the data decides about the model that
 its shapes do not show (`{"num_classes": 10}`). The factories here use data
 that ships offline: scikit-learn's handwritten digits and the Python sources
 of the standard library (mpt_keras' embedded dataset).
@@ -65,25 +65,34 @@ def digits_rgb(image_size: int = 32, eval_fraction: float = 0.2, seed: int = 0):
 
 
 def python_bytes(sequence_length: int = 64):
-    """Byte windows of the embedded Python sources, shaped for keras_hub's GPT-2.
+    """Byte windows of the embedded Python sources, shaped for keras_hub's GPT-2 and Llama.
+
+    On Keras' JAX backend the splits are arrays (`x` a dict of them), its only kind of data;
+    on TensorFlow, `tf.data.Dataset`s of the same elements. Either way without TFDS: the
+    windows of `mpt_keras.embedded_arrays`, the examples the dataset's TFDS builder stores.
 
     Returns:
         `(train, eval, {"vocab_size": 256, "sequence_length": sequence_length})`
         with elements `({"token_ids", "padding_mask"}, next_tokens)`.
     """
-    import tensorflow as tf
+    import keras
 
-    from mpt_keras import data
+    from mpt_keras import embedded_arrays
 
     def split(name: str) -> Any:
-        inputs, targets = data.language_model_windows(
-            "mpt_python_source", name, None, sequence_length
+        texts = [text.encode("utf-8") for _, _, text in embedded_arrays.python_source(name)]
+        inputs, targets = embedded_arrays.text_windows(
+            texts, sequence_length, "mpt_python_source", name
         )
         features = {"token_ids": inputs, "padding_mask": np.ones_like(inputs, dtype=bool)}
+        if keras.backend.backend() == "jax":
+            return features, targets
+        import tensorflow as tf
+
         return tf.data.Dataset.from_tensor_slices((features, targets))
 
     return (
         split("train"),
         split("validation"),
-        {"vocab_size": data.VOCAB_SIZE, "sequence_length": sequence_length},
+        {"vocab_size": embedded_arrays.VOCAB_SIZE, "sequence_length": sequence_length},
     )

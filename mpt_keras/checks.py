@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Collection, Sized
+from collections.abc import Callable, Collection, Mapping, Sized
 from typing import Any
 
 from mpt_keras.errors import UserInputError
@@ -75,10 +75,12 @@ def as_json(value: Any) -> str:
         return repr(value)
 
 
-def check_batching(features: Sized, labels: Sized, batch_size: int) -> int:
+def check_batching(features: Sized | Mapping[str, Sized], labels: Sized, batch_size: int) -> int:
     """Checks in-memory data before it is batched (by tf.data or NumPy); returns the number of
-    examples."""
+    examples. `features`: an array, or a dict of arrays of one length (`data.example_arrays`)."""
     check_number("batch_size", batch_size, minimum=1, integer=True)
+    if isinstance(features, Mapping):
+        features = next(iter(features.values()), ())
     num_examples = len(features)
     if num_examples == 0:
         raise UserInputError("The dataset has 0 examples. Allowed: at least 1 example.")

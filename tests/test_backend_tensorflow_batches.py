@@ -121,6 +121,19 @@ def test_eval_batches_keep_order_and_last_partial_batch():
     assert batches[0][0].dtype == np.int32
 
 
+def test_a_dict_of_inputs_is_batched_row_for_row_in_the_arrays_order():
+    features, labels = _arrays()
+    inputs = {"token_ids": labels * 10, "padding_mask": labels > 0}
+    as_arrays = _take(train_batches(features, labels, BATCH, seed=7, start_step=1), 4)
+    as_dict = _take(train_batches(inputs, labels, BATCH, seed=7, start_step=1), 4)
+    for (_, expected), (x, y) in zip(as_arrays, as_dict, strict=True):
+        np.testing.assert_array_equal(y, expected)
+        np.testing.assert_array_equal(x["token_ids"], expected * 10)
+        np.testing.assert_array_equal(x["padding_mask"], expected > 0)
+    last = list(eval_batches(inputs, labels, BATCH).as_numpy_iterator())[-1]
+    assert last[0]["token_ids"].tolist() == [80, 90]
+
+
 def test_eval_batches_refuses_bad_input():
     with pytest.raises(UserInputError, match="batch_size: received 0. Allowed: an integer >= 1"):
         eval_batches(*_arrays(), 0)

@@ -2,6 +2,7 @@
 
 sources.py           RunData: a run's data from a factory, a TFDS mapping or a name
 array_batches.py     deterministic, resumable batching of arrays in NumPy (JAX runs)
+example_arrays.py    examples in memory: x an array or a dict of them, one per model input
 
 TensorFlow's side lives in backend/tensorflow/: batching in tf.data (batches.py), TFDS
 splits loaded offline (loading.py) and the embedded datasets' TFDS builders (digits.py,

@@ -21,7 +21,7 @@ from mpt_keras import embedded_arrays
 from mpt_keras.backend import current
 from mpt_keras.config import DataConfig
 from mpt_keras.config.components import DATA_DIMENSIONS, BoundFactory
-from mpt_keras.data import array_batches
+from mpt_keras.data import array_batches, example_arrays
 from mpt_keras.errors import UserInputError, describe_error
 
 # What a JAX run reads, for its refusals.
@@ -36,7 +36,8 @@ _ON_JAX = (
 class RunData:
     """A run's unbatched data, and what it decides about a model.
 
-    `train`, `eval`: arrays `(x, y)` or a `tf.data.Dataset` of `(x, y[, sample_weight])`.
+    `train`, `eval`: arrays `(x, y)` (x a dict of arrays for named inputs: `example_arrays`)
+    or a `tf.data.Dataset` of `(x, y[, sample_weight])`.
     `dimensions`: what the data decides (`components.DATA_DIMENSIONS`).
     """
 
@@ -242,19 +243,19 @@ def checked_split(split: Any, what: str, batching: str) -> tuple[np.ndarray, ...
         from mpt_keras.backend.tensorflow import datasets as tf_datasets
 
         return tf_datasets.checked_dataset(split, what, batching)
-    if isinstance(split, tuple) and len(split) == 2 and len(split[0]) == len(split[1]):
-        return tuple(np.asarray(array) for array in split)
+    if isinstance(split, tuple) and len(split) == 2:
+        return example_arrays.checked(*split, what)
     allowed = "" if current.is_jax() else "a tf.data.Dataset of unbatched (x, y) elements, or "
     raise UserInputError(
         f"{what}: received {type(split).__name__}. Allowed: {allowed}a tuple (x, y) of arrays "
-        "of equal length"
+        "of one length, x an array or a dict of them"
     )
 
 
-def _array_dimensions(x: np.ndarray) -> dict[str, Any]:
+def _array_dimensions(x: example_arrays.Features) -> dict[str, Any]:
     """What an array of inputs says, as `tf_datasets.spec_dimensions` for a dataset: an
-    example's shape, and a token sequence's length."""
-    if x.ndim < 1 or x.dtype == object:
+    example's shape, and a token sequence's length (nothing for a dict of inputs)."""
+    if isinstance(x, Mapping) or x.ndim < 1 or x.dtype == object:
         return {}
     dimensions: dict[str, Any] = {"input_shape": tuple(x.shape[1:])}
     if np.issubdtype(x.dtype, np.integer) and x.ndim == 2:
@@ -271,4 +272,5 @@ def _is_dataset(value: Any) -> bool:
 def _first(split: Any, count: int) -> Any:
     if _is_dataset(split):
         return split.take(count)
-    return tuple(array[:count] for array in split)
+    x, y = split
+    return example_arrays.take(x, slice(count)), y[:count]

@@ -55,3 +55,48 @@ def test_bad_batching_is_one_line(features, labels, batch_size, message):
     with pytest.raises(UserInputError) as raised:
         next(array_batches.train_batches(features, labels, batch_size, seed=0))
     assert str(raised.value) == message
+
+
+# A dict of inputs (a keras_hub backbone's): each input batched at the same rows, in the
+# order the same data as one array gets.
+INPUTS = {"token_ids": FEATURES[:, 0].astype(np.int32), "padding_mask": FEATURES > 0}
+
+
+def test_a_dict_of_inputs_is_batched_row_for_row_in_the_arrays_order():
+    stream = array_batches.train_batches(INPUTS, LABELS, 4, seed=7, start_step=2)
+    whole = _labels(array_batches.train_batches(FEATURES, LABELS, 4, seed=7), 5)
+    for expected in whole[2:]:
+        x, y = next(stream)
+        assert y.tolist() == expected
+        assert x["token_ids"].tolist() == [10 * label for label in expected]
+        assert x["padding_mask"][:, 0].tolist() == [label > 0 for label in expected]
+    batches = array_batches.eval_batches(INPUTS, LABELS, 4)
+    assert len(batches) == 3 and batches[2][0]["token_ids"].tolist() == [80, 90]
+
+
+@pytest.mark.parametrize(
+    "split, message",
+    [
+        (
+            ({"token_ids": np.ones((4, 2)), "padding_mask": np.ones((3, 2))}, np.ones(4)),
+            "data[0]: received arrays of lengths x['token_ids'] 4, x['padding_mask'] 3, y 4. "
+            "Allowed: one length, the number of examples, along the first axis of each",
+        ),
+        (
+            ({}, np.ones(4)),
+            "data[0]: x: received a dict with keys []. Allowed: a non-empty dict of arrays "
+            "keyed by the model's input names",
+        ),
+        (
+            (np.ones(3), np.float32(1)),
+            "data[0]: y: received a scalar. Allowed: an array whose first axis counts the "
+            "examples",
+        ),
+    ],
+)
+def test_in_memory_data_a_run_cannot_take_is_one_line(split, message):
+    from mpt_keras.data import checked_split
+
+    with pytest.raises(UserInputError) as raised:
+        checked_split(split, "data[0]", "data.batch_size: 4")
+    assert str(raised.value) == message

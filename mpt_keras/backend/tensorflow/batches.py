@@ -50,7 +50,7 @@ def train_batches(
         skip = tf.where(epoch == first_epoch, first_offset, 0)
         return tf.data.Dataset.from_tensor_slices(order[skip:])
 
-    features = tf.convert_to_tensor(features)
+    features = tf.nest.map_structure(tf.convert_to_tensor, features)  # A dict: each input.
     labels = tf.convert_to_tensor(labels)
     return (
         tf.data.Dataset.counter(first_epoch)
@@ -59,7 +59,10 @@ def train_batches(
         .apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
         .batch(batch_size, drop_remainder=True)
         .map(
-            lambda indices: (tf.gather(features, indices), tf.gather(labels, indices)),
+            lambda indices: (
+                tf.nest.map_structure(lambda array: tf.gather(array, indices), features),
+                tf.gather(labels, indices),
+            ),
             num_parallel_calls=tf.data.AUTOTUNE,
         )
         .prefetch(tf.data.AUTOTUNE)
