@@ -19,6 +19,7 @@ stack_ablation    python -m benchmarks.stack_ablation: our stack piece by piece
 ablation_table    the ablation's results file and its table
 result_files      what run wrote a result (date, command, CPU flags)
 float8_mlp        python -m benchmarks.float8_mlp: float8 MLP blocks against bfloat16 (JAX)
+gpu_session       python -m benchmarks.gpu_session: issue 34's GPU measurements, one command
 docs_tables       python -m benchmarks.docs_tables: docs/benchmarks.md's tables
 common_flags      the flags of the benchmarks run as modules
 """
