@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from benchmarks.gpu_session import MIN_STEP_S, Step, plan, run_session
+from benchmarks.gpu_session import BUDGET_S, MIN_STEP_S, Step, plan, run_session
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Starts a grandchild that outlives it unless its process group is stopped, then overruns.
@@ -66,10 +66,10 @@ def test_an_unknown_step_is_one_line(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_the_plan_puts_the_goals_first_and_fits_in_eight_minutes():
+def test_the_plan_puts_the_goals_first_within_the_budget_of_under_eight_minutes():
     steps = plan(small=False)
     assert [step.name for step in steps][:2] == ["mlp", "transformer"]  # The two goals.
-    assert sum(step.cap_s for step in steps[:4]) <= 8 * 60
+    assert sum(step.cap_s for step in steps[:2]) <= BUDGET_S < 8 * 60
     assert [step.xla_flags for step in steps].count("--xla_gpu_enable_triton_gemm=false") == 1
 
 
