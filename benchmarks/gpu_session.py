@@ -153,13 +153,18 @@ def _gpus() -> list[str]:
 
 
 FLAGS = flags.FLAGS
-flags.DEFINE_bool("small", False, "The CPU dry run: every step at its --small.")
-flags.DEFINE_float(
-    "budget_s", BUDGET_S, "Seconds for all steps together.", lower_bound=MIN_STEP_S
-)
-flags.DEFINE_list("only", None, "Only these steps (a rerun); default: all, in order.")
-flags.DEFINE_string("output", None, "The folder the steps' files and the record go to.")
-flags.mark_flag_as_required("output")
+
+
+def define_flags() -> None:
+    """The script's flags, defined when it runs (not on import: the suite imports this module
+    beside benchmarks that define some of the same names)."""
+    flags.DEFINE_bool("small", False, "The CPU dry run: every step at its --small.")
+    flags.DEFINE_float(
+        "budget_s", BUDGET_S, "Seconds for all steps together.", lower_bound=MIN_STEP_S
+    )
+    flags.DEFINE_list("only", None, "Only these steps (a rerun); default: all, in order.")
+    flags.DEFINE_string("output", None, "The folder the steps' files and the record go to.")
+    flags.mark_flag_as_required("output")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -189,4 +194,5 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)
