@@ -208,19 +208,19 @@ def main(argv: Sequence[str]) -> None:
     command = result_files.record(["python", "-m", "benchmarks.gpu_check", *sys.argv[1:]])
     os.makedirs(FLAGS.output, exist_ok=True)
 
-    def write(result: dict[str, Any]) -> str | None:
-        """After each cell, so that a stopped run keeps them; the device is a cell's: with a
-        process per cell this one never starts JAX (it would hold the GPU's memory)."""
+    def path_of(result: dict[str, Any]) -> str | None:
+        """The file, named after the first cell's device (with a process per cell this one
+        never starts JAX: it would hold the GPU's memory); None before a cell ran."""
         kinds = [row["device_kind"] for row in result["rows"] if "device_kind" in row]
-        if not kinds:
-            return None
-        path = result_path(FLAGS.output, kinds[0], datetime.date.today())
-        with open(path, "w", encoding="utf-8") as file:
-            json.dump({**result, "run": command}, file, indent=2)
-        return path
+        return result_path(FLAGS.output, kinds[0], datetime.date.today()) if kinds else None
+
+    def write(result: dict[str, Any]) -> None:  # After each cell: a stopped run keeps them.
+        if path := path_of(result):
+            with open(path, "w", encoding="utf-8") as file:
+                json.dump({**result, "run": command}, file, indent=2)
 
     result = run_check(shape, steps, FLAGS.precisions, per_cell, FLAGS.stacks, write)
-    path = write(result)
+    path = path_of(result)
     if path is None:
         sys.exit(f"gpu_check: no cell ran: {'; '.join(row['error'] for row in result['rows'])}")
     for row in result["rows"]:

@@ -3,8 +3,9 @@
 A data factory returns `(train, eval)`: `tf.data.Dataset`s of unbatched
 `(x, y)` (or `(x, y, sample_weight)`) elements, or `(x, y)` arrays, `x` an
 array or a dict of them (the only kind on Keras' JAX backend); the run
-batches, shuffles, shards and repeats them. A third element may declare what the data decides about the model that
-its shapes do not show (`{"num_classes": 10}`). The factories here use data
+batches, shuffles, shards and repeats them. A third element may declare what
+the data decides about the model that its shapes do not show
+(`{"num_classes": 10}`). The factories here use data
 that ships offline: scikit-learn's handwritten digits and the Python sources
 of the standard library (mpt_keras' embedded dataset).
 """

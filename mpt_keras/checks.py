@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Collection, Mapping, Sized
+from collections.abc import Callable, Collection
 from typing import Any
 
 from mpt_keras.errors import UserInputError
@@ -75,17 +75,14 @@ def as_json(value: Any) -> str:
         return repr(value)
 
 
-def check_batching(features: Sized | Mapping[str, Sized], labels: Sized, batch_size: int) -> int:
-    """Checks in-memory data before it is batched (by tf.data or NumPy); returns the number of
-    examples. `features`: an array, or a dict of arrays of one length (`data.example_arrays`)."""
+def check_batching(num_examples: int, num_labels: int, batch_size: int) -> int:
+    """Checks in-memory data before it is batched (by tf.data or NumPy), by its counts of
+    examples (`data.example_arrays.count`) and labels; returns the number of examples."""
     check_number("batch_size", batch_size, minimum=1, integer=True)
-    if isinstance(features, Mapping):
-        features = next(iter(features.values()), ())
-    num_examples = len(features)
     if num_examples == 0:
         raise UserInputError("The dataset has 0 examples. Allowed: at least 1 example.")
-    if len(labels) != num_examples:
+    if num_labels != num_examples:
         raise UserInputError(
-            f"Got {num_examples} examples but {len(labels)} labels. Allowed: one label per example."
+            f"Got {num_examples} examples but {num_labels} labels. Allowed: one label per example."
         )
     return num_examples

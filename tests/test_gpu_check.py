@@ -63,6 +63,15 @@ def test_an_unknown_precision_or_stack_is_one_line():
     assert "--stacks: received mine. Allowed: stock, ours" in done.stderr
 
 
+def test_a_run_whose_every_cell_failed_writes_nothing_and_says_why_in_one_line(tmp_path):
+    shape = '{"width": 30, "heads": 4, "blocks": 1, "tokens": 8, "batch": 2, "vocabulary": 16}'
+    done = _check("--precisions=float32", "--stacks=ours", "--per_cell_processes=false",
+                  f"--shape={shape}", f"--output={tmp_path}")  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith("gpu_check: no cell ran: ")
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_result_without_rows_is_one_line_naming_the_file():
     from benchmarks import gpu_table
     from mpt_keras.errors import UserInputError

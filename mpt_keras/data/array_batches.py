@@ -30,7 +30,7 @@ def train_batches(
     `start_step=k` yields exactly batches k, k + 1, ... of `start_step=0`. `UserInputError`:
     as `check_batching`, or a bad start_step.
     """
-    num_examples = check_batching(features, labels, batch_size)
+    num_examples = check_batching(count(features), len(labels), batch_size)
     check_number("start_step", start_step, minimum=0, integer=True)
     position = start_step * batch_size
     while True:
@@ -47,7 +47,7 @@ def train_batches(
 
 def eval_batches(features: Features, labels: np.ndarray, batch_size: int) -> keras.utils.PyDataset:
     """One in-order pass over `(features, labels)`, the last batch partial; re-iterable."""
-    check_batching(features, labels, batch_size)
+    check_batching(count(features), len(labels), batch_size)
     return _InOrder(features, labels, batch_size)
 
 

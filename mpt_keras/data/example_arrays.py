@@ -20,7 +20,7 @@ Features = Union[np.ndarray, Mapping[str, np.ndarray]]
 def count(features: Features) -> int:
     """The number of examples (checked equal across a dict's arrays by `checked`)."""
     if isinstance(features, Mapping):
-        return len(next(iter(features.values())))
+        return len(next(iter(features.values()), ()))
     return len(features)
 
 

@@ -26,19 +26,18 @@ _CLASS_LOCK = threading.Lock()
 def calls_wrapped(
     layers: Iterable[keras.layers.Layer],
     wrap: Callable[[keras.layers.Layer, Callable[..., Any]], Callable[..., Any]],
-    method: str | None = None,
 ) -> Iterator[None]:
     """Gives each layer the `call` that `wrap(layer, its call)` returns, inside the block.
 
-    `method`: the method wrapped; by default the one Keras runs for the layer, `run_method`
-    (a float8 layer's `call` never runs, so wrapping it would miss every call). A layer given
-    twice is wrapped twice. On exit, even on error, each method is as it was: the class's, or
-    the one set on the instance before.
+    The method wrapped is the one Keras runs for the layer, `run_method` (a float8 layer's
+    `call` never runs, so wrapping it would miss every call). A layer given twice is wrapped
+    twice. On exit, even on error, each method is as it was: the class's, or the one set on
+    the instance before.
     """
     wrapped = []
     try:
         for layer in layers:
-            name = method or run_method(layer)
+            name = run_method(layer)
             own_call = vars(layer).get(name)
             setattr(layer, name, wrap(layer, getattr(layer, name)))
             wrapped.append((layer, name, own_call))

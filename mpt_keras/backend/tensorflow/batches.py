@@ -12,6 +12,8 @@ tuner (`legacy_autotune`); the parallel map keeps its initial parallelism
 (`tf.data.Options().autotune.initial_parallelism`, 16 by default).
 """
 
+from typing import Any
+
 import numpy as np
 import tensorflow as tf
 
@@ -22,7 +24,7 @@ _UNTUNED.autotune.enabled = False  # The module docstring says why.
 
 
 def train_batches(
-    features: np.ndarray,
+    features: Any,
     labels: np.ndarray,
     batch_size: int,
     seed: int,
@@ -34,7 +36,7 @@ def train_batches(
     `start_step=0`. `UserInputError`: a bad batch_size or start_step, no examples, or lengths
     differing.
     """
-    num_examples = check_batching(features, labels, batch_size)
+    num_examples = check_batching(_count(features), len(labels), batch_size)
     check_number("start_step", start_step, minimum=0, integer=True)
     first_epoch, first_offset = divmod(start_step * batch_size, num_examples)
     seed_tensor = tf.constant(seed, tf.int64)
@@ -70,13 +72,19 @@ def train_batches(
     )
 
 
-def eval_batches(features: np.ndarray, labels: np.ndarray, batch_size: int) -> tf.data.Dataset:
+def eval_batches(features: Any, labels: np.ndarray, batch_size: int) -> tf.data.Dataset:
     """One in-order pass over (features, labels), keeping the last partial batch; refusals as
     `train_batches`'."""
-    check_batching(features, labels, batch_size)
+    check_batching(_count(features), len(labels), batch_size)
     return (
         tf.data.Dataset.from_tensor_slices((features, labels))
         .batch(batch_size)
         .prefetch(tf.data.AUTOTUNE)
         .with_options(_UNTUNED)
     )
+
+
+def _count(features: Any) -> int:
+    """Examples in `features`: an array, or a dict of arrays of one length (one per named
+    input, `data.example_arrays`, which this layer may not import)."""
+    return len(next(iter(tf.nest.flatten(features)), ()))
