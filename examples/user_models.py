@@ -142,6 +142,42 @@ def gpt2_with_head(
     return backbone_with_head(backbone, vocab_size, sequence_length)
 
 
+def bert_with_head(
+    vocab_size: int,
+    sequence_length: int,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    hidden_dim: int = 32,
+    intermediate_dim: int = 64,
+) -> keras.Model:
+    """A keras_hub `BertBackbone` built from arguments (no preset) under a `Dense` head.
+
+    BERT's blocks are post-norm, as RoBERTa's, ELECTRA's and DistilBERT's: each adds its
+    sublayers' outputs to its residual with `+` and then normalizes. One segment (its
+    `segment_ids` made in the model, all 0). Bidirectional, it sees the byte it is asked
+    for: here for its blocks, not as a language model.
+    """
+    import keras_hub
+
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=vocab_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        hidden_dim=hidden_dim,
+        intermediate_dim=intermediate_dim,
+        max_sequence_length=sequence_length,
+        dropout=0.0,
+    )
+    inputs = {
+        "token_ids": keras.Input((sequence_length,), dtype="int32", name="token_ids"),
+        "padding_mask": keras.Input((sequence_length,), dtype="int32", name="padding_mask"),
+    }
+    segments = keras.ops.zeros_like(inputs["token_ids"])
+    hidden = backbone({**inputs, "segment_ids": segments})["sequence_output"]
+    logits = keras.layers.Dense(vocab_size, name="lm_head")(hidden)
+    return keras.Model(inputs, logits, name="bert_with_head")
+
+
 @keras.saving.register_keras_serializable(package="examples")
 class LlamaLanguageModel(keras.Model):
     """A subclassed model: a keras_hub `LlamaBackbone` and a `Dense` head in `call`.

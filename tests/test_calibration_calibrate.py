@@ -7,13 +7,14 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from toy_layers import Residual, Times
+from toy_layers import PostNormBlock, Residual, Times
 
 from examples.user_models import backbone_with_head
 from mpt_keras import PrecisionManifest, Rule, UserInputError
 from mpt_keras.calibration.calibrate import calibrate
 from mpt_keras.calibration.decisions import CalibrationThresholds
 from mpt_keras.calibration.result import format_calibration_table
+from mpt_keras.precision.hand_back import hand_back_caller
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 DATA_ALLOWED = (
@@ -989,3 +990,28 @@ def test_a_model_in_float8_is_measured_in_float32_and_left_in_float8():
         result.statistics["float8_layers"] == _float8_calibration(True).statistics["float8_layers"]
     )
     assert model.get_layer("clean").dtype_policy.name == "float8_from_mixed_float16"
+
+
+def test_a_post_norm_blocks_float32_norm_is_tied_to_nothing_and_the_block_stays_low():
+    # The manifest hands the norm's output back in the block's dtype (precision/hand_back.py):
+    # the block need not compute in float32 with it, as it did when the two were tied.
+    model = _model(PostNormBlock(name="block"))
+    features, labels = _data()
+    result = calibrate(model, (features, labels), LOSS, steps=1, batch_size=32)
+
+    layers = result.statistics["layers"]
+    assert {path: layer["policy"] for path, layer in layers.items()} == {
+        "first": "mixed_float16",
+        "block": "mixed_float16",
+        "block/norm": "float32",
+        "block/inner": "mixed_float16",
+        "logits": "float32",
+    }
+    assert layers["block"]["reason"].startswith("own ops with tied inner: range fits float16")
+    assert layers["block/norm"]["reason"] == "safe default: normalization"
+    # Left as found: its manifests' applies hand the norm back only while it runs.
+    assert hand_back_caller(model.get_layer("block").norm) is None
+    report = result.manifest.apply(model)
+    assert report.policies["block"] == "mixed_float16"
+    assert {layer.path: layer.returns_dtype for layer in report.layers}["block/norm"] == "float16"
+    assert keras.backend.standardize_dtype(model(features).dtype) == "float32"

@@ -84,3 +84,32 @@ def test_every_launcher_runs_on_a_backbone_of_the_users_own(factory, tmp_path):
     assert report["candidate"] == manifest
     compared = [layer["path"] for layer in report["layers"]]
     assert compared, report
+
+
+def test_a_post_norm_bert_trains_under_the_safe_defaults(tmp_path):
+    # BERT's blocks add a layer norm's output to the residual with `+`: with the norm float32
+    # (the safe default) and the block float16, TensorFlow refused that `+` at the first step.
+    override = json.loads(_override("llama_with_head"))
+    override["model"] = {"factory": "examples.user_models:bert_with_head", "options": TINY}
+    model_dir = str(tmp_path / "run")
+    trained = launch_in_process(
+        "mpt-train",
+        f"--config={LLAMA}",
+        f"--config_override={json.dumps(override)}",
+        f"--model_dir={model_dir}",
+        "--steps=2",
+    )
+    assert trained.status == 0, trained.stderr
+    assert _read(os.path.join(model_dir, "metrics.json"))["step"] == 2
+    report = _read(os.path.join(model_dir, "precision_report.json"))
+    norms = {
+        layer["path"].removeprefix("bert_backbone/"): (layer["policy"], layer["returns_dtype"])
+        for layer in report["layers"]
+        if layer["class"] == "LayerNormalization"
+    }
+    assert norms == {
+        "embeddings_layer_norm": ("float32", None),  # In the backbone's graph.
+        "transformer_layer_0/self_attention_layer_norm": ("float32", "float16"),
+        "transformer_layer_0/feedforward_layer_norm": ("float32", "float16"),
+    }
+    assert report["output_dtype_mismatches"] == []

@@ -120,17 +120,18 @@ def test_layers_built_under_float32_compute_in_their_new_dtypes(monkeypatch):
         "token_embedding": "float16",
         "position_embedding": "float16",
         "block_0": "float16",
-        "block_0/attention_norm": "float32",
+        # Computes in float32, hands back block_0's float16 (its `+` is one dtype's).
+        "block_0/attention_norm": "float16",
         "block_0/attention": "bfloat16",  # the output projection's dtype
         "block_0/attention/query": "bfloat16",
         "block_0/attention/key": "bfloat16",
         "block_0/attention/value": "bfloat16",
         "block_0/attention/attention_output": "bfloat16",
-        "block_0/mlp_norm": "float32",
+        "block_0/mlp_norm": "float16",
         "block_0/mlp_up": "float16",
         "block_0/mlp_down": "float16",
         "block_0/mlp_dropout": "float16",
-        "final_norm": "float32",
+        "final_norm": "float32",  # In the model's graph: the next layer casts its inputs.
         "logits": "float32",
     }
     assert _output_dtypes(model, _tokens(), monkeypatch) == expected
@@ -144,6 +145,10 @@ def test_layers_built_under_float32_compute_in_their_new_dtypes(monkeypatch):
     # The attention (mixed_float16) returns its output projection's bfloat16,
     # which that projection computes in: no layer made another dtype.
     assert report.output_dtype_mismatches == ()
+    assert {layer.path: layer.returns_dtype for layer in report.layers if layer.returns_dtype} == {
+        "block_0/attention_norm": "float16",
+        "block_0/mlp_norm": "float16",
+    }
 
 
 def test_the_report_extends_precision_report_with_the_decisions():
@@ -166,9 +171,10 @@ def test_the_report_extends_precision_report_with_the_decisions():
         "policy": "float32",
         "compute_dtype": "float32",
         "variable_dtype": "float32",
-        "output_dtype": "float32",
+        "output_dtype": "float16",
         "decided_by": "safe default: normalization",
         "reason": "mean and variance round badly in float16/bfloat16",
+        "returns_dtype": "float16",
     }
     assert report["layers"][-1]["output_dtype"] == "float32"  # logits, the model output
     assert report["output_dtype_mismatches"] == report["unmatched_rules"] == []
@@ -581,8 +587,15 @@ def test_saved_model_reloads_with_the_same_per_layer_policies_but_pathless_ones(
     # attention makes for itself compute in block_0's policy, its map's default.
     pathless = {"block_0/attention/_softmax", "block_0/attention/_dropout_layer"}
     after_loading = precision_report(loaded)
+    # What a norm hands back to its block is not saved: loaded, it returns its float32.
+    handed_back = {"block_0/attention_norm", "block_0/mlp_norm"}
+    assert {entry.path for entry in described.layers if entry.returns_dtype} == handed_back
     assert [entry for entry in after_loading.layers if entry.path not in pathless] == [
-        entry for entry in described.layers if entry.path not in pathless
+        dataclasses.replace(entry, output_dtype="float32", returns_dtype=None)
+        if entry.path in handed_back
+        else entry
+        for entry in described.layers
+        if entry.path not in pathless
     ]
     assert [
         (entry.path, entry.policy, entry.compute_dtype)

@@ -333,6 +333,7 @@ def test_to_dict_is_what_precision_report_json_holds():
                 "output_dtype": "bfloat16",
                 "decided_by": "default",
                 "reason": None,
+                "returns_dtype": None,
             },
             {
                 "path": "scale",
@@ -343,6 +344,7 @@ def test_to_dict_is_what_precision_report_json_holds():
                 "output_dtype": "float32",
                 "decided_by": "rules[0] (class 'Scale')",
                 "reason": "measured",
+                "returns_dtype": None,
             },
         ],
         "trainable_variables": {"float32": 2},

@@ -34,3 +34,21 @@ class Residual(keras.layers.Layer):
 
     def call(self, inputs):
         return inputs + self.inner(self.norm(inputs))
+
+
+class PostNormBlock(keras.layers.Layer):
+    """`normed + inner(normed)` with `normed = norm(inputs)`: the norm's output meets the
+    block's in TensorFlow's `+`, as in BERT's post-norm blocks."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.norm = keras.layers.LayerNormalization(name="norm", dtype=self.dtype_policy)
+        self.inner = keras.layers.Dense(4, name="inner", dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        self.norm.build(input_shape)
+        self.inner.build(input_shape)
+
+    def call(self, inputs):
+        normed = self.norm(inputs)
+        return normed + self.inner(normed)

@@ -46,6 +46,7 @@ from mpt_keras.calibration.statistics import (
 from mpt_keras.checks import check_choice, check_number, refusal
 from mpt_keras.keras_bridge.layer_paths import iter_layers
 from mpt_keras.precision.float8 import FLOAT8_LAYER_CLASSES
+from mpt_keras.precision.hand_back import hand_back, hand_back_caller
 from mpt_keras.precision.manifest import PrecisionManifest
 from mpt_keras.precision.names import FLOAT8
 from mpt_keras.precision.report import PrecisionReport
@@ -95,15 +96,19 @@ def calibrate(
     if not model.built:
         model(batches[0][0], training=False)
     sites = CalibrationSites(model)
-    saved_policies = [(layer, layer.dtype_policy) for _, layer in iter_layers(model)]
+    # Put back as found: each layer's policy, and the caller a norm hands its output back to.
+    saved_policies = [
+        (layer, layer.dtype_policy, hand_back_caller(layer)) for _, layer in iter_layers(model)
+    ]
     try:
         float32 = PrecisionManifest(default="float32").apply(model)
         speed = float8 and float8_speed == "measure"
         calibration = _Calibration(model, sites, float32, thresholds, initial_scale, float8, speed)
         return calibration.run(batches, loss, seed)
     finally:
-        for layer, policy in saved_policies:
+        for layer, policy, caller in saved_policies:
             compat.replace_dtype_policy(layer, policy)
+            hand_back(layer, caller)
 
 
 class _Calibration:

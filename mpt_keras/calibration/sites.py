@@ -5,6 +5,9 @@ A container's decision covers only its own ops: Keras never passes a policy to a
 Ties (`Group`): a block adding a sublayer's output to its residual with TF's one-dtype `+` must
 compute in that sublayer's dtype. Found by trial: the container is called with the sublayer
 alone in float16; if that raises, they are tied, and (transitively) measured and decided as one.
+A normalization is tied to nothing: a manifest hands its output back in the dtype of the block
+calling it (`precision/hand_back.py`), so a post-norm block (BERT's) may compute in float16
+around its float32 norms.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import numpy as np
 from mpt_keras import compat
 from mpt_keras.keras_bridge.layer_calls import calls_wrapped
 from mpt_keras.keras_bridge.layer_paths import iter_layer_paths
+from mpt_keras.precision.decisions import is_normalization
 
 _IDENTITY_AT_INFERENCE = (
     keras.layers.Dropout,  # SpatialDropout1D to 3D derive from it.
@@ -124,7 +128,9 @@ class CalibrationSites:
         for container in self._containers:
             for child in self._children(container):
                 # A sublayer not called makes no tensor to meet another.
-                if container.calls and child.calls and _tied(container, child):
+                if not container.calls or not child.calls or is_normalization(child.layer):
+                    continue
+                if _tied(container, child):
                     first, second = sorted((find(id(container)), find(id(child))), key=order.get)
                     leader[second] = first
         members: dict[int, list[Site]] = {}

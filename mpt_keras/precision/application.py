@@ -1,7 +1,8 @@
 """Setting a manifest's decisions on layers so that they survive saving and building.
 
 A top-level layer whose sublayers differ from it gets a `DTypePolicyMap`; an unbuilt layer
-decides its sublayers when built.
+decides its sublayers when built; a normalization set apart from the block calling it
+hands its outputs back in the block's dtype (`hand_back`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import keras
 
 from mpt_keras import compat
 from mpt_keras.keras_bridge.layer_paths import LayerPath, iter_layers
-from mpt_keras.precision.decisions import Decider, Decision
+from mpt_keras.precision.decisions import Decider, Decision, is_normalization
 from mpt_keras.precision.float8 import check_float8_layer, is_float8
+from mpt_keras.precision.hand_back import hand_back
 from mpt_keras.precision.names import FLOAT8
 
 
@@ -84,7 +86,20 @@ class Application:
                     default_policy=unit_policy, policy_map=policy_map
                 ),
             )
+        members = {entry.path: entry.layer for entry in unit.members()}
+        for entry in unit.members():
+            # The layer whose `call` calls it: its model's, for the unit itself.
+            caller = members.get(entry.path.rpartition("/")[0], entry.models[-1][1])
+            hand_back(entry.layer, caller if self._hands_back(entry.layer, caller) else None)
         return decisions
+
+    def _hands_back(self, layer: keras.layers.Layer, caller: keras.layers.Layer) -> bool:
+        """Whether the normalization `layer` hands its outputs back to `caller`: its `call`
+        meets them in raw ops (a graph's next layer casts them itself; the loss reads a
+        model output as it is)."""
+        if not is_normalization(layer) or self.decider.is_model_output(layer):
+            return False
+        return not (isinstance(caller, keras.Model) and compat.graph_calls(caller) is not None)
 
     def _policy(self, entry: LayerPath, decision: Decision) -> keras.DTypePolicy:
         """A float8 layer keeps its `float8_from_<default>` policy (holding its float8

@@ -68,11 +68,15 @@ class Decider:
             rule = self._rules[matched[0]]
             return Decision(rule.policy, rule_label(matched[0], rule), rule.reason, matched)
         if self._safe_defaults:
-            if any(_NORMALIZATION_CLASS.fullmatch(cls.__name__) for cls in type(layer).__mro__):
+            if is_normalization(layer):
                 return _safe_default("normalization")
-            if any(layer is output for output in self._output_layers):
+            if self.is_model_output(layer):
                 return _safe_default("model output")
         return Decision(self._default, "default")
+
+    def is_model_output(self, layer: keras.layers.Layer) -> bool:
+        """Whether `layer`'s outputs are the model's (through nested models)."""
+        return any(layer is output for output in self._output_layers)
 
     def check_float8(self, entries: Sequence[LayerPath]) -> None:
         """Raises `UserInputError` naming the first layer not built, or decided float8 and
@@ -88,6 +92,11 @@ class Decider:
                 )
             if self.decide(entry).policy == FLOAT8:
                 check_float8_layer(entry.path, entry.layer)
+
+
+def is_normalization(layer: keras.layers.Layer) -> bool:
+    """Whether `layer`'s class, or a base, is named `*Normalization`, `*Norm` or `RMSNorm*`."""
+    return any(_NORMALIZATION_CLASS.fullmatch(cls.__name__) for cls in type(layer).__mro__)
 
 
 def _safe_default(kind: str) -> Decision:

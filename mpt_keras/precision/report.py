@@ -22,6 +22,7 @@ from mpt_keras.errors import describe_error
 from mpt_keras.keras_bridge.layer_calls import calls_wrapped
 from mpt_keras.keras_bridge.layer_paths import iter_layers
 from mpt_keras.precision.float8_census import Float8Census
+from mpt_keras.precision.hand_back import handed_back_dtype
 from mpt_keras.precision.policies import effective_policy
 from mpt_keras.tables import aligned
 
@@ -32,7 +33,9 @@ _LOGGER = logging.getLogger(__name__)
 class LayerPrecision:
     """One layer in a `PrecisionReport`: the `policy` it computes with (through a
     `DTypePolicyMap`), its `output_dtype` in the traced pass (None if not called or no
-    tensor), and `decided_by`: `rules[<i>] (<match>)`, `safe default: <kind>` or `default`."""
+    tensor), and `decided_by`: `rules[<i>] (<match>)`, `safe default: <kind>` or `default`.
+    `returns_dtype`: the dtype a normalization hands back to the block calling it, where
+    that block computes in another (`hand_back`); None: its outputs as it makes them."""
 
     path: str
     layer_class: str
@@ -42,6 +45,7 @@ class LayerPrecision:
     output_dtype: str | None
     decided_by: str | None = None
     reason: str | None = None
+    returns_dtype: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, the class name as `"class"`."""
@@ -96,21 +100,29 @@ class PrecisionReport:
         }
 
     def format_table(self) -> str:
-        """The layers as an aligned table (path, class, policy, decided_by), mismatches marked."""
+        """The layers as an aligned table (path, class, policy, decided_by), mismatches and
+        the dtype a norm hands back to its block marked."""
         rows = [("path", "class", "policy", "decided_by", "")] + [
             (
                 layer.path,
                 layer.layer_class,
                 layer.policy,
                 layer.decided_by or "",
-                f"<- outputs {layer.output_dtype}, computes in {layer.compute_dtype}"
-                if layer.path in self.output_dtype_mismatches
-                else "",
+                _note(layer, layer.path in self.output_dtype_mismatches),
             )
             for layer in self.layers
         ]
         table = "\n".join(aligned(rows)) + "\n"
         return table + ("\n" + self.float8_census.format_table() if self.float8_census else "")
+
+
+def _note(layer: LayerPrecision, mismatched: bool) -> str:
+    """The table's last column: a mismatch, or the dtype handed back to the block."""
+    if mismatched:
+        return f"<- outputs {layer.output_dtype}, computes in {layer.compute_dtype}"
+    if layer.returns_dtype:
+        return f"<- returns {layer.returns_dtype} to its block"
+    return ""
 
 
 def precision_report(
@@ -122,7 +134,8 @@ def precision_report(
     (`training=True`, in a `tf.function` or `jax.eval_shape` never run: no data, no state
     change); None if the model is not built or the trace fails (logged). A mismatch is a
     floating tensor the layer itself made in another dtype than it computes in (a float32
-    NumPy constant mixed into bfloat16), not one it was given or a sublayer returned.
+    NumPy constant mixed into bfloat16), not one it was given or a sublayer returned, nor
+    the dtype a normalization hands back to its block (`returns_dtype`).
 
     `inputs`: example inputs or specs (`keras.Input`, `tf.TensorSpec`) as the model takes
     them; default a functional or Sequential model's own (a subclassed model has none).
@@ -131,7 +144,10 @@ def precision_report(
     returned = _returned_dtypes(model, inputs) if trace else {}
     layers, mismatches = [], []
     for path, layer in iter_layers(model):
-        output_dtype, mismatched = _output_dtype(returned.get(id(layer), ()), layer.compute_dtype)
+        returns_dtype = handed_back_dtype(layer)
+        output_dtype, mismatched = _output_dtype(
+            returned.get(id(layer), ()), returns_dtype or layer.compute_dtype
+        )
         layers.append(
             LayerPrecision(
                 path=path,
@@ -140,6 +156,7 @@ def precision_report(
                 compute_dtype=layer.compute_dtype,
                 variable_dtype=layer.variable_dtype,
                 output_dtype=output_dtype,
+                returns_dtype=returns_dtype,
             )
         )
         if mismatched:
@@ -156,13 +173,13 @@ def precision_report(
 
 
 def _output_dtype(
-    returned: Sequence[tuple[str, bool]], compute_dtype: str
+    returned: Sequence[tuple[str, bool]], expected: str
 ) -> tuple[str | None, bool]:
-    """A layer's output dtype, and whether it made a floating one other than `compute_dtype`,
+    """A layer's output dtype, and whether it made a floating one other than `expected`,
     from `(dtype, made by the layer)` per tensor it returned."""
-    if keras.backend.is_float_dtype(compute_dtype):
+    if keras.backend.is_float_dtype(expected):
         for dtype, made in returned:
-            if made and keras.backend.is_float_dtype(dtype) and dtype != compute_dtype:
+            if made and keras.backend.is_float_dtype(dtype) and dtype != expected:
                 return dtype, True
     floating = [dtype for dtype, _ in returned if keras.backend.is_float_dtype(dtype)]
     dtypes = floating or [dtype for dtype, _ in returned]

@@ -1,0 +1,90 @@
+"""A normalization set apart from the block calling it hands its outputs back in the block's
+compute dtype.
+
+A manifest computes normalization layers in float32 (a safe default), while the block around
+them may compute in bfloat16. Inside a block's own `call` (a keras_hub `TransformerEncoder`,
+a layer or subclassed model of yours), the norm's output then meets the block's tensors in
+raw ops: BERT's post-norm `x + residual` adds a float32 output to a bfloat16 residual, which
+TensorFlow refuses (`AddV2`: "expected to be a bfloat16 tensor but is a float tensor") and
+JAX promotes (the residual stream, and every op after it, silently float32). So the norm
+computes in float32 and returns the block's dtype, as Keras' own `LayerNormalization` does
+under a mixed policy: the statistics keep float32, and the output, normalized, fits.
+
+Which norms hand back, and to which caller, is set when a manifest is applied
+(`application.py`); the dtype is read at each call, from the two layers' policies then, so
+that policies set later (calibration's trials, a promotion) are followed.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Any
+
+import keras
+
+from mpt_keras.keras_bridge.layer_calls import run_method
+from mpt_keras.precision.policies import effective_policy
+
+# {layer: (the method wrapped, what the instance held under its name before, its caller)}.
+_HANDED_BACK: weakref.WeakKeyDictionary[Any, tuple[str, Any, weakref.ref]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def hand_back(layer: keras.layers.Layer, caller: keras.layers.Layer | None) -> None:
+    """Makes `layer` return its floating outputs in `caller`'s compute dtype from now on,
+    where it computes in another; None: as it makes them (undoing an earlier `hand_back`).
+
+    The method Keras runs is wrapped on the instance: a copy (`clone_model`) or a loaded
+    model returns them as made.
+    """
+    kept = _HANDED_BACK.pop(layer, None)
+    if kept is not None:
+        name, own, _ = kept
+        if own is None:
+            vars(layer).pop(name, None)
+        else:
+            setattr(layer, name, own)
+    if caller is None:
+        return
+    name = run_method(layer)
+    own = vars(layer).get(name)  # A method of the user's own, set on the instance.
+    method = getattr(layer, name)
+
+    @functools.wraps(method)
+    def handing_back(*args, **kwargs):
+        outputs = method(*args, **kwargs)
+        dtype = handed_back_dtype(layer)
+        if dtype is None:
+            return outputs
+        return keras.tree.map_structure(lambda value: _cast_floating(value, dtype), outputs)
+
+    setattr(layer, name, handing_back)
+    _HANDED_BACK[layer] = (name, own, weakref.ref(caller))
+
+
+def hand_back_caller(layer: keras.layers.Layer) -> keras.layers.Layer | None:
+    """The layer `layer` hands its outputs back to (`hand_back`), or None."""
+    kept = _HANDED_BACK.get(layer)
+    return kept[2]() if kept else None
+
+
+def handed_back_dtype(layer: keras.layers.Layer) -> str | None:
+    """The dtype `layer` returns its floating outputs in now: its caller's compute dtype,
+    where that differs from its own; else None (as it makes them)."""
+    caller = hand_back_caller(layer)
+    if caller is None:
+        return None
+    dtype = effective_policy(caller).compute_dtype
+    return dtype if dtype != effective_policy(layer).compute_dtype else None
+
+
+def _cast_floating(value: Any, dtype: str) -> Any:
+    if not keras.ops.is_tensor(value) and not isinstance(value, keras.KerasTensor):
+        return value
+    if not keras.backend.is_float_dtype(value.dtype):
+        return value
+    if keras.backend.standardize_dtype(value.dtype) == dtype:
+        return value
+    return keras.ops.cast(value, dtype)
