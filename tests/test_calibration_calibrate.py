@@ -14,7 +14,7 @@ from mpt_keras import PrecisionManifest, Rule, UserInputError
 from mpt_keras.calibration.calibrate import calibrate
 from mpt_keras.calibration.decisions import CalibrationThresholds
 from mpt_keras.calibration.result import format_calibration_table
-from mpt_keras.precision.hand_back import hand_back_caller
+from mpt_keras.precision.hand_back import hand_back_of
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 DATA_ALLOWED = (
@@ -1010,7 +1010,7 @@ def test_a_post_norm_blocks_float32_norm_is_tied_to_nothing_and_the_block_stays_
     assert layers["block"]["reason"].startswith("own ops with tied inner: range fits float16")
     assert layers["block/norm"]["reason"] == "safe default: normalization"
     # Left as found: its manifests' applies hand the norm back only while it runs.
-    assert hand_back_caller(model.get_layer("block").norm) is None
+    assert hand_back_of(model.get_layer("block").norm) is None
     report = result.manifest.apply(model)
     assert report.policies["block"] == "mixed_float16"
     assert {layer.path: layer.returns_dtype for layer in report.layers}["block/norm"] == "float16"

@@ -13,6 +13,7 @@ steps each; tests/test_own_model.py runs launchers as processes.
 import json
 import os
 
+import numpy as np
 import pytest
 from launchers import launch_in_process
 
@@ -113,3 +114,56 @@ def test_a_post_norm_bert_trains_under_the_safe_defaults(tmp_path):
         "transformer_layer_0/feedforward_layer_norm": ("float32", "float16"),
     }
     assert report["output_dtype_mismatches"] == []
+
+
+def _text_inputs(length: int = 8, **names: str) -> dict:
+    tokens = np.random.default_rng(0).integers(1, 60, (2, length)).astype("int32")
+    return {name: tokens if kind == "tokens" else np.ones_like(tokens) for name, kind in names.items()}
+
+
+TEXT = {"token_ids": "tokens", "padding_mask": "mask"}
+SEQ2SEQ = {
+    f"{side}_{name}": kind for side in ("encoder", "decoder") for name, kind in TEXT.items()
+}
+ARGUMENTS = {"vocabulary_size": 64, "num_layers": 2, "num_heads": 2, "hidden_dim": 16}
+# Bare backbones: their last block makes a model output (float32, a safe default).
+POST_NORM_BACKBONES = {
+    "DistilBertBackbone": ({"intermediate_dim": 32, "max_sequence_length": 8}, TEXT),
+    "RobertaBackbone": ({"intermediate_dim": 32, "max_sequence_length": 8}, TEXT),
+    "DebertaV3Backbone": (
+        {"intermediate_dim": 32, "max_sequence_length": 8, "bucket_size": 4},
+        TEXT,
+    ),
+    "BartBackbone": ({"intermediate_dim": 32, "max_sequence_length": 8}, SEQ2SEQ),
+}
+
+
+@pytest.mark.parametrize("name", POST_NORM_BACKBONES)
+def test_post_norm_keras_hub_backbones_train_under_the_safe_defaults(name):
+    # Each adds sublayers' outputs to its residual with `+`: a float32 norm inside a float16
+    # block, or a float16 sublayer inside the float32 block making the output, stopped
+    # TensorFlow at that `+` before they handed their outputs back.
+    import keras
+    import keras_hub
+    import tensorflow as tf
+
+    import mpt_keras
+
+    options, names = POST_NORM_BACKBONES[name]
+    backbone = getattr(keras_hub.models, name)(**ARGUMENTS, **options)
+    inputs = _text_inputs(**names)
+    backbone(inputs)
+    report = mpt_keras.PrecisionManifest.from_dict(
+        {"version": 1, "default": "mixed_float16"}
+    ).apply(backbone)
+
+    with tf.GradientTape() as tape:
+        outputs = keras.tree.flatten(backbone(inputs, training=True))
+        loss = tf.add_n([tf.reduce_mean(tf.square(output)) for output in outputs])
+    gradients = tape.gradient(loss, backbone.trainable_variables)
+
+    assert all(gradient is not None for gradient in gradients)
+    assert {output.dtype for output in outputs} == {tf.float32}
+    assert report.output_dtype_mismatches == ()
+    handed_back = {layer.returns_dtype for layer in report.layers} - {None}
+    assert handed_back == {"float16", "float32"}  # Norms to float16 blocks, widened to the last.

@@ -46,7 +46,7 @@ from mpt_keras.calibration.statistics import (
 from mpt_keras.checks import check_choice, check_number, refusal
 from mpt_keras.keras_bridge.layer_paths import iter_layers
 from mpt_keras.precision.float8 import FLOAT8_LAYER_CLASSES
-from mpt_keras.precision.hand_back import hand_back, hand_back_caller
+from mpt_keras.precision.hand_back import hand_back, hand_back_of
 from mpt_keras.precision.manifest import PrecisionManifest
 from mpt_keras.precision.names import FLOAT8
 from mpt_keras.precision.report import PrecisionReport
@@ -96,9 +96,9 @@ def calibrate(
     if not model.built:
         model(batches[0][0], training=False)
     sites = CalibrationSites(model)
-    # Put back as found: each layer's policy, and the caller a norm hands its output back to.
+    # Put back as found: each layer's policy, and what it hands its outputs back to.
     saved_policies = [
-        (layer, layer.dtype_policy, hand_back_caller(layer)) for _, layer in iter_layers(model)
+        (layer, layer.dtype_policy, hand_back_of(layer)) for _, layer in iter_layers(model)
     ]
     try:
         float32 = PrecisionManifest(default="float32").apply(model)
@@ -106,9 +106,9 @@ def calibrate(
         calibration = _Calibration(model, sites, float32, thresholds, initial_scale, float8, speed)
         return calibration.run(batches, loss, seed)
     finally:
-        for layer, policy, caller in saved_policies:
+        for layer, policy, handed_back in saved_policies:
             compat.replace_dtype_policy(layer, policy)
-            hand_back(layer, caller)
+            hand_back(layer, handed_back)
 
 
 class _Calibration:

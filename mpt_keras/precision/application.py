@@ -1,8 +1,8 @@
 """Setting a manifest's decisions on layers so that they survive saving and building.
 
 A top-level layer whose sublayers differ from it gets a `DTypePolicyMap`; an unbuilt layer
-decides its sublayers when built; a normalization set apart from the block calling it
-hands its outputs back in the block's dtype (`hand_back`).
+decides its sublayers when built; a layer set apart from the block calling it may hand its
+outputs back in the block's dtype (`hand_back`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from mpt_keras import compat
 from mpt_keras.keras_bridge.layer_paths import LayerPath, iter_layers
 from mpt_keras.precision.decisions import Decider, Decision, is_normalization
 from mpt_keras.precision.float8 import check_float8_layer, is_float8
-from mpt_keras.precision.hand_back import hand_back
+from mpt_keras.precision.hand_back import HandBack, hand_back
 from mpt_keras.precision.names import FLOAT8
 
 
@@ -90,16 +90,24 @@ class Application:
         for entry in unit.members():
             # The layer whose `call` calls it: its model's, for the unit itself.
             caller = members.get(entry.path.rpartition("/")[0], entry.models[-1][1])
-            hand_back(entry.layer, caller if self._hands_back(entry.layer, caller) else None)
+            hand_back(entry.layer, self._hand_back_to(entry.layer, caller))
         return decisions
 
-    def _hands_back(self, layer: keras.layers.Layer, caller: keras.layers.Layer) -> bool:
-        """Whether the normalization `layer` hands its outputs back to `caller`: its `call`
-        meets them in raw ops (a graph's next layer casts them itself; the loss reads a
-        model output as it is)."""
-        if not is_normalization(layer) or self.decider.is_model_output(layer):
-            return False
-        return not (isinstance(caller, keras.Model) and compat.graph_calls(caller) is not None)
+    def _hand_back_to(
+        self, layer: keras.layers.Layer, caller: keras.layers.Layer
+    ) -> HandBack | None:
+        """What `layer` hands its outputs back to, where `caller`'s own `call` meets them
+        in raw ops (a graph's next layer casts them itself; the loss reads a model output
+        as it is): a normalization's, and a model output's sublayers' widened."""
+        if self.decider.is_model_output(layer):
+            return None
+        if isinstance(caller, keras.Model) and compat.graph_calls(caller) is not None:
+            return None
+        if is_normalization(layer):
+            return HandBack(caller)
+        if self.decider.is_model_output(caller):
+            return HandBack(caller, widen_only=True)
+        return None
 
     def _policy(self, entry: LayerPath, decision: Decision) -> keras.DTypePolicy:
         """A float8 layer keeps its `float8_from_<default>` policy (holding its float8

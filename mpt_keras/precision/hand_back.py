@@ -1,5 +1,4 @@
-"""A normalization set apart from the block calling it hands its outputs back in the block's
-compute dtype.
+"""A layer set apart from the block calling it hands its outputs back in the block's dtype.
 
 A manifest computes normalization layers in float32 (a safe default), while the block around
 them may compute in bfloat16. Inside a block's own `call` (a keras_hub `TransformerEncoder`,
@@ -10,13 +9,19 @@ JAX promotes (the residual stream, and every op after it, silently float32). So 
 computes in float32 and returns the block's dtype, as Keras' own `LayerNormalization` does
 under a mixed policy: the statistics keep float32, and the output, normalized, fits.
 
-Which norms hand back, and to which caller, is set when a manifest is applied
-(`application.py`); the dtype is read at each call, from the two layers' policies then, so
-that policies set later (calibration's trials, a promotion) are followed.
+The other way round, a block making a model output is float32 (a safe default) around
+sublayers in bfloat16: they hand theirs back widened to float32 (`widen_only`), which
+loses nothing. Any other layer keeps its outputs: a float32 `Dense` may be there for its
+range, which a float16 block would overflow.
+
+Who hands back to whom is set when a manifest is applied (`application.py`); the dtype is
+read at each call, from the two layers' policies then, so that policies set later
+(calibration's trials, a promotion) are followed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import weakref
 from typing import Any
@@ -26,14 +31,24 @@ import keras
 from mpt_keras.keras_bridge.layer_calls import run_method
 from mpt_keras.precision.policies import effective_policy
 
-# {layer: (the method wrapped, what the instance held under its name before, its caller)}.
-_HANDED_BACK: weakref.WeakKeyDictionary[Any, tuple[str, Any, weakref.ref]] = (
+@dataclasses.dataclass(frozen=True)
+class HandBack:
+    """The layer whose `call` a layer hands its outputs back to, and whether only where
+    that widens them to float32."""
+
+    caller: keras.layers.Layer
+    widen_only: bool = False
+
+
+# {layer: (the method wrapped, what the instance held under its name before, the caller
+# (weakly: it holds the layer), widen_only)}.
+_HANDED_BACK: weakref.WeakKeyDictionary[Any, tuple[str, Any, weakref.ref, bool]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def hand_back(layer: keras.layers.Layer, caller: keras.layers.Layer | None) -> None:
-    """Makes `layer` return its floating outputs in `caller`'s compute dtype from now on,
+def hand_back(layer: keras.layers.Layer, to: HandBack | None) -> None:
+    """Makes `layer` return its floating outputs in `to.caller`'s compute dtype from now on,
     where it computes in another; None: as it makes them (undoing an earlier `hand_back`).
 
     The method Keras runs is wrapped on the instance: a copy (`clone_model`) or a loaded
@@ -41,12 +56,12 @@ def hand_back(layer: keras.layers.Layer, caller: keras.layers.Layer | None) -> N
     """
     kept = _HANDED_BACK.pop(layer, None)
     if kept is not None:
-        name, own, _ = kept
+        name, own = kept[:2]
         if own is None:
             vars(layer).pop(name, None)
         else:
             setattr(layer, name, own)
-    if caller is None:
+    if to is None:
         return
     name = run_method(layer)
     own = vars(layer).get(name)  # A method of the user's own, set on the instance.
@@ -61,23 +76,26 @@ def hand_back(layer: keras.layers.Layer, caller: keras.layers.Layer | None) -> N
         return keras.tree.map_structure(lambda value: _cast_floating(value, dtype), outputs)
 
     setattr(layer, name, handing_back)
-    _HANDED_BACK[layer] = (name, own, weakref.ref(caller))
+    _HANDED_BACK[layer] = (name, own, weakref.ref(to.caller), to.widen_only)
 
 
-def hand_back_caller(layer: keras.layers.Layer) -> keras.layers.Layer | None:
-    """The layer `layer` hands its outputs back to (`hand_back`), or None."""
+def hand_back_of(layer: keras.layers.Layer) -> HandBack | None:
+    """What `layer` hands its outputs back to (`hand_back`), or None."""
     kept = _HANDED_BACK.get(layer)
-    return kept[2]() if kept else None
+    caller = kept[2]() if kept else None
+    return HandBack(caller, kept[3]) if caller is not None else None
 
 
 def handed_back_dtype(layer: keras.layers.Layer) -> str | None:
     """The dtype `layer` returns its floating outputs in now: its caller's compute dtype,
-    where that differs from its own; else None (as it makes them)."""
-    caller = hand_back_caller(layer)
-    if caller is None:
+    where that differs from its own (and, `widen_only`, is float32); else None."""
+    to = hand_back_of(layer)
+    if to is None:
         return None
-    dtype = effective_policy(caller).compute_dtype
-    return dtype if dtype != effective_policy(layer).compute_dtype else None
+    dtype = effective_policy(to.caller).compute_dtype
+    if dtype == effective_policy(layer).compute_dtype or (to.widen_only and dtype != "float32"):
+        return None
+    return dtype
 
 
 def _cast_floating(value: Any, dtype: str) -> Any:

@@ -34,8 +34,8 @@ class LayerPrecision:
     """One layer in a `PrecisionReport`: the `policy` it computes with (through a
     `DTypePolicyMap`), its `output_dtype` in the traced pass (None if not called or no
     tensor), and `decided_by`: `rules[<i>] (<match>)`, `safe default: <kind>` or `default`.
-    `returns_dtype`: the dtype a normalization hands back to the block calling it, where
-    that block computes in another (`hand_back`); None: its outputs as it makes them."""
+    `returns_dtype`: the dtype it hands its outputs back in to the block calling it, which
+    computes in that one (`hand_back`); None: its outputs as it makes them."""
 
     path: str
     layer_class: str
@@ -101,7 +101,7 @@ class PrecisionReport:
 
     def format_table(self) -> str:
         """The layers as an aligned table (path, class, policy, decided_by), mismatches and
-        the dtype a norm hands back to its block marked."""
+        the dtype a layer hands back to its block marked."""
         rows = [("path", "class", "policy", "decided_by", "")] + [
             (
                 layer.path,
@@ -135,7 +135,7 @@ def precision_report(
     change); None if the model is not built or the trace fails (logged). A mismatch is a
     floating tensor the layer itself made in another dtype than it computes in (a float32
     NumPy constant mixed into bfloat16), not one it was given or a sublayer returned, nor
-    the dtype a normalization hands back to its block (`returns_dtype`).
+    the dtype a layer hands back to its block (`returns_dtype`).
 
     `inputs`: example inputs or specs (`keras.Input`, `tf.TensorSpec`) as the model takes
     them; default a functional or Sequential model's own (a subclassed model has none).

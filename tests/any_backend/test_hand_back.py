@@ -13,7 +13,7 @@ import pytest
 
 import mpt_keras
 from mpt_keras import compat
-from mpt_keras.precision.hand_back import hand_back, hand_back_caller, handed_back_dtype
+from mpt_keras.precision.hand_back import HandBack, hand_back, hand_back_of, handed_back_dtype
 
 BFLOAT16 = mpt_keras.PrecisionManifest.from_dict({"version": 1, "default": "mixed_bfloat16"})
 # LayerNormalization of [1, 2, 3, 4] (epsilon 1e-3, gamma 1, beta 0) is [-1.3411, -0.4470,
@@ -131,6 +131,39 @@ def test_the_dtype_handed_back_follows_policies_set_later():
         assert keras.backend.standardize_dtype(block(_x()).dtype) == dtype
 
 
+def test_a_block_making_the_model_output_gets_its_sublayers_outputs_widened():
+    # The block is float32 (the model's output), its Dense bfloat16: the `+` takes the
+    # Dense's output widened to float32; the norm, float32 as the block, keeps its own.
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, PostNormBlock(name="block")(inputs))
+    report = BFLOAT16.apply(model)
+
+    assert {layer.path: (layer.policy, layer.returns_dtype) for layer in report.layers} == {
+        "block": ("float32", None),
+        "block/norm": ("float32", None),
+        "block/dense": ("mixed_bfloat16", "float32"),
+    }
+    assert report.output_dtype_mismatches == ()
+    outputs = model(_x())
+    assert keras.backend.standardize_dtype(outputs.dtype) == "float32"
+    # The norm's float32 output, plus the identity Dense's (its bfloat16 rounding), widened.
+    normed = keras.ops.convert_to_numpy(model.get_layer("block").norm(_x()))
+    assert normed.dtype == np.float32
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(outputs), normed + np.array([NORMALIZED_IN_BFLOAT16], "float32")
+    )
+    # Set lower, by a rule, the block computes in bfloat16 too: nothing to widen.
+    lower = mpt_keras.PrecisionManifest.from_dict(
+        {
+            "version": 1,
+            "default": "mixed_bfloat16",
+            "rules": [{"match": {"path": "block"}, "policy": "mixed_float16"}],
+        }
+    )
+    lower.apply(model)
+    assert handed_back_dtype(model.get_layer("block").dense) is None  # Only ever widened.
+
+
 def test_nothing_is_handed_back_where_no_block_meets_it():
     subclassed = NormOutputModel()
     subclassed(_x())
@@ -162,7 +195,7 @@ def test_applying_again_wraps_once_and_undoing_keeps_a_call_of_the_users_own(own
 
     BFLOAT16.apply(model)
     BFLOAT16.apply(model)
-    assert hand_back_caller(norm) is model.get_layer("block")
+    assert hand_back_of(norm) == HandBack(model.get_layer("block"))
     # Wrapped once, around the user's own call or the class's.
     own = before if own_call else keras.layers.LayerNormalization.call.__get__(norm)
     assert vars(norm)["call"].__wrapped__ == own
@@ -172,5 +205,5 @@ def test_applying_again_wraps_once_and_undoing_keeps_a_call_of_the_users_own(own
     assert handed_back_dtype(norm) is None  # bfloat16 as its block: nothing to hand back.
     hand_back(norm, None)
 
-    assert hand_back_caller(norm) is None
+    assert hand_back_of(norm) is None
     assert vars(norm).get("call") is before
