@@ -355,3 +355,58 @@ def test_an_unbuilt_model_is_refused(tmp_path, write):
     assert str(raised.value) == (
         "Model 'unbuilt' is not built: call it on a batch or build it before saving it for serving"
     )
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class _NormBlock(keras.layers.Layer):
+    """Post-norm (`normed + dense(normed)` by `keras.ops.add`, which promotes mixed dtypes on
+    both backends) or pre-norm (`inputs + dense(norm(inputs))`)."""
+
+    def __init__(self, post_norm: bool, **kwargs):
+        super().__init__(**kwargs)
+        self.post_norm = post_norm
+        self.norm = keras.layers.LayerNormalization(name="norm", dtype=self.dtype_policy)
+        self.dense = keras.layers.Dense(4, name="dense", dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        self.norm.build(input_shape)
+        self.dense.build(input_shape)
+
+    def call(self, inputs):
+        if self.post_norm:
+            normed = self.norm(inputs)
+            return keras.ops.add(normed, self.dense(normed))
+        return inputs + self.dense(self.norm(inputs))
+
+    def get_config(self):
+        return {**super().get_config(), "post_norm": self.post_norm}
+
+
+def _norm_block_model(post_norm: bool) -> keras.Model:
+    with global_policy("mixed_bfloat16"):
+        inputs = keras.Input((4,))
+        block = _NormBlock(post_norm, name="block")(inputs)
+        model = keras.Model(inputs, keras.layers.Dense(2, name="logits")(block), name="blocks")
+    mpt_keras.PrecisionManifest(default="mixed_bfloat16").apply(model)
+    return model
+
+
+def test_a_norm_handing_back_to_a_post_norm_block_is_refused_a_pre_norm_one_served(tmp_path):
+    # The float32 norm hands bfloat16 back to its block only with mpt_keras. Loaded without
+    # it, the post-norm block adds the norm's float32 output: other outputs (with a raw `+`,
+    # TensorFlow would not even load it back); the pre-norm block's Dense casts it anyway.
+    post, pre = _norm_block_model(post_norm=True), _norm_block_model(post_norm=False)
+
+    with pytest.raises(serving.NotServableError) as raised:
+        serving.save_for_serving(post, tmp_path / "post.keras")
+    serving.save_for_serving(pre, tmp_path / "pre.keras")
+
+    assert str(raised.value) == (
+        "Cannot save model 'blocks' for serving: layer 'block/norm' hands its outputs back to "
+        "its block in the block's dtype, which only mpt_keras does: without it the loaded "
+        "model computes other outputs; serve the SavedModel of export_saved_model"
+    )
+    assert os.listdir(tmp_path) == ["pre.keras"]
+    loaded = keras.saving.load_model(tmp_path / "pre.keras")
+    inputs = np.random.default_rng(2).normal(size=(5, 4)).astype("float32")
+    np.testing.assert_array_equal(loaded.predict(inputs, verbose=0), pre.predict(inputs, verbose=0))

@@ -21,6 +21,7 @@ from typing import Any
 
 import h5py
 import keras
+import numpy as np
 
 from mpt_keras.precision.policies import global_policy
 from mpt_keras.precision.report import LayerPrecision, precision_report
@@ -49,8 +50,9 @@ def save_for_serving(model: keras.Model, path: str | os.PathLike) -> None:
     (`dtype=self.dtype_policy`); else use `export_saved_model`.
 
     Raises:
-        NotServableError: The config refers to mpt_keras, the file does not load back, or a
-            layer would compute in another dtype.
+        NotServableError: The config refers to mpt_keras, the file does not load back, a
+            layer would compute in another dtype, or, where a layer hands its outputs back
+            to its block (`precision/hand_back.py`), the loaded model computes other outputs.
         ValueError: `path` does not end in `.keras`, or the model is not built.
     """
     path = os.fspath(path)
@@ -172,6 +174,13 @@ def _check_loads_as_trained(model: keras.Model, path: str) -> None:
             ) from error
     trained = precision_report(model, trace=False).layers
     served = precision_report(loaded, trace=False).layers
+    _check_dtypes_as_trained(model, trained, served)
+    _check_outputs_without_hand_backs(model, loaded, trained)
+
+
+def _check_dtypes_as_trained(
+    model: keras.Model, trained: tuple[LayerPrecision, ...], served: tuple[LayerPrecision, ...]
+) -> None:
     for before, after in itertools.zip_longest(trained, served):
         if before is None:
             raise NotServableError(
@@ -186,6 +195,52 @@ def _check_loads_as_trained(model: keras.Model, path: str) -> None:
                 "model must create it with its policy, e.g. dtype=self.dtype_policy; or "
                 "serve the SavedModel of export_saved_model)"
             )
+
+
+def _check_outputs_without_hand_backs(
+    model: keras.Model, loaded: keras.Model, trained: tuple[LayerPrecision, ...]
+) -> None:
+    """A layer handing its outputs back to its block in another dtype (a float32 norm in a
+    bfloat16 block: `precision/hand_back.py`) does so only with mpt_keras. Where the next
+    layer casts them anyway (a pre-norm block) the loaded model computes the same outputs;
+    where its block adds them with `+` (a post-norm block), not, or it fails on TensorFlow.
+    So the two are run on one probe input (ones and Gaussians, each open dimension 1)."""
+    handing = [layer.path for layer in trained if layer.returns_dtype]
+    if not handing:
+        return
+    refused = (
+        f"Cannot save model '{model.name}' for serving: layer '{handing[0]}' hands its "
+        "outputs back to its block in the block's dtype, which only mpt_keras does"
+    )
+    advice = "; serve the SavedModel of export_saved_model"
+    if not getattr(model, "inputs", None):
+        raise NotServableError(f"{refused}, and a subclassed model has no inputs to probe{advice}")
+    probe = keras.tree.map_structure(_probe_value, model.input)
+    try:
+        expected = keras.tree.flatten(model(probe, training=False))
+        served = keras.tree.flatten(loaded(probe, training=False))
+    except Exception as error:  # The loaded model's, as a caller would meet it.
+        raise NotServableError(
+            f"{refused}: without it the loaded model fails ({_root_cause(error)}){advice}"
+        ) from error
+    for before, after in zip(expected, served, strict=True):
+        before, after = (_as_float64(value) for value in (before, after))
+        if not np.allclose(before, after, rtol=1e-6, atol=1e-6, equal_nan=True):
+            raise NotServableError(
+                f"{refused}: without it the loaded model computes other outputs{advice}"
+            )
+
+
+def _as_float64(tensor: Any) -> np.ndarray:
+    return np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(tensor, "float32")), np.float64)
+
+
+def _probe_value(tensor: keras.KerasTensor) -> Any:
+    shape = tuple(1 if size is None else size for size in tensor.shape)
+    if keras.backend.is_float_dtype(tensor.dtype):
+        values = np.random.default_rng(0).normal(size=shape).astype("float32")
+        return keras.ops.convert_to_tensor(values, dtype=tensor.dtype)
+    return keras.ops.ones(shape, tensor.dtype)
 
 
 def _root_cause(error: BaseException) -> str:
