@@ -402,11 +402,43 @@ def test_a_norm_handing_back_to_a_post_norm_block_is_refused_a_pre_norm_one_serv
     serving.save_for_serving(pre, tmp_path / "pre.keras")
 
     assert str(raised.value) == (
-        "Cannot save model 'blocks' for serving: layer 'block/norm' hands its outputs back to "
-        "its block in the block's dtype, which only mpt_keras does: without it the loaded "
-        "model computes other outputs; serve the SavedModel of export_saved_model"
+        "Cannot save model 'blocks' for serving: its layers 'block/norm' hand their outputs "
+        "back to their blocks in the blocks' dtype, which only mpt_keras does: without it the "
+        "loaded model computes other outputs; serve the SavedModel of export_saved_model"
     )
     assert os.listdir(tmp_path) == ["pre.keras"]
     loaded = keras.saving.load_model(tmp_path / "pre.keras")
     inputs = np.random.default_rng(2).normal(size=(5, 4)).astype("float32")
     np.testing.assert_array_equal(loaded.predict(inputs, verbose=0), pre.predict(inputs, verbose=0))
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class _NormInItsCall(keras.Model):
+    """A subclassed model creating its norm and head float32 itself: loaded, each layer
+    computes as trained, yet its norm hands bfloat16 back to it only with mpt_keras."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = keras.layers.Dense(4, name="hidden", dtype=self.dtype_policy)
+        self.norm = keras.layers.LayerNormalization(name="norm", dtype="float32")
+        self.logits = keras.layers.Dense(2, name="logits", dtype="float32")
+
+    def call(self, inputs):
+        hidden = self.hidden(inputs)
+        return self.logits(hidden + self.norm(hidden))
+
+
+def test_a_subclassed_model_whose_norm_hands_back_is_refused_as_unprobed(tmp_path):
+    model = _NormInItsCall(dtype="mixed_bfloat16", name="subclassed")
+    mpt_keras.PrecisionManifest(default="mixed_bfloat16").apply(model)
+    model(np.zeros((1, 4), "float32"))  # Without mpt_keras, TensorFlow's `+` would raise.
+
+    with pytest.raises(serving.NotServableError) as raised:
+        serving.save_for_serving(model, tmp_path / "serving.keras")
+
+    assert str(raised.value) == (
+        "Cannot save model 'subclassed' for serving: its layers 'norm' hand their outputs "
+        "back to their blocks in the blocks' dtype, which only mpt_keras does, and a "
+        "subclassed model has no inputs to probe; serve the SavedModel of export_saved_model"
+    )
+    assert os.listdir(tmp_path) == []

@@ -40,10 +40,12 @@ class PostNormBlock(keras.layers.Layer):
     """`normed + inner(normed)` with `normed = norm(inputs)`: the norm's output meets the
     block's in TensorFlow's `+`, as in BERT's post-norm blocks."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, kernel_initializer: str = "glorot_uniform", **kwargs):
         super().__init__(**kwargs)
         self.norm = keras.layers.LayerNormalization(name="norm", dtype=self.dtype_policy)
-        self.inner = keras.layers.Dense(4, name="inner", dtype=self.dtype_policy)
+        self.inner = keras.layers.Dense(
+            4, kernel_initializer=kernel_initializer, name="inner", dtype=self.dtype_policy
+        )
 
     def build(self, input_shape):
         self.norm.build(input_shape)

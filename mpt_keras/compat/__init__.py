@@ -14,7 +14,8 @@ names this Keras no longer has.
                       `symbolic_build`, `replace_maybe_symbolic_build`,
                       `restore_maybe_symbolic_build`, `in_multi_worker_mode`
     layers.py         `replace_dtype_policy`, `direct_sublayers`, `producing_layer`,
-                      `producing_node`, `graph_calls`, `call_records_restored`
+                      `producing_node`, `runs_graph`, `graph_calls`,
+                      `call_records_restored`
     jax_trainer.py    `update_metrics_variables`, `is_keras_jax_train_step` (the JAX
                       loss-scaling train step)
     data.py           `dataset_inputs`: the chain of a tf.data pipeline
@@ -40,6 +41,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; loaded lazily below
         producing_layer,
         producing_node,
         replace_dtype_policy,
+        runs_graph,
     )
     from mpt_keras.compat.optimizers import (
         called_cond,
@@ -85,6 +87,7 @@ _HOMES = {
     "replace_dtype_policy": "layers",
     "replace_maybe_symbolic_build": "trainer",
     "restore_maybe_symbolic_build": "trainer",
+    "runs_graph": "layers",
     "skip_stock_build": "keras_optimizers",
     "symbolic_build": "trainer",
     "unscale_loss_for_distribution": "trainer",

@@ -52,17 +52,22 @@ def call_records_restored(layers: Iterable[keras.layers.Layer]) -> Iterator[None
             layer._losses[:] = losses
 
 
+def runs_graph(layer: keras.layers.Layer) -> bool:
+    """Whether `layer` is a functional or Sequential model whose `call` is Keras' (it runs
+    its graph of layers, built or not), not a layer's or subclass's own code."""
+    if isinstance(layer, keras.Sequential):
+        return type(layer).call is keras.Sequential.call
+    functional = importlib.import_module("keras.src.models.functional").Functional
+    return isinstance(layer, functional) and type(layer).call is functional.call
+
+
 def graph_calls(model: keras.Model) -> list[Any] | None:
     """The calls (nodes) `model`'s own `call` runs from its graph, in order (deepest first),
     inputs left out; None where it runs none (a layer, a subclassed model or one with its own
     `call`, an unbuilt Sequential)."""
-    functional = importlib.import_module("keras.src.models.functional").Functional
-    if isinstance(model, keras.Sequential):
-        graph = model._functional if type(model).call is keras.Sequential.call else None
-    elif isinstance(model, functional) and type(model).call is functional.call:
-        graph = model
-    else:
-        graph = None
+    if not runs_graph(model):
+        return None
+    graph = model._functional if isinstance(model, keras.Sequential) else model
     if graph is None:
         return None
     by_depth = graph._nodes_by_depth

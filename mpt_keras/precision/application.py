@@ -59,6 +59,8 @@ class Application:
         """Args: `default`, the manifest's default (a float8 layer computes in it)."""
         self.decider = decider
         self._default = default
+        # Each layer's caller by id: the first found, None once another is (a shared layer).
+        self._callers: dict[int, keras.layers.Layer | None] = {}
 
     def apply_to_unit(self, unit: Unit) -> dict[str, Decision]:
         """Sets the policies of `unit`'s members; returns `{path: decision}`."""
@@ -98,10 +100,13 @@ class Application:
     ) -> HandBack | None:
         """What `layer` hands its outputs back to, where `caller`'s own `call` meets them
         in raw ops (a graph's next layer casts them itself; the loss reads a model output
-        as it is): a normalization's, and a model output's sublayers' widened."""
-        if self.decider.is_model_output(layer):
+        as it is): a normalization's, and a model output's sublayers' widened. A layer
+        several layers call (shared) hands back to none: one dtype cannot serve them all."""
+        if self._callers.setdefault(id(layer), caller) is not caller:
+            self._callers[id(layer)] = None  # Shared, for good.
+        if self._callers[id(layer)] is None or self.decider.is_model_output(layer):
             return None
-        if isinstance(caller, keras.Model) and compat.graph_calls(caller) is not None:
+        if compat.runs_graph(caller):
             return None
         if is_normalization(layer):
             return HandBack(caller)

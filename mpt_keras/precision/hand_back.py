@@ -16,7 +16,8 @@ range, which a float16 block would overflow.
 
 Who hands back to whom is set when a manifest is applied (`application.py`); the dtype is
 read at each call, from the two layers' policies then, so that policies set later
-(calibration's trials, a promotion) are followed.
+(calibration's trials, a promotion) are followed. Both methods Keras may run are wrapped
+(`call`, and `quantized_call` once a layer is quantized, even after the manifest).
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ from typing import Any
 
 import keras
 
-from mpt_keras.keras_bridge.layer_calls import run_method
 from mpt_keras.precision.policies import effective_policy
+
+_METHODS = ("call", "quantized_call")
+
 
 @dataclasses.dataclass(frozen=True)
 class HandBack:
@@ -40,9 +43,9 @@ class HandBack:
     widen_only: bool = False
 
 
-# {layer: (the method wrapped, what the instance held under its name before, the caller
-# (weakly: it holds the layer), widen_only)}.
-_HANDED_BACK: weakref.WeakKeyDictionary[Any, tuple[str, Any, weakref.ref, bool]] = (
+# {layer: (the caller, weakly (it holds the layer), widen_only, the methods the instance
+# held itself before)}. Nothing in a value holds the layer: the entry goes with it.
+_HANDED_BACK: weakref.WeakKeyDictionary[Any, tuple[weakref.ref, bool, tuple[str, ...]]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -51,39 +54,28 @@ def hand_back(layer: keras.layers.Layer, to: HandBack | None) -> None:
     """Makes `layer` return its floating outputs in `to.caller`'s compute dtype from now on,
     where it computes in another; None: as it makes them (undoing an earlier `hand_back`).
 
-    The method Keras runs is wrapped on the instance: a copy (`clone_model`) or a loaded
+    The methods Keras runs are wrapped on the instance: a copy (`clone_model`) or a loaded
     model returns them as made.
     """
     kept = _HANDED_BACK.pop(layer, None)
     if kept is not None:
-        name, own = kept[:2]
-        if own is None:
-            vars(layer).pop(name, None)
-        else:
-            setattr(layer, name, own)
+        for name in _METHODS:
+            wrapper = vars(layer).pop(name, None)
+            if name in kept[2]:  # A method of the user's own, wrapped: put back.
+                setattr(layer, name, wrapper.__wrapped__)
     if to is None:
         return
-    name = run_method(layer)
-    own = vars(layer).get(name)  # A method of the user's own, set on the instance.
-    method = getattr(layer, name)
-
-    @functools.wraps(method)
-    def handing_back(*args, **kwargs):
-        outputs = method(*args, **kwargs)
-        dtype = handed_back_dtype(layer)
-        if dtype is None:
-            return outputs
-        return keras.tree.map_structure(lambda value: _cast_floating(value, dtype), outputs)
-
-    setattr(layer, name, handing_back)
-    _HANDED_BACK[layer] = (name, own, weakref.ref(to.caller), to.widen_only)
+    owned = tuple(name for name in _METHODS if name in vars(layer))
+    for name in _METHODS:
+        setattr(layer, name, _handing_back(layer, getattr(layer, name)))
+    _HANDED_BACK[layer] = (weakref.ref(to.caller), to.widen_only, owned)
 
 
 def hand_back_of(layer: keras.layers.Layer) -> HandBack | None:
     """What `layer` hands its outputs back to (`hand_back`), or None."""
     kept = _HANDED_BACK.get(layer)
-    caller = kept[2]() if kept else None
-    return HandBack(caller, kept[3]) if caller is not None else None
+    caller = kept[0]() if kept else None
+    return HandBack(caller, kept[1]) if caller is not None else None
 
 
 def handed_back_dtype(layer: keras.layers.Layer) -> str | None:
@@ -96,6 +88,18 @@ def handed_back_dtype(layer: keras.layers.Layer) -> str | None:
     if dtype == effective_policy(layer).compute_dtype or (to.widen_only and dtype != "float32"):
         return None
     return dtype
+
+
+def _handing_back(layer: keras.layers.Layer, method: Any) -> Any:
+    @functools.wraps(method)
+    def handing_back(*args, **kwargs):
+        outputs = method(*args, **kwargs)
+        dtype = handed_back_dtype(layer)
+        if dtype is None:
+            return outputs
+        return keras.tree.map_structure(lambda value: _cast_floating(value, dtype), outputs)
+
+    return handing_back
 
 
 def _cast_floating(value: Any, dtype: str) -> Any:

@@ -172,9 +172,7 @@ def precision_report(
     )
 
 
-def _output_dtype(
-    returned: Sequence[tuple[str, bool]], expected: str
-) -> tuple[str | None, bool]:
+def _output_dtype(returned: Sequence[tuple[str, bool]], expected: str) -> tuple[str | None, bool]:
     """A layer's output dtype, and whether it made a floating one other than `expected`,
     from `(dtype, made by the layer)` per tensor it returned."""
     if keras.backend.is_float_dtype(expected):

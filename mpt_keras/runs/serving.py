@@ -208,9 +208,10 @@ def _check_outputs_without_hand_backs(
     handing = [layer.path for layer in trained if layer.returns_dtype]
     if not handing:
         return
+    named = ", ".join(f"'{path}'" for path in handing[:3]) + (" ..." if handing[3:] else "")
     refused = (
-        f"Cannot save model '{model.name}' for serving: layer '{handing[0]}' hands its "
-        "outputs back to its block in the block's dtype, which only mpt_keras does"
+        f"Cannot save model '{model.name}' for serving: its layers {named} hand their outputs "
+        "back to their blocks in the blocks' dtype, which only mpt_keras does"
     )
     advice = "; serve the SavedModel of export_saved_model"
     if not getattr(model, "inputs", None):
@@ -218,8 +219,14 @@ def _check_outputs_without_hand_backs(
     probe = keras.tree.map_structure(_probe_value, model.input)
     try:
         expected = keras.tree.flatten(model(probe, training=False))
+    except Exception as error:
+        raise NotServableError(
+            f"{refused}, and the trained model fails on a probe input (ones and Gaussians, "
+            f"each open dimension 1: {_root_cause(error)}){advice}"
+        ) from error
+    try:
         served = keras.tree.flatten(loaded(probe, training=False))
-    except Exception as error:  # The loaded model's, as a caller would meet it.
+    except Exception as error:  # As a caller would meet it.
         raise NotServableError(
             f"{refused}: without it the loaded model fails ({_root_cause(error)}){advice}"
         ) from error

@@ -10,6 +10,7 @@ and all after it, to float32.
 import keras
 import numpy as np
 import pytest
+from toy_layers import PostNormBlock
 
 import mpt_keras
 from mpt_keras import compat
@@ -19,23 +20,6 @@ BFLOAT16 = mpt_keras.PrecisionManifest.from_dict({"version": 1, "default": "mixe
 # LayerNormalization of [1, 2, 3, 4] (epsilon 1e-3, gamma 1, beta 0) is [-1.3411, -0.4470,
 # 0.4470, 1.3411] in float32; rounded to bfloat16 (8 significant bits):
 NORMALIZED_IN_BFLOAT16 = [-1.34375, -0.447265625, 0.447265625, 1.34375]
-
-
-class PostNormBlock(keras.layers.Layer):
-    """`norm(x) + dense(norm(x))`: the norm's output meets the block's in a raw `+`."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.norm = keras.layers.LayerNormalization(name="norm")
-        self.dense = keras.layers.Dense(4, kernel_initializer="identity", name="dense")
-
-    def build(self, input_shape):
-        self.norm.build(input_shape)
-        self.dense.build(input_shape)
-
-    def call(self, inputs):
-        normed = self.norm(inputs)
-        return normed + self.dense(normed)
 
 
 class NormOutputModel(keras.Model):
@@ -52,7 +36,7 @@ class NormOutputModel(keras.Model):
 
 def _model() -> keras.Model:
     inputs = keras.Input((4,))
-    block = PostNormBlock(name="block")(inputs)
+    block = PostNormBlock("identity", name="block")(inputs)
     normed = keras.layers.LayerNormalization(name="final_norm")(block)
     return keras.Model(inputs, keras.layers.Dense(2, name="logits")(normed))
 
@@ -69,14 +53,14 @@ def test_a_post_norm_block_runs_and_stays_in_its_dtype():
     assert outputs == {
         "block": "bfloat16",  # Not float32: the norm hands back bfloat16.
         "block/norm": "bfloat16",
-        "block/dense": "bfloat16",
+        "block/inner": "bfloat16",
         "final_norm": "float32",  # In the model's graph: the next layer casts its inputs.
         "logits": "float32",
     }
     assert {layer.path: layer.returns_dtype for layer in report.layers} == {
         "block": None,
         "block/norm": "bfloat16",
-        "block/dense": None,
+        "block/inner": None,
         "final_norm": None,
         "logits": None,
     }
@@ -90,7 +74,7 @@ def test_a_post_norm_block_runs_and_stays_in_its_dtype():
     assert keras.ops.convert_to_numpy(model(_x())).dtype == np.float32
 
 
-def test_the_norm_computes_in_float32_and_its_output_is_rounded_once():
+def test_the_norms_float32_output_is_rounded_once_to_the_blocks_dtype():
     model = _model()
     BFLOAT16.apply(model)
     norm = model.get_layer("block").norm
@@ -124,7 +108,7 @@ def test_the_dtype_handed_back_follows_policies_set_later():
     block = model.get_layer("block")
 
     for policy in ("mixed_float16", "float32"):
-        for layer in (block, block.dense):
+        for layer in (block, block.inner):
             compat.replace_dtype_policy(layer, keras.DTypePolicy(policy))
         dtype = keras.DTypePolicy(policy).compute_dtype
         assert handed_back_dtype(block.norm) == (None if dtype == "float32" else dtype)
@@ -135,13 +119,13 @@ def test_a_block_making_the_model_output_gets_its_sublayers_outputs_widened():
     # The block is float32 (the model's output), its Dense bfloat16: the `+` takes the
     # Dense's output widened to float32; the norm, float32 as the block, keeps its own.
     inputs = keras.Input((4,))
-    model = keras.Model(inputs, PostNormBlock(name="block")(inputs))
+    model = keras.Model(inputs, PostNormBlock("identity", name="block")(inputs))
     report = BFLOAT16.apply(model)
 
     assert {layer.path: (layer.policy, layer.returns_dtype) for layer in report.layers} == {
         "block": ("float32", None),
         "block/norm": ("float32", None),
-        "block/dense": ("mixed_bfloat16", "float32"),
+        "block/inner": ("mixed_bfloat16", "float32"),
     }
     assert report.output_dtype_mismatches == ()
     outputs = model(_x())
@@ -161,7 +145,7 @@ def test_a_block_making_the_model_output_gets_its_sublayers_outputs_widened():
         }
     )
     lower.apply(model)
-    assert handed_back_dtype(model.get_layer("block").dense) is None  # Only ever widened.
+    assert handed_back_dtype(model.get_layer("block").inner) is None  # Only ever widened.
 
 
 def test_nothing_is_handed_back_where_no_block_meets_it():
@@ -207,3 +191,73 @@ def test_applying_again_wraps_once_and_undoing_keeps_a_call_of_the_users_own(own
 
     assert hand_back_of(norm) is None
     assert vars(norm).get("call") is before
+
+
+def test_a_sequential_built_after_the_manifest_runs_its_graph_and_hands_nothing_back():
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(4), keras.layers.LayerNormalization(name="norm")]
+        + [keras.layers.Dense(2, name="logits")]
+    )
+    unbuilt = keras.Sequential(model.layers[:], name="unbuilt")  # The same layers.
+    report = BFLOAT16.apply(unbuilt)
+
+    unbuilt(_x())
+
+    assert hand_back_of(unbuilt.get_layer("norm")) is None
+    assert report.policies["norm"] == "float32"
+
+
+def test_a_layer_quantized_after_the_manifest_still_hands_back():
+    # As benchmarks/stacks.py: `to_float8` after `apply`; Keras then runs `quantized_call`.
+    from mpt_keras.precision.float8 import to_float8
+
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, PostNormBlock("identity", name="block")(inputs))
+    model(_x())
+    BFLOAT16.apply(model)
+
+    to_float8(model, ["block/inner"])
+
+    assert handed_back_dtype(model.get_layer("block").inner) == "float32"
+    assert keras.backend.standardize_dtype(model(_x()).dtype) == "float32"
+
+
+class _AroundANorm(keras.layers.Layer):
+    """`normed + dense(normed)` around a norm it is given (shared with another block)."""
+
+    def __init__(self, norm: keras.layers.Layer, **kwargs):
+        super().__init__(**kwargs)
+        self.norm = norm
+        self.dense = keras.layers.Dense(4, name="dense")
+
+    def call(self, inputs):
+        normed = self.norm(inputs)
+        return normed + self.dense(normed)
+
+
+def test_a_norm_two_blocks_call_hands_nothing_back():
+    shared = keras.layers.LayerNormalization(name="shared_norm")
+    inputs = keras.Input((4,))
+    first, second = _AroundANorm(shared, name="first"), _AroundANorm(shared, name="second")
+    model = keras.Model(inputs, keras.layers.Dense(2, name="logits")(second(first(inputs))))
+
+    BFLOAT16.apply(model)
+
+    assert hand_back_of(shared) is None  # One dtype could not serve both.
+    assert hand_back_of(first.dense) is None
+
+
+def test_a_layer_and_its_own_call_are_freed_with_the_model():
+    import gc
+    import weakref
+
+    model = _model()
+    norm = model.get_layer("block").norm
+    norm.call = keras.layers.LayerNormalization.call.__get__(norm)  # Holds the layer.
+    BFLOAT16.apply(model)
+    freed = weakref.ref(norm)
+
+    del model, norm
+    gc.collect()
+
+    assert freed() is None
