@@ -34,6 +34,7 @@ _CONFIG_ENTRY = "config.json"
 _WEIGHTS_ENTRY = "model.weights.h5"
 _OPTIMIZER_GROUP = "optimizer"
 _PACKAGE = "mpt_keras"
+_PROBE_ROWS = 8  # Rows of the probe input: one row alone may round the same both ways.
 
 
 class NotServableError(ValueError):
@@ -204,7 +205,8 @@ def _check_outputs_without_hand_backs(
     bfloat16 block: `precision/hand_back.py`) does so only with mpt_keras. Where the next
     layer casts them anyway (a pre-norm block) the loaded model computes the same outputs;
     where its block adds them with `+` (a post-norm block), not, or it fails on TensorFlow.
-    So the two are run on one probe input (ones and Gaussians, each open dimension 1)."""
+    So the two are run on one probe input: ones and Gaussians, a batch of `_PROBE_ROWS`, each
+    other open dimension 1."""
     handing = [layer.path for layer in trained if layer.returns_dtype]
     if not handing:
         return
@@ -222,7 +224,7 @@ def _check_outputs_without_hand_backs(
     except Exception as error:
         raise NotServableError(
             f"{refused}, and the trained model fails on a probe input (ones and Gaussians, "
-            f"each open dimension 1: {_root_cause(error)}){advice}"
+            f"a batch of {_PROBE_ROWS}, each other open dimension 1: {_root_cause(error)}){advice}"
         ) from error
     try:
         served = keras.tree.flatten(loaded(probe, training=False))
@@ -243,7 +245,10 @@ def _as_float64(tensor: Any) -> np.ndarray:
 
 
 def _probe_value(tensor: keras.KerasTensor) -> Any:
-    shape = tuple(1 if size is None else size for size in tensor.shape)
+    shape = tuple(
+        (_PROBE_ROWS if axis == 0 else 1) if size is None else size
+        for axis, size in enumerate(tensor.shape)
+    )
     if keras.backend.is_float_dtype(tensor.dtype):
         values = np.random.default_rng(0).normal(size=shape).astype("float32")
         return keras.ops.convert_to_tensor(values, dtype=tensor.dtype)
