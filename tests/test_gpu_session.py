@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -92,28 +92,30 @@ def test_the_dry_run_runs_every_step_and_sends_back_at_most_eight_files(tmp_path
         cwd=REPO, capture_output=True, text=True, timeout=400,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    today = datetime.date.today().isoformat()
-    record = json.loads((tmp_path / f"gpu_session_{today}.json").read_text())
+    # Each file is named by the day it was written: a run across midnight names two days.
+    files = sorted(
+        re.sub(r"\d{4}-\d{2}-\d{2}", "<day>", os.path.relpath(os.path.join(folder, name), tmp_path))
+        for folder, _, names in os.walk(tmp_path)
+        for name in names
+    )
+    (record_file,) = tmp_path.glob("gpu_session_*.json")
+    record = json.loads(record_file.read_text())
     outcomes = {step["step"]: step["outcome"] for step in record["steps"]}
     # Two steps of training leave near-uniform logits: the float8 candidate fails the gate
     # (docs/precision.md, Float8); the 50 steps of the GPU run pass it.
     assert outcomes.pop("validate") == "failed: exit status 1"
     ran = ["mlp", "transformer", "mlp_cublas", "mlp_2048", "mlp_768"]
     assert outcomes == dict.fromkeys(ran, "ok")
-    files = sorted(
-        os.path.relpath(os.path.join(folder, name), tmp_path)
-        for folder, _, names in os.walk(tmp_path)
-        for name in names
-    )
     assert files == sorted([
-        f"gpu_session_{today}.json",
-        f"mlp/float8_mlp_{today}_cpu.json",
-        f"transformer/gpu_{today}_cpu.json",
-        f"mlp_cublas/float8_mlp_{today}_cpu.json",
+        "gpu_session_<day>.json",
+        "mlp/float8_mlp_<day>_cpu.json",
+        "transformer/gpu_<day>_cpu.json",
+        "mlp_cublas/float8_mlp_<day>_cpu.json",
         "validate/lm_float8.json",
         "validate/lm_float8.txt",
-        f"mlp_2048/float8_mlp_{today}_cpu.json",
-        f"mlp_768/float8_mlp_{today}_cpu.json",
+        "mlp_2048/float8_mlp_<day>_cpu.json",
+        "mlp_768/float8_mlp_<day>_cpu.json",
     ])  # fmt: skip
-    cublas = json.loads((tmp_path / "mlp_cublas" / f"float8_mlp_{today}_cpu.json").read_text())
+    (cublas_file,) = (tmp_path / "mlp_cublas").glob("float8_mlp_*_cpu.json")
+    cublas = json.loads(cublas_file.read_text())
     assert [row.get("error") for row in cublas["rows"]] == [None] * 4
