@@ -22,6 +22,10 @@ DATA_ALLOWED = (
     "batches, or a tuple (x, y) or (x, y, sample_weight) of arrays; x an array or a dict of "
     "arrays"
 )
+LOSS_ALLOWED = (
+    "Allowed: a keras.losses.Loss, a name of one, a function loss(y_true, y_pred), or a dict "
+    "or list of those per output"
+)
 MODEL_ALLOWED = "Allowed: a keras.Model, or a function of no arguments returning one"
 
 
@@ -237,6 +241,38 @@ def test_sample_weights_weigh_the_gradients(loss, source):
     assert gradients(features, labels) == {
         "probe/kernel": pytest.approx(1.0),
         "probe/bias": pytest.approx(np.sqrt(2.0)),
+    }
+
+
+def _two_outputs(structure):
+    """`_probe_model`'s logits (downstream 1) as two outputs, in a dict or a list."""
+    inner = _probe_model(downstream=1.0)
+    inputs = keras.Input((2,))
+    logits = inner(inputs)
+    outputs = {"a": logits, "b": logits * 3.0} if structure == "dict" else [logits, logits * 3.0]
+    return keras.Model(inputs, outputs)
+
+
+@pytest.mark.parametrize(
+    "structure, loss",
+    [
+        ("dict", {"a": _output_as_loss, "b": "mean_absolute_error"}),
+        ("dict", _output_as_loss),
+        ("list", [_output_as_loss, keras.losses.MeanAbsoluteError()]),
+    ],
+    ids=["dict", "one_for_all", "list"],
+)
+def test_a_model_of_several_outputs_sums_their_losses(structure, loss):
+    # The output, then (3 x output) + 10 as loss of both outputs: the gradients of
+    # `_probe_model`'s 1 + 3 times. `_output_as_loss` for all: 1 + 3 too.
+    features = np.eye(2, dtype="float32")
+    targets = np.full((2, 1), -10.0, "float32")
+    labels = {"a": targets, "b": targets} if structure == "dict" else (targets, targets)
+    result = calibrate(_two_outputs(structure), (features, labels), loss, steps=1, batch_size=2)
+    norms = {path: figures["norm"] for path, figures in result.statistics["gradients"].items()}
+    assert norms == {
+        "probe/kernel": pytest.approx(4.0),
+        "probe/bias": pytest.approx(4.0 * np.sqrt(2.0)),
     }
 
 
@@ -617,10 +653,9 @@ def test_policies_and_weights_are_restored():
             {"data": tf.data.Dataset.from_tensor_slices(_data()).batch(2).take(0)},
             f"data: the dataset yielded no batch. {DATA_ALLOWED}",
         ),
-        (
-            {"loss": "sparse_categorical_crossentropy"},
-            "loss: received str. Allowed: a keras.losses.Loss or a function loss(y_true, y_pred)",
-        ),
+        ({"loss": 3}, f"loss: received int. {LOSS_ALLOWED}"),
+        ({"loss": "sparse_categorical"}, f"loss: received 'sparse_categorical'. {LOSS_ALLOWED}"),
+        ({"loss": {"logits": None}}, f"loss['logits']: received NoneType. {LOSS_ALLOWED}"),
         (
             {"model_or_factory": "model.keras"},
             f"model_or_factory: received str. {MODEL_ALLOWED}",

@@ -75,6 +75,25 @@ def user_code(tmp_path, monkeypatch):
             def broken_data():
                 raise RuntimeError("the disk is gone")
 
+            def two_heads(input_shape, num_classes):
+                # A backbone of its own under two heads: a nested functional model.
+                inputs = keras.Input(input_shape)
+                features = keras.layers.Dense(4, activation="relu", name="features")(inputs)
+                backbone = keras.Model(inputs, features, name="backbone")
+                outer = keras.Input(input_shape, name="x")
+                hidden = backbone(outer)
+                logits = keras.layers.Dense(num_classes, name="digit")(hidden)
+                return keras.Model(outer, {"digit": logits, "sign": keras.layers.Dense(2)(hidden)})
+
+            def two_label_blobs():
+                train, evaluation, dimensions = blobs()
+                both = lambda d: d.map(lambda x, y: (x, {"digit": y, "sign": 1 - y}))
+                return both(train), both(evaluation), dimensions
+
+            def loss_per_head():
+                loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+                return {"digit": loss, "sign": "sparse_categorical_crossentropy"}
+
             def squared_error(y_true, y_pred):
                 return keras.ops.mean((keras.ops.cast(y_true, "float32") - y_pred) ** 2)
 
@@ -297,6 +316,30 @@ def test_a_loss_from_the_users_code_is_used_as_given(user_code):
         _blobs_config().merged({"loss": {"factory": "user_code:squared_error"}})
     )
     assert components.loss.__name__ == "squared_error"
+
+
+def test_a_loss_factory_of_no_arguments_is_called_each_metric_goes_to_each_output(user_code):
+    config = _blobs_config(steps=2).merged(
+        {
+            "model": {"factory": "user_code:two_heads", "options": {}},
+            "data": {"factory": "user_code:two_label_blobs"},
+            "loss": {"factory": "user_code:loss_per_head"},
+        }
+    )
+    components = resolution.resolve_components(config)
+    assert sorted(components.loss) == ["digit", "sign"]
+    data = components.data()
+    run = assembly.assemble(config, components, data)
+    history = run.model.fit(data.train_batches(8, seed=0), epochs=1, steps_per_epoch=2, verbose=0)
+    assert sorted(name for name in history.history if "_" in name and "step" not in name) == [
+        "bad_batches",
+        "digit_accuracy",
+        "digit_loss",
+        "gradient_norm",
+        "loss_scale",
+        "sign_accuracy",
+        "sign_loss",
+    ]
 
 
 def test_a_model_file_brings_its_weights_and_compiled_loss(user_code, tmp_path):

@@ -280,6 +280,31 @@ def test_subclassed_model_that_passes_its_policy_saves_for_serving(tmp_path):
     )
 
 
+def test_a_backbone_model_under_a_head_saves_for_serving_though_it_loads_float32(tmp_path):
+    # Keras saves no dtype for a nested functional model (it computes nothing in its own):
+    # loaded it is float32, its layers as trained.
+    inner = keras.Input((4,))
+    backbone = keras.Model(inner, keras.layers.Dense(3, name="features")(inner), name="backbone")
+    outer = keras.Input((4,))
+    model = keras.Model(outer, keras.layers.Dense(2, name="logits")(backbone(outer)), name="head")
+    mpt_keras.PrecisionManifest(default="mixed_float16").apply(model)
+
+    serving.save_for_serving(model, tmp_path / "serving.keras")
+
+    loaded = keras.saving.load_model(tmp_path / "serving.keras")
+    policies = {layer.path: layer.policy for layer in precision_report(loaded).layers}
+    assert policies == {
+        "backbone": "float32",
+        "backbone/features": "mixed_float16",
+        "logits": "float32",
+    }
+    assert precision_report(model).layers[0].policy == "mixed_float16"
+    inputs = _inputs(5, seed=2)[:, 0]
+    np.testing.assert_array_equal(
+        loaded.predict(inputs, verbose=0), model.predict(inputs, verbose=0)
+    )
+
+
 def test_subclassed_model_with_a_per_layer_manifest_is_refused(tmp_path):
     model = _PolicyPassingModel(dtype="mixed_float16", name="subclassed")
     _fit_two_steps(model)

@@ -71,7 +71,8 @@ def calibrate(
             no-argument function returning one.
         data: A `tf.data.Dataset` of `(x, y[, sample_weight])` batches, or a tuple of arrays
             (`x` an array or dict of arrays) shuffled with `seed` into `steps` x `batch_size`.
-        loss: A `keras.losses.Loss`, or `loss(y_true, y_pred)` per example.
+        loss: A `keras.losses.Loss` or its name, or `loss(y_true, y_pred)` per example; for a
+            model of several outputs, a dict (by output name) or list of those, or one for all.
         initial_scale: The loss scale a float16 run starts with.
         float8: Give recommended Dense/EinsumDense a float8 rule (emulated, slower, without
             float8 units).

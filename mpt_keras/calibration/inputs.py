@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,6 +15,10 @@ from mpt_keras.checks import check_number, refusal
 from mpt_keras.errors import UserInputError
 
 _MODEL_ALLOWED = "a keras.Model, or a function of no arguments returning one"
+_LOSS_ALLOWED = (
+    "a keras.losses.Loss, a name of one, a function loss(y_true, y_pred), or a dict or list "
+    "of those per output"
+)
 _DATA_ALLOWED = (
     "a tf.data.Dataset or another iterable of (x, y) or (x, y, sample_weight) batches, or a "
     "tuple (x, y) or (x, y, sample_weight) of arrays; x an array or a dict of arrays"
@@ -31,15 +36,59 @@ class _FunctionLoss(keras.losses.Loss):
         return self.function(y_true, y_pred)
 
 
-def as_loss(loss: Any) -> keras.losses.Loss:
-    """`loss`, a function wrapped as a Keras loss."""
+class _LossPerOutput:
+    """The losses of a model of several outputs, summed as `Model.compile` sums them (no
+    loss weights): a dict by output name, a list by position, or one loss for each output."""
+
+    def __init__(self, losses: Any):
+        self.losses = losses
+
+    def __call__(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> Any:
+        if isinstance(y_pred, dict):
+            names = self.losses if isinstance(self.losses, dict) else y_pred
+            terms = [(self._loss(name), y_true[name], y_pred[name]) for name in names]
+        elif isinstance(y_pred, (list, tuple)):
+            terms = [
+                (self._loss(index), truth, prediction)
+                for index, (truth, prediction) in enumerate(zip(y_true, y_pred, strict=True))
+            ]
+        else:
+            terms = [(self.losses, y_true, y_pred)]
+        values = [loss(truth, pred, sample_weight=sample_weight) for loss, truth, pred in terms]
+        return functools.reduce(lambda total, value: total + value, values)
+
+    def _loss(self, output: str | int) -> Any:
+        if isinstance(self.losses, (dict, list, tuple)):
+            return self.losses[output]
+        return self.losses
+
+
+def as_loss(loss: Any) -> Callable[..., Any]:
+    """`loss(y_true, y_pred, sample_weight=None)`: a Keras loss, a name, a function wrapped as
+    a Keras loss, or a dict or list of those per output (as `Model.compile` takes them)."""
+    if isinstance(loss, dict):
+        return _LossPerOutput(
+            {name: _one_loss(each, f"loss[{name!r}]") for name, each in loss.items()}
+        )
+    if isinstance(loss, (list, tuple)):
+        return _LossPerOutput(
+            [_one_loss(each, f"loss[{index}]") for index, each in enumerate(loss)]
+        )
+    return _LossPerOutput(_one_loss(loss, "loss"))
+
+
+def _one_loss(loss: Any, name: str) -> Any:
     if isinstance(loss, keras.losses.Loss):
         return loss
+    if isinstance(loss, str):
+        try:
+            loss = keras.losses.get(loss)  # A class's name gives one; a function's, itself.
+        except ValueError:
+            raise refusal(name, repr(loss), _LOSS_ALLOWED) from None
+        return _one_loss(loss, name)
     if callable(loss):
         return _FunctionLoss(loss)
-    raise refusal(
-        "loss", type(loss).__name__, "a keras.losses.Loss or a function loss(y_true, y_pred)"
-    )
+    raise refusal(name, type(loss).__name__, _LOSS_ALLOWED)
 
 
 def as_model(model_or_factory: Any) -> keras.Model:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import keras
 
@@ -80,7 +82,7 @@ def _compile(
     compiled = {
         "optimizer": optimizer,
         "loss": components.loss,
-        "metrics": [make() for make in components.metrics],
+        "metrics": _metrics_per_output(model, components.metrics),
     }
     if current.is_jax():
         jit_compile, jit_reason = _jax_jit_compile(config.jit_compile)
@@ -101,6 +103,16 @@ def _compile(
     report = dataclasses.replace(report, jit_compile=jit_compile, jit_compile_reason=jit_reason)
     optimizer.build(model.trainable_variables)
     return optimizer, report
+
+
+def _metrics_per_output(model: keras.Model, makers: Sequence[Callable[[], Any]]) -> Any:
+    """The run's metrics, each on every output of a model of several (Keras 3 takes a flat
+    list for one output only): `{"digit": [acc], "parity": [acc]}`; a subclassed model's
+    outputs are unknown before its first call, so Keras matches them."""
+    outputs = getattr(model, "outputs", None) or []
+    if len(outputs) < 2:
+        return [make() for make in makers]
+    return keras.tree.map_structure(lambda _: [make() for make in makers], model.output)
 
 
 def make_optimizer(config: TrainConfig, report: PrecisionReport) -> LossScaleOptimizer:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import keras
-
 from mpt_keras.calibration.calibrate import calibrate
 from mpt_keras.calibration.decisions import CalibrationThresholds
 from mpt_keras.calibration.result import CalibrationResult
@@ -41,7 +39,7 @@ def run_calibration(
     result = calibrate(
         model,
         batches,
-        keras.losses.get(components.loss),
+        components.loss,
         steps=steps,
         seed=config.seed,
         thresholds=thresholds,

@@ -115,7 +115,7 @@ def _keras_component(config: ComponentConfig, module: Any, key: str) -> Callable
     kind = module.__name__.rpartition(".")[2]
     if config.factory is not None:
         function = resolve_factory(config.factory, f"{key}.factory")
-        if isinstance(function, type) or config.options:
+        if isinstance(function, type) or config.options or not _required_arguments(function):
             return bind_factory(config.factory, config.options, f"{key}.factory")
         return lambda: function
     if not config.options:
@@ -151,6 +151,21 @@ def _keras_component(config: ComponentConfig, module: Any, key: str) -> Callable
 _SINGULAR = {"losses": "loss", "metrics": "metric"}
 # Names `Model.compile` resolves (by the loss) that `keras.metrics.get` does not know.
 _COMPILE_METRIC_NAMES = ("acc", "crossentropy", "ce")
+
+
+def _required_arguments(function: Callable[..., Any]) -> int:
+    """How many arguments `function` needs: none for a factory (`make_loss()`), two for a loss
+    or metric itself (`loss(y_true, y_pred)`); a builtin without a signature counts as one."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return 2
+    return sum(
+        parameter.default is inspect.Parameter.empty
+        and parameter.kind is not inspect.Parameter.VAR_KEYWORD
+        and parameter.kind is not inspect.Parameter.VAR_POSITIONAL
+        for parameter in parameters
+    )
 
 
 def _parameters(cls: type) -> list[str]:
