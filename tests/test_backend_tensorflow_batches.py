@@ -134,6 +134,21 @@ def test_a_dict_of_inputs_is_batched_row_for_row_in_the_arrays_order():
     assert last[0]["token_ids"].tolist() == [80, 90]
 
 
+def test_a_dict_of_labels_one_per_output_is_batched_row_for_row():
+    features, labels = _arrays()
+    outputs = {"digit": labels, "parity": labels % 2}
+    for x, y in _take(train_batches(features, outputs, BATCH, seed=7, start_step=1), 4):
+        np.testing.assert_array_equal(y["digit"], x[:, 0])
+        np.testing.assert_array_equal(y["parity"], y["digit"] % 2)
+    last = list(eval_batches(features, outputs, BATCH).as_numpy_iterator())[-1]
+    assert {name: array.tolist() for name, array in last[1].items()} == {
+        "digit": [8, 9],
+        "parity": [0, 1],
+    }
+    with pytest.raises(UserInputError, match="Got 10 examples but 9 labels"):
+        train_batches(features, {"digit": labels[:9]}, BATCH, seed=0)
+
+
 def test_eval_batches_refuses_bad_input():
     with pytest.raises(UserInputError, match="batch_size: received 0. Allowed: an integer >= 1"):
         eval_batches(*_arrays(), 0)

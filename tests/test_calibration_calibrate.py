@@ -265,10 +265,10 @@ def _two_outputs(structure):
 def test_a_model_of_several_outputs_sums_their_losses(structure, loss):
     # The output, then (3 x output) + 10 as loss of both outputs: the gradients of
     # `_probe_model`'s 1 + 3 times. `_output_as_loss` for all: 1 + 3 too.
-    features = np.eye(2, dtype="float32")
-    targets = np.full((2, 1), -10.0, "float32")
+    features = np.tile(np.eye(2, dtype="float32"), (2, 1))
+    targets = np.full((4, 1), -10.0, "float32")
     labels = {"a": targets, "b": targets} if structure == "dict" else (targets, targets)
-    result = calibrate(_two_outputs(structure), (features, labels), loss, steps=1, batch_size=2)
+    result = calibrate(_two_outputs(structure), (features, labels), loss, steps=1, batch_size=4)
     norms = {path: figures["norm"] for path, figures in result.statistics["gradients"].items()}
     assert norms == {
         "probe/kernel": pytest.approx(4.0),
@@ -630,8 +630,13 @@ def test_policies_and_weights_are_restored():
         ({"data": [1, 2]}, f"data: the batches are int. {DATA_ALLOWED}"),
         (
             {"data": (np.zeros((3, 4)), np.zeros(2))},
-            "data: received 3 examples and 2 labels. Allowed: as many labels as examples, "
-            "at least one",
+            "data: received 3 examples and 2 labels. Allowed: as many labels as examples (in "
+            "each output's array), at least one",
+        ),
+        (
+            {"data": (np.zeros((3, 4)), {"a": np.zeros(3), "b": np.zeros((2, 1))})},
+            "data: received 3 examples and 2 and 3 labels. Allowed: as many labels as examples "
+            "(in each output's array), at least one",
         ),
         (
             {"data": (np.zeros((3, 4)), np.zeros(3), np.ones(2))},

@@ -132,11 +132,12 @@ def batches(data: Any, steps: int, seed: int, batch_size: int) -> Iterator[tuple
             "Allowed: as many in each"
         )
     (count,) = examples
-    if not count or count != len(labels):
+    label_counts = {len(array) for array in keras.tree.flatten(labels)}
+    if not count or label_counts != {count}:
         raise refusal(
             "data",
-            f"{count} examples and {len(labels)} labels",
-            "as many labels as examples, at least one",
+            f"{count} examples and {' and '.join(map(str, sorted(label_counts)))} labels",
+            "as many labels as examples (in each output's array), at least one",
         )
     if weights and len(weights[0]) != count:
         raise refusal(

@@ -20,17 +20,17 @@ from mpt_keras.data.example_arrays import Features, count, take
 
 def train_batches(
     features: Features,
-    labels: np.ndarray,
+    labels: Features,
     batch_size: int,
     seed: int,
     start_step: int = 0,
-) -> Iterator[tuple[Features, np.ndarray]]:
+) -> Iterator[tuple[Features, Features]]:
     """An endless stream of full, shuffled `(features, labels)` batches; dtypes kept.
 
     `start_step=k` yields exactly batches k, k + 1, ... of `start_step=0`. `UserInputError`:
     as `check_batching`, or a bad start_step.
     """
-    num_examples = check_batching(count(features), len(labels), batch_size)
+    num_examples = check_batching(count(features), count(labels), batch_size)
     check_number("start_step", start_step, minimum=0, integer=True)
     position = start_step * batch_size
     while True:
@@ -41,19 +41,19 @@ def train_batches(
             indices.extend(order[offset : offset + batch_size - len(indices)])
             epoch, offset = epoch + 1, 0
         chosen = np.asarray(indices)
-        yield take(features, chosen), labels[chosen]
+        yield take(features, chosen), take(labels, chosen)
         position += batch_size
 
 
-def eval_batches(features: Features, labels: np.ndarray, batch_size: int) -> keras.utils.PyDataset:
+def eval_batches(features: Features, labels: Features, batch_size: int) -> keras.utils.PyDataset:
     """One in-order pass over `(features, labels)`, the last batch partial; re-iterable."""
-    check_batching(count(features), len(labels), batch_size)
+    check_batching(count(features), count(labels), batch_size)
     return _InOrder(features, labels, batch_size)
 
 
 def batch_of_step(
-    features: Features, labels: np.ndarray, batch_size: int, seed: int, step: int
-) -> tuple[Features, np.ndarray]:
+    features: Features, labels: Features, batch_size: int, seed: int, step: int
+) -> tuple[Features, Features]:
     """Batch `step` (0-based) of `train_batches`' stream."""
     return next(train_batches(features, labels, batch_size, seed, start_step=step))
 
@@ -65,15 +65,15 @@ def _epoch_order(seed: int, epoch: int, num_examples: int) -> np.ndarray:
 class _InOrder(keras.utils.PyDataset):
     """Batches in stored order (Keras re-reads a `PyDataset` each pass, e.g. each validation)."""
 
-    def __init__(self, features: Features, labels: np.ndarray, batch_size: int):
+    def __init__(self, features: Features, labels: Features, batch_size: int):
         super().__init__()
         self._features, self._labels, self._batch_size = features, labels, batch_size
 
     def __len__(self) -> int:
         return -(-count(self._features) // self._batch_size)
 
-    def __getitem__(self, index: int) -> tuple[Features, np.ndarray]:
+    def __getitem__(self, index: int) -> tuple[Features, Features]:
         if not 0 <= index < len(self):
             raise IndexError(f"batch {index} of {len(self)}")
         window = slice(index * self._batch_size, (index + 1) * self._batch_size)
-        return take(self._features, window), self._labels[window]
+        return take(self._features, window), take(self._labels, window)

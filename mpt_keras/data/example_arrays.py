@@ -1,4 +1,5 @@
-"""Examples held in memory: `x` an array, or a dict of arrays, one per model input.
+"""Examples held in memory: `x` an array, or a dict of arrays, one per model input; `y` an
+array, or a dict of arrays, one per model output.
 
 A keras_hub backbone takes a dict (`token_ids`, `padding_mask`), as does any functional
 model with named inputs; on Keras' JAX backend arrays are a run's only data. The first axis of
@@ -31,25 +32,13 @@ def take(features: Features, rows: Any) -> Features:
     return features[rows]
 
 
-def checked(x: Any, y: Any, what: str) -> tuple[Features, np.ndarray]:
+def checked(x: Any, y: Any, what: str) -> tuple[Features, Features]:
     """`(x, y)` as NumPy arrays if a run takes them: `x` an array or a non-empty dict of arrays
-    named by strings, `y` an array, all of one length; else a one-line `UserInputError`
-    (`refusal`)."""
-    if isinstance(x, Mapping):
-        if not x or not all(isinstance(name, str) for name in x):
-            raise refusal(
-                f"{what}: x", f"a dict with keys {list(x)!r}",
-                "a non-empty dict of arrays keyed by the model's input names",
-            )  # fmt: skip
-        x = {name: np.asarray(array) for name, array in x.items()}
-        lengths = {
-            f"x[{name!r}]": _length(array, f"{what}: x[{name!r}]") for name, array in x.items()
-        }
-    else:
-        x = np.asarray(x)
-        lengths = {"x": _length(x, f"{what}: x")}
-    y = np.asarray(y)
-    lengths["y"] = _length(y, f"{what}: y")
+    named by strings (the model's inputs), `y` likewise (its outputs), all of one length; else
+    a one-line `UserInputError` (`refusal`)."""
+    lengths: dict[str, int] = {}
+    x = _arrays(x, "x", "input", what, lengths)
+    y = _arrays(y, "y", "output", what, lengths)
     if len(set(lengths.values())) > 1:
         listed = ", ".join(f"{name} {length}" for name, length in lengths.items())
         raise refusal(
@@ -57,6 +46,23 @@ def checked(x: Any, y: Any, what: str) -> tuple[Features, np.ndarray]:
             "one length, the number of examples, along the first axis of each",
         )  # fmt: skip
     return x, y
+
+
+def _arrays(value: Any, name: str, role: str, what: str, lengths: dict[str, int]) -> Features:
+    """`value` (`x` or `y`) as an array or a dict of them, each one's length in `lengths`."""
+    if not isinstance(value, Mapping):
+        value = np.asarray(value)
+        lengths[name] = _length(value, f"{what}: {name}")
+        return value
+    if not value or not all(isinstance(key, str) for key in value):
+        raise refusal(
+            f"{what}: {name}", f"a dict with keys {list(value)!r}",
+            f"a non-empty dict of arrays keyed by the model's {role} names",
+        )  # fmt: skip
+    arrays = {key: np.asarray(array) for key, array in value.items()}
+    for key, array in arrays.items():
+        lengths[f"{name}[{key!r}]"] = _length(array, f"{what}: {name}[{key!r}]")
+    return arrays
 
 
 def _length(array: np.ndarray, what: str) -> int:

@@ -273,4 +273,4 @@ def _first(split: Any, count: int) -> Any:
     if _is_dataset(split):
         return split.take(count)
     x, y = split
-    return example_arrays.take(x, slice(count)), y[:count]
+    return example_arrays.take(x, slice(count)), example_arrays.take(y, slice(count))

@@ -74,6 +74,18 @@ def test_a_dict_of_inputs_is_batched_row_for_row_in_the_arrays_order():
     assert len(batches) == 3 and batches[2][0]["token_ids"].tolist() == [80, 90]
 
 
+def test_a_dict_of_labels_one_per_output_is_batched_row_for_row():
+    outputs = {"digit": LABELS, "parity": LABELS % 2}
+    x, y = array_batches.batch_of_step(FEATURES, outputs, 4, seed=7, step=2)
+    np.testing.assert_array_equal(y["digit"] * 10.0, x[:, 0])
+    np.testing.assert_array_equal(y["parity"], y["digit"] % 2)
+    batches = array_batches.eval_batches(FEATURES, outputs, 4)
+    assert [batch[1]["parity"].tolist() for batch in batches] == [[0, 1, 0, 1]] * 2 + [[0, 1]]
+    with pytest.raises(UserInputError) as raised:
+        next(array_batches.train_batches(FEATURES, {"digit": LABELS[:9]}, 4, seed=0))
+    assert str(raised.value) == "Got 10 examples but 9 labels. Allowed: one label per example."
+
+
 @pytest.mark.parametrize(
     "split, message",
     [
@@ -86,6 +98,16 @@ def test_a_dict_of_inputs_is_batched_row_for_row_in_the_arrays_order():
             ({}, np.ones(4)),
             "data[0]: x: received a dict with keys []. Allowed: a non-empty dict of arrays "
             "keyed by the model's input names",
+        ),
+        (
+            (np.ones(3), {"digit": np.ones(3), "parity": np.ones(2)}),
+            "data[0]: received arrays of lengths x 3, y['digit'] 3, y['parity'] 2. Allowed: "
+            "one length, the number of examples, along the first axis of each",
+        ),
+        (
+            (np.ones(3), {1: np.ones(3)}),
+            "data[0]: y: received a dict with keys [1]. Allowed: a non-empty dict of arrays "
+            "keyed by the model's output names",
         ),
         (
             (np.ones(3), np.float32(1)),

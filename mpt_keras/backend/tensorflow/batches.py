@@ -14,7 +14,6 @@ tuner (`legacy_autotune`); the parallel map keeps its initial parallelism
 
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 from mpt_keras.checks import check_batching, check_number
@@ -25,7 +24,7 @@ _UNTUNED.autotune.enabled = False  # The module docstring says why.
 
 def train_batches(
     features: Any,
-    labels: np.ndarray,
+    labels: Any,
     batch_size: int,
     seed: int,
     start_step: int = 0,
@@ -36,7 +35,7 @@ def train_batches(
     `start_step=0`. `UserInputError`: a bad batch_size or start_step, no examples, or lengths
     differing.
     """
-    num_examples = check_batching(_count(features), len(labels), batch_size)
+    num_examples = check_batching(_count(features), _count(labels), batch_size)
     check_number("start_step", start_step, minimum=0, integer=True)
     first_epoch, first_offset = divmod(start_step * batch_size, num_examples)
     seed_tensor = tf.constant(seed, tf.int64)
@@ -53,7 +52,7 @@ def train_batches(
         return tf.data.Dataset.from_tensor_slices(order[skip:])
 
     features = tf.nest.map_structure(tf.convert_to_tensor, features)  # A dict: each input.
-    labels = tf.convert_to_tensor(labels)
+    labels = tf.nest.map_structure(tf.convert_to_tensor, labels)  # A dict: each output.
     return (
         tf.data.Dataset.counter(first_epoch)
         .flat_map(epoch_order)
@@ -63,7 +62,7 @@ def train_batches(
         .map(
             lambda indices: (
                 tf.nest.map_structure(lambda array: tf.gather(array, indices), features),
-                tf.gather(labels, indices),
+                tf.nest.map_structure(lambda array: tf.gather(array, indices), labels),
             ),
             num_parallel_calls=tf.data.AUTOTUNE,
         )
@@ -72,10 +71,10 @@ def train_batches(
     )
 
 
-def eval_batches(features: Any, labels: np.ndarray, batch_size: int) -> tf.data.Dataset:
+def eval_batches(features: Any, labels: Any, batch_size: int) -> tf.data.Dataset:
     """One in-order pass over (features, labels), keeping the last partial batch; refusals as
     `train_batches`'."""
-    check_batching(_count(features), len(labels), batch_size)
+    check_batching(_count(features), _count(labels), batch_size)
     return (
         tf.data.Dataset.from_tensor_slices((features, labels))
         .batch(batch_size)
@@ -85,6 +84,6 @@ def eval_batches(features: Any, labels: np.ndarray, batch_size: int) -> tf.data.
 
 
 def _count(features: Any) -> int:
-    """Examples in `features`: an array, or a dict of arrays of one length (one per named
-    input, `data.example_arrays`, which this layer may not import)."""
+    """Examples in `features` (or labels): an array, or a dict of arrays of one length (one
+    per named input or output, `data.example_arrays`, which this layer may not import)."""
     return len(next(iter(tf.nest.flatten(features)), ()))
