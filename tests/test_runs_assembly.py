@@ -342,6 +342,33 @@ def test_a_loss_factory_of_no_arguments_is_called_each_metric_goes_to_each_outpu
     ]
 
 
+class _TwoHeads(keras.Model):
+    """Subclassed: its outputs are known only once called, so its metrics follow its labels."""
+
+    def __init__(self):
+        super().__init__(name="two_heads")
+        self.a, self.b = keras.layers.Dense(3, name="a"), keras.layers.Dense(2, name="b")
+
+    def call(self, inputs):
+        return {"a": self.a(inputs), "b": self.b(inputs)}
+
+
+def test_a_subclassed_model_of_several_outputs_gets_each_metric_on_each_of_its_labels():
+    x = np.random.default_rng(0).normal(size=(16, 4)).astype("float32")
+    y = {"a": np.arange(16) % 3, "b": np.arange(16) % 2}
+    config, components = resolution.resolve(
+        _TwoHeads,
+        data=((x, y), (x, y)),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+        config=TrainConfig.from_dict({"data": {"batch_size": 8}}),
+    )
+    data = components.data()
+    run = assembly.assemble(config, components, data)
+    logs = run.model.evaluate(data.eval_batches(8), return_dict=True, verbose=0)
+    assert sorted(logs) == ["a_accuracy", "a_loss", "b_accuracy", "b_loss", "loss"]
+
+
 def test_a_model_file_brings_its_weights_and_compiled_loss(user_code, tmp_path):
     inputs = keras.Input((3,))
     saved = keras.Model(inputs, keras.layers.Dense(2, name="logits")(inputs))

@@ -45,6 +45,11 @@ class RunData:
     eval: tuple[np.ndarray, ...] | Any
     dimensions: Mapping[str, Any]
 
+    @property
+    def labels(self) -> Any:
+        """The train labels: arrays (a dict by output name for several), or a dataset's spec."""
+        return self.train.element_spec[1] if _is_dataset(self.train) else self.train[1]
+
     def train_batches(
         self, batch_size: int, seed: int, start_step: int = 0, shuffle_buffer: int = 10_000
     ) -> Any:

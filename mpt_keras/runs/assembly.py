@@ -51,7 +51,7 @@ def assemble(
     """Builds the run's model with its precision and optimizer, and compiles it; call under
     the run's strategy scope, if any (`jit_compile` resolves for it)."""
     model, manifest, report = build_model(config, components, data, manifest_file)
-    optimizer, report = _compile(model, config, components, report)
+    optimizer, report = _compile(model, config, components, report, data.labels)
     return Run(model, manifest, report, optimizer, report.jit_compile)
 
 
@@ -67,22 +67,27 @@ def plan_precision(config: TrainConfig, census_target: str | None = None) -> Pre
     model, _, report = build_model(config, components, data)
     if not any(is_float8(layer) for _, layer in iter_layers(model)):
         return report
-    _, report = _compile(model, config, components, report)
+    _, report = _compile(model, config, components, report, data.labels)
     batch = data.batch_of_step(config.data.batch_size, config.seed, step=1)
     census = take_census(model, batch, xla=bool(report.jit_compile), target=census_target)
     return dataclasses.replace(report, float8_census=census)
 
 
 def _compile(
-    model: keras.Model, config: TrainConfig, components: Components, report: PrecisionReport
+    model: keras.Model,
+    config: TrainConfig,
+    components: Components,
+    report: PrecisionReport,
+    labels: Any,
 ) -> tuple[LossScaleOptimizer, PrecisionReport]:
-    """Compiles `model` with the run's optimizer (built), loss and metrics; the report with
-    `jit_compile` resolved."""
+    """Compiles `model` with the run's optimizer (built), loss and metrics (on each output, as
+    the model's graph or the data's `labels` has them); the report with `jit_compile`
+    resolved."""
     optimizer = make_optimizer(config, report)
     compiled = {
         "optimizer": optimizer,
         "loss": components.loss,
-        "metrics": _metrics_per_output(model, components.metrics),
+        "metrics": _metrics_per_output(model, components.metrics, labels),
     }
     if current.is_jax():
         jit_compile, jit_reason = _jax_jit_compile(config.jit_compile)
@@ -105,14 +110,16 @@ def _compile(
     return optimizer, report
 
 
-def _metrics_per_output(model: keras.Model, makers: Sequence[Callable[[], Any]]) -> Any:
+def _metrics_per_output(
+    model: keras.Model, makers: Sequence[Callable[[], Any]], labels: Any
+) -> Any:
     """The run's metrics, each on every output of a model of several (Keras 3 takes a flat
-    list for one output only): `{"digit": [acc], "parity": [acc]}`; a subclassed model's
-    outputs are unknown before its first call, so Keras matches them."""
-    outputs = getattr(model, "outputs", None) or []
-    if len(outputs) < 2:
+    list for one output only): `{"digit": [acc], "parity": [acc]}`. The outputs are the
+    model's graph's, or for a subclassed model (no graph) as its labels are."""
+    outputs = model.output if getattr(model, "outputs", None) else labels
+    if not isinstance(outputs, (dict, list, tuple)) or len(outputs) < 2:
         return [make() for make in makers]
-    return keras.tree.map_structure(lambda _: [make() for make in makers], model.output)
+    return keras.tree.map_structure(lambda _: [make() for make in makers], outputs)
 
 
 def make_optimizer(config: TrainConfig, report: PrecisionReport) -> LossScaleOptimizer:
