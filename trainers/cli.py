@@ -8,6 +8,7 @@ same way with status 75 (EX_TEMPFAIL: rerunning all workers resumes).
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
 import logging
 import os
@@ -58,12 +59,18 @@ def run(
             logging.getLogger("mpt_keras").setLevel(logging.INFO)
         if len(argv) > 1:
             fail(f"unexpected positional arguments {' '.join(argv[1:])}; all options are --flags")
+        peer_failure = None
         try:
             main(argv)
         except UserInputError as error:
             fail(str(error))
         except PeerFailedError as error:
-            fail(str(error), PEER_FAILED)
+            peer_failure = str(error)
+        if peer_failure is not None:
+            # TensorFlow's aborted all-reduce leaves a thread pool in the error's frames:
+            # collected now, its pipes still open, not at exit, where it prints a traceback.
+            gc.collect()
+            fail(peer_failure, PEER_FAILED)
 
     app.run(main_with_errors, flags_parser=parse_flags)
 
