@@ -155,7 +155,7 @@ _COMPILE_METRIC_NAMES = ("acc", "crossentropy", "ce")
 
 def _required_arguments(function: Callable[..., Any]) -> int:
     """How many arguments `function` needs: none for a factory (`make_loss()`), two for a loss
-    or metric itself (`loss(y_true, y_pred)`); a builtin without a signature counts as one."""
+    or metric itself (`loss(y_true, y_pred)`), as a builtin without a signature is taken."""
     try:
         parameters = inspect.signature(function).parameters.values()
     except (TypeError, ValueError):

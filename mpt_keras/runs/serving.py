@@ -196,8 +196,11 @@ def _check_dtypes_as_trained(
                 f"Cannot save model '{model.name}' for serving: once loaded it has a layer "
                 f"'{after.path}' ({after.layer_class}) that the trained model does not"
             )
-        compared = 1 if before.path in graphs else 3  # The class alone, or with its dtypes.
-        if after is None or _dtypes(after)[:compared] != _dtypes(before)[:compared]:
+        if after is None or (
+            after.layer_class != before.layer_class
+            if before.path in graphs
+            else _dtypes(after) != _dtypes(before)
+        ):
             loaded_as = "is missing" if after is None else f"would compute in {_shown(after)}"
             raise NotServableError(
                 f"Cannot save model '{model.name}' for serving: layer '{before.path}' "
