@@ -18,6 +18,7 @@ from mpt_keras import compat
 from mpt_keras.backend import current
 from mpt_keras.config import OptimizerConfig, TrainConfig
 from mpt_keras.data import RunData
+from mpt_keras.errors import UserInputError
 from mpt_keras.keras_bridge.layer_paths import iter_layers
 from mpt_keras.precision.float8 import is_float8
 from mpt_keras.precision.float8_census import take_census
@@ -52,6 +53,7 @@ def assemble(
     the run's strategy scope, if any (`jit_compile` resolves for it)."""
     model, manifest, report = build_model(config, components, data, manifest_file)
     optimizer, report = _compile(model, config, components, report, data.labels)
+    _check_lowers(model, report, config, data)
     return Run(model, manifest, report, optimizer, report.jit_compile)
 
 
@@ -65,9 +67,13 @@ def plan_precision(config: TrainConfig, census_target: str | None = None) -> Pre
     components = resolve_components(config)
     data = components.data()
     model, _, report = build_model(config, components, data)
-    if not any(is_float8(layer) for _, layer in iter_layers(model)):
+    float8 = any(is_float8(layer) for _, layer in iter_layers(model))
+    if not float8 and not (current.is_jax() and _computes_float16(report)):
         return report
     _, report = _compile(model, config, components, report, data.labels)
+    _check_lowers(model, report, config, data)
+    if not float8:
+        return report
     batch = data.batch_of_step(config.data.batch_size, config.seed, step=1)
     census = take_census(model, batch, xla=bool(report.jit_compile), target=census_target)
     return dataclasses.replace(report, float8_census=census)
@@ -110,6 +116,41 @@ def _compile(
     return optimizer, report
 
 
+def _check_lowers(
+    model: keras.Model, report: PrecisionReport, config: TrainConfig, data: RunData
+) -> None:
+    """Refuses, before anything is written, a float16 step that Keras' JAX backend cannot
+    compile on this device (`unlowerable_float16_dot`: a CPU's, for float16 attention)."""
+    if not (current.is_jax() and report.jit_compile and _computes_float16(report)):
+        return
+    from mpt_keras.backend.jax.compiled import unlowerable_float16_dot
+
+    batch = data.batch_of_step(config.data.batch_size, config.seed, step=1)
+    compat.symbolic_build(model, batch)  # Else the traced step builds the loss and metrics.
+    reason = unlowerable_float16_dot(model, batch)
+    if reason is None:
+        return
+    float16 = [layer.path for layer in report.layers if layer.compute_dtype == "float16"]
+    attention = [
+        layer.path
+        for layer in report.layers
+        if "Attention" in layer.layer_class
+        and any(path == layer.path or path.startswith(layer.path + "/") for path in float16)
+    ]
+    named = f" (attention layers computing float16: {', '.join(attention)})" if attention else ""
+    raise UserInputError(
+        "float16 layers: the train step does not compile on Keras' JAX backend "
+        f"on this device ({reason}): jax.nn.dot_product_attention, which Keras' attention "
+        f"layers call, sums float16 in float32, which JAX lowers on a GPU, not here{named}. "
+        "Allowed here: mixed_bfloat16 or float32, a manifest rule keeping those layers and their "
+        "sublayers in float32, or jit_compile false; float16 compiles on a GPU"
+    )
+
+
+def _computes_float16(report: PrecisionReport) -> bool:
+    return any(layer.compute_dtype == "float16" for layer in report.layers)
+
+
 def _metrics_per_output(
     model: keras.Model, makers: Sequence[Callable[[], Any]], labels: Any
 ) -> Any:
@@ -139,7 +180,7 @@ def make_optimizer(config: TrainConfig, report: PrecisionReport) -> LossScaleOpt
         )
     else:
         inner = keras.optimizers.SGD(learning_rate, momentum=0.9, **clipping)
-    if any(layer.compute_dtype == "float16" for layer in report.layers):
+    if _computes_float16(report):
         scaling = dataclasses.asdict(config.loss_scale)
     else:
         scaling = {"initial_scale": 1.0, "min_scale": 1.0, "max_scale": 1.0, "dynamic": False}

@@ -10,6 +10,7 @@ import json
 import os
 import sys
 
+import jax
 import keras
 import numpy as np
 import pytest
@@ -105,6 +106,59 @@ def test_what_a_jax_run_cannot_do_is_one_line_and_writes_nothing(tmp_path, chang
         _run(tiny_config(None, **changes), tmp_path / "run")
     assert str(raised.value) == message
     assert not (tmp_path / "run").exists()
+
+
+def _transformer(**changes):
+    return tiny_config(
+        None,
+        data={"name": "mpt_python_source", "sequence_length": 8},
+        model={
+            "name": "transformer_lm",
+            "options": {"num_layers": 1, "d_model": 16, "num_heads": 2},
+        },
+        steps=2,
+        checkpoint_every=2,
+        eval_every=2,
+        **changes,
+    )
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="a CPU's XLA")
+def test_float16_attention_that_a_cpu_cannot_compile_is_one_line_and_writes_nothing(tmp_path):
+    config = _transformer(precision="mixed_float16")
+    with pytest.raises(UserInputError) as raised:
+        _run(config, tmp_path / "run")
+    assert str(raised.value) == (
+        "float16 layers: the train step does not compile on Keras' JAX backend on this device "
+        "(The precision 'F16_F16_F32' is not supported by dot_general on CPU): "
+        "jax.nn.dot_product_attention, which Keras' attention layers call, sums float16 in "
+        "float32, which JAX lowers on a GPU, not here (attention layers computing float16: "
+        "block_0/attention). Allowed here: mixed_bfloat16 or float32, a manifest rule keeping "
+        "those layers and their sublayers in float32, or jit_compile false; float16 compiles "
+        "on a GPU"
+    )
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(UserInputError, match="block_0/attention"):
+        mpt_keras.plan_precision(config)
+    # What it allows: the attention (and its projections) in float32, the rest float16.
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "default": "mixed_float16",
+                "rules": [{"match": {"path": ".*/attention(/.*)?"}, "policy": "float32"}],
+            }
+        )
+    )
+    metrics = _run(_transformer(precision="mixed_float16", manifest=str(manifest)), tmp_path / "ok")
+    assert metrics["step"] == 2
+    report = json.loads((tmp_path / "ok" / "precision_report.json").read_text())
+    policies = {layer["path"]: layer["compute_dtype"] for layer in report["layers"]}
+    assert (policies["block_0/attention/query"], policies["block_0/mlp_up"]) == (
+        "float32",
+        "float16",
+    )
 
 
 def test_a_data_factorys_arrays_train_on_jax(tmp_path):

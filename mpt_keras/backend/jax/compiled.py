@@ -1,12 +1,14 @@
-"""XLA-compiled programs on JAX: a model's train step (its optimized HLO, never run) and a
-function's gradients."""
+"""XLA-compiled programs on JAX: a model's train step (its optimized HLO, never run; whether
+this device's XLA can lower it) and a function's gradients."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import keras
 
 from mpt_keras.backend.jax import gpu_targets
@@ -17,15 +19,65 @@ def train_step_hlo(model: keras.Model, batch: Any, target: str | None = None) ->
     (one step, the model's state as its argument), for this machine's device or compiled for
     the GPU `target` (`backend.names.GPU_TARGETS`). The model, loss, metrics and optimizer are
     built; nothing is run or assigned."""
-    state = (
+    if target is not None:
+        return gpu_targets.optimized_hlo(model.train_step, (_state(model), batch), target)
+    return jax.jit(model.train_step).lower(_state(model), batch).compile().as_text()
+
+
+# JAX's CPU lowering refuses a dot of float16 operands summed in float32 (JAX 0.10).
+_NO_FLOAT16_SUMS = "is not supported by dot_general on CPU"
+
+
+def unlowerable_float16_dot(model: keras.Model, batch: Any) -> str | None:
+    """JAX's reason if this device cannot lower `model.train_step` on `batch` for a dot of
+    float16 operands summed in float32, else None (lowered, neither compiled nor run).
+
+    `jax.nn.dot_product_attention`, which Keras' attention layers call, asks for that sum in
+    float16; a CPU lacks it, and its eager fallback does not reach a jitted step (the error
+    comes at lowering, after the trace; keras-team/keras-hub#2354). Where the device has the
+    sum, nothing is traced.
+    """
+    if not _lacks_float16_sums():
+        return None
+    try:
+        jax.jit(model.train_step).lower(_state(model), batch)
+    except ValueError as error:
+        if _NO_FLOAT16_SUMS in str(error):
+            return str(error).splitlines()[0]
+        raise
+    return None
+
+
+@functools.cache
+def _lacks_float16_sums() -> bool:
+    """Whether this device's lowering refuses float16 dots summed in float32."""
+    matrix = jax.ShapeDtypeStruct((2, 2), jnp.float16)
+
+    def dot(lhs: Any, rhs: Any) -> Any:
+        return jax.lax.dot(
+            lhs,
+            rhs,
+            precision=jax.lax.DotAlgorithmPreset.F16_F16_F32,
+            preferred_element_type=jnp.float32,
+        )
+
+    try:
+        jax.jit(dot).lower(matrix, matrix)
+    except ValueError as error:
+        if _NO_FLOAT16_SUMS in str(error):
+            return True
+        raise
+    return False
+
+
+def _state(model: keras.Model) -> tuple[list[Any], ...]:
+    """The state Keras' JAX trainer passes its jitted train step."""
+    return (
         [variable.value for variable in model.trainable_variables],
         [variable.value for variable in model.non_trainable_variables],
         [variable.value for variable in model.optimizer.variables],
         [variable.value for variable in model.metrics_variables],
     )
-    if target is not None:
-        return gpu_targets.optimized_hlo(model.train_step, (state, batch), target)
-    return jax.jit(model.train_step).lower(state, batch).compile().as_text()
 
 
 def compiled_gradients(loss: Callable[..., Any]) -> Callable[..., Any]:
