@@ -405,6 +405,41 @@ def test_subclassed_model_output_is_its_last_layer_with_weights():
     assert policies == {"hidden": "mixed_float16", "logits": "float32", "dropout": "mixed_float16"}
 
 
+class _TwoHeads(keras.Model):
+    """Returns `{"digit", "parity"}`: its last own layer is one head of two."""
+
+    def __init__(self, squeeze: bool):
+        super().__init__(name="two_heads")
+        self.squeeze = squeeze
+        self.hidden = keras.layers.Dense(4, name="hidden")
+        self.digit = keras.layers.Dense(3, name="digit")
+        self.parity = keras.layers.Dense(1, name="parity")
+
+    def call(self, inputs):
+        features = self.hidden(inputs)
+        parity = self.parity(features)
+        # An operation's output: what made it is not found; the last layer stands for it.
+        parity = keras.ops.squeeze(parity, -1) if self.squeeze else parity
+        return {"digit": self.digit(features), "parity": parity}
+
+
+@pytest.mark.parametrize(
+    "squeeze, inputs, digit",
+    [
+        (False, np.ones((2, 4), "float32"), "float32"),  # Its call shows both heads.
+        (True, np.ones((2, 4), "float32"), "float32"),
+        (False, None, "mixed_float16"),  # Nothing to call it on: its last layer.
+        (False, keras.KerasTensor((2, 4)), "mixed_float16"),  # A spec runs no call.
+    ],
+    ids=["called", "an_operation_after_a_head", "no_inputs", "a_spec"],
+)
+def test_a_subclassed_models_outputs_are_the_layers_its_call_returns_from(squeeze, inputs, digit):
+    model = _TwoHeads(squeeze)
+    model(np.ones((2, 4), "float32"))
+    report = PrecisionManifest(default="mixed_float16").apply(model, inputs=inputs)
+    assert report.policies == {"hidden": "mixed_float16", "digit": digit, "parity": "float32"}
+
+
 # Real models: layers Keras gives no path, path forms, instances --------------------
 
 

@@ -225,6 +225,47 @@ def test_a_bad_candidate_is_a_user_error(tfds_dir):
     )
 
 
+def test_a_subclassed_model_of_two_heads_is_gated_on_each_head():
+    """Each returned tensor is an output row, each head float32 (a safe default, found by
+    its call), and the accuracy check takes every head's accuracy."""
+
+    class TwoHeads(keras.Model):
+        def __init__(self):
+            super().__init__(name="two_heads")
+            self.hidden = keras.layers.Dense(8, activation="relu", name="hidden")
+            self.digit = keras.layers.Dense(3, name="digit")
+            self.parity = keras.layers.Dense(1, name="parity")
+
+        def call(self, inputs):
+            features = self.hidden(inputs)
+            return {"digit": self.digit(features), "parity": self.parity(features)}
+
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    y = {"digit": (x[:, 0] > 0).astype("int32"), "parity": (x[:, 1:2] > 0).astype("float32")}
+    report = validation.validate(
+        TwoHeads,
+        "mixed_bfloat16",
+        steps=2,
+        data=((x, y), (x[:16], {key: value[:16] for key, value in y.items()})),
+        loss={
+            "digit": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            "parity": keras.losses.BinaryCrossentropy(from_logits=True),
+        },
+        metrics=["accuracy"],
+        config=mpt_keras.TrainConfig.from_dict({"data": {"batch_size": 16}}),
+    )
+    assert [(layer.path, layer.compute_dtype) for layer in report.outputs] == [
+        ("two_heads/digit", "float32"),
+        ("two_heads/parity", "float32"),
+    ]
+    assert report.checks[1].value == min(output.top1_agreement for output in report.outputs)
+    drops = [
+        report.baseline_metrics[name] - report.candidate_metrics[name]
+        for name in ("val_digit_accuracy", "val_parity_accuracy")
+    ]
+    assert report.checks[3].name == "metric_delta" and report.checks[3].value == max(drops)
+
+
 def test_a_subclassed_model_is_compared_as_a_block():
     """Its layers, called in its Python call, were unreached: they are rows, after its own."""
 

@@ -27,7 +27,7 @@ def _compare(build, features, candidate_policy="mixed_bfloat16"):
     keras.config.set_dtype_policy("float32")
     baseline(features)
     candidate(features)
-    rows = ParityRows(baseline)
+    rows = ParityRows(baseline, features)
     _captured(baseline, rows, features)
     return fp.forward_parity(baseline, candidate, [features]), rows
 
@@ -380,3 +380,52 @@ def test_rows_pair_by_position_when_two_builds_name_layers_differently():
     assert [row.path for row in parity.layers] == [layer.name for layer in baseline.layers[1:]]
     assert all(row.max_abs_error == 0.0 for row in parity.layers)  # Same weights, same precision.
     assert parity.unreached == ()
+
+
+def test_a_subclassed_model_returning_several_tensors_has_a_row_for_each():
+    """Pooled into one row, a one-column head's trivial agreement would dilute the other's."""
+
+    class TwoHeads(keras.Model):
+        def __init__(self):
+            super().__init__(name="two_heads")
+            self.hidden = keras.layers.Dense(8, activation="relu", name="hidden")
+            self.digit = keras.layers.Dense(3, name="digit")
+            self.parity = keras.layers.Dense(1, name="parity")
+
+        def call(self, inputs):
+            features = self.hidden(inputs)
+            return {"parity": self.parity(features), "digit": self.digit(features)}
+
+    x = np.random.default_rng(0).normal(size=(16, 4)).astype("float32")
+    parity, walk = _compare(TwoHeads, x)
+    assert [row.path for row in parity.outputs] == ["two_heads/digit", "two_heads/parity"]
+    assert [row.path for row in parity.layers] == [
+        "two_heads",
+        "hidden",
+        "parity",  # In call order.
+        "digit",
+        "two_heads/digit",  # Keras' order of a dict: by key.
+        "two_heads/parity",
+    ]
+    assert _parents(walk) == {"two_heads": ["digit", "parity"],
+                              "two_heads/digit": ["digit"],
+                              "two_heads/parity": ["parity"]}  # fmt: skip
+    assert [row.compute_dtype for row in parity.outputs] == ["bfloat16", "bfloat16"]
+    # Each output's figures are its own tensor's.
+    baseline, candidate = walk.rows[0].layer, None
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    candidate = TwoHeads()
+    keras.config.set_dtype_policy("float32")
+    candidate(x)
+    candidate.set_weights(baseline.get_weights())
+    expected, received = baseline(x), candidate(x)
+    for row, key in zip(parity.outputs, ["digit", "parity"], strict=True):
+        mine = keras.ops.convert_to_numpy(expected[key]).astype("float64")
+        theirs = keras.ops.convert_to_numpy(received[key]).astype("float64")
+        relative = np.linalg.norm(theirs - mine) / np.linalg.norm(mine)
+        assert row.relative_error == pytest.approx(relative, rel=1e-12)
+        assert row.max_abs_error == pytest.approx(np.max(np.abs(theirs - mine)), rel=1e-12)
+        agreement = np.mean(mine.argmax(-1) == theirs.argmax(-1))
+        assert row.top1_agreement == agreement
+    assert parity.outputs[1].top1_agreement == 1.0  # One column: argmax is always 0.
+    assert parity.outputs[0].error_jump == 0.0  # Returned as its head made it.

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import keras
+import numpy as np
 
 from mpt_keras import compat
 from mpt_keras.errors import UserInputError
+from mpt_keras.keras_bridge.layer_calls import calls_wrapped
 from mpt_keras.keras_bridge.layer_paths import LayerPath
 from mpt_keras.precision.float8 import check_float8_layer
 from mpt_keras.precision.names import FLOAT8
@@ -46,12 +49,14 @@ class Decider:
         safe_defaults: bool,
         model: keras.Model,
         entries: Sequence[LayerPath],
+        inputs: Any = None,
     ):
-        """Args: `entries`, every layer of `model` at each of its paths."""
+        """Args: `entries`, every layer of `model` at each of its paths; `inputs`, a batch on
+        which a subclassed model shows which layers make its outputs (`output_layers`)."""
         self._rules = tuple(rules)
         self._default = default
         self._safe_defaults = safe_defaults
-        self._output_layers = output_layers(model)
+        self._output_layers = output_layers(model, inputs)
         # A layer found at several paths is tried in the forms of all of them: one policy.
         self._forms: dict[int, tuple[str, ...]] = {}
         for entry in entries:
@@ -103,10 +108,12 @@ def _safe_default(kind: str) -> Decision:
     return Decision("float32", f"safe default: {kind}", SAFE_DEFAULTS[kind])
 
 
-def output_layers(model: keras.Model) -> list[keras.layers.Layer]:
+def output_layers(model: keras.Model, inputs: Any = None) -> list[keras.layers.Layer]:
     """The layers whose outputs are `model`'s outputs, through nested models.
 
-    A subclassed model's: its last own layer with weights or not yet built.
+    A subclassed model's, which has no graph: the own layers whose calls return the tensors
+    it returns on `inputs` (each head of several), once built; for a tensor an operation
+    makes, or without that call, also its last own layer with weights or not yet built.
     """
     if isinstance(model, keras.Sequential):
         producers = model.layers[-1:]
@@ -114,8 +121,47 @@ def output_layers(model: keras.Model) -> list[keras.layers.Layer]:
         outputs = keras.tree.flatten(model.outputs)
         producers = [compat.producing_layer(output) for output in outputs]
     else:
-        producers = [layer for layer in model.layers if layer.weights or not layer.built][-1:]
+        producers, complete = _returning_layers(model, inputs)
+        if not complete:
+            last = [layer for layer in model.layers if layer.weights or not layer.built][-1:]
+            producers += [layer for layer in last if all(layer is not p for p in producers)]
     layers = []
     for producer in producers:
         layers.extend(output_layers(producer) if isinstance(producer, keras.Model) else [producer])
     return layers
+
+
+def _returning_layers(model: keras.Model, inputs: Any) -> tuple[list[keras.layers.Layer], bool]:
+    """`(own layers whose call returned a tensor model(inputs) returns, whether every
+    returned tensor was one)`, by identity, in eager calls; `([], False)` for a model not
+    built or without concrete `inputs` (a spec runs no call)."""
+    leaves = keras.tree.flatten(inputs)
+    if not model.built or not leaves or not all(_concrete(leaf) for leaf in leaves):
+        return [], False  # A call would build it before its layers have their policies.
+    made: dict[int, tuple[Any, keras.layers.Layer]] = {}
+
+    def keeping(layer: keras.layers.Layer, call: Callable[..., Any]) -> Callable[..., Any]:
+        def kept(*args: Any, **kwargs: Any) -> Any:
+            outputs = call(*args, **kwargs)
+            for tensor in keras.tree.flatten(outputs):
+                made[id(tensor)] = (tensor, layer)  # The tensor too: its id stays its own.
+            return outputs
+
+        return kept
+
+    with calls_wrapped(model.layers, keeping):
+        returned = keras.tree.flatten(model(inputs, training=False))
+    producers: list[keras.layers.Layer] = []
+    for tensor in returned:
+        tensor_and_layer = made.get(id(tensor))
+        if tensor_and_layer is None or tensor_and_layer[0] is not tensor:
+            return producers, False
+        if all(tensor_and_layer[1] is not layer for layer in producers):
+            producers.append(tensor_and_layer[1])
+    return producers, True
+
+
+def _concrete(value: Any) -> bool:
+    return isinstance(value, np.ndarray) or (
+        keras.ops.is_tensor(value) and not isinstance(value, keras.KerasTensor)
+    )

@@ -124,7 +124,7 @@ class PrecisionManifest:
                     "float32, mixed_float16 or mixed_bfloat16"
                 )
         entries = list(iter_layer_paths(model))
-        decider = Decider(self.rules, self.default, self.safe_defaults, model, entries)
+        decider = Decider(self.rules, self.default, self.safe_defaults, model, entries, inputs)
         application = Application(decider, self.default)
         if any(rule.policy == FLOAT8 for rule in self.rules):
             decider.check_float8(entries)

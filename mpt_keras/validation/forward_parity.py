@@ -20,6 +20,7 @@ and per model output, as logits over the last axis:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -67,7 +68,9 @@ def forward_parity(
     """
     for variable, value in zip(learned_weights(candidate), baseline.get_weights(), strict=True):
         variable.assign(value)
-    walk, twin = ParityRows(baseline), ParityRows(candidate)
+    batches = iter(batches)
+    first = next(batches, None)
+    walk, twin = ParityRows(baseline, first), ParityRows(candidate, first)
     pairs, reasons = _paired(walk.rows, twin.rows)
     sums = {row: _ErrorSums() for row in pairs}
     expected, received = Recorder(baseline, walk), Recorder(candidate, twin)
@@ -75,7 +78,7 @@ def forward_parity(
         calls_wrapped(walk.watched.values(), expected.watching),
         calls_wrapped(twin.watched.values(), received.watching),
     ):
-        for features in batches:
+        for features in itertools.chain([] if first is None else [first], batches):
             mine, theirs = expected.run(features), received.run(features)
             for row, other in pairs.items():
                 if row not in reasons and row in mine and other in theirs:

@@ -6,8 +6,9 @@
     sublayers    every layer, at any depth, held by a layer whose call is Python
                  (a block, a subclassed model), at its first call inside its
                  holder's compared call; the holder's row comes just before.
-    outputs      a model output an operation makes, read from the model's return
-                 (so is a subclassed model's whole output).
+    outputs      a model output an operation makes, read from the model's return;
+                 a subclassed model's whole return, or, where it returns several
+                 tensors, each (`two_heads/digit`, by its key in the return).
 
 Parents (the error jump's base): in a graph, the rows its inputs come from through operations
 and nested models. Inside a holder (as float32 runs): the row returning each floating tensor a
@@ -85,7 +86,9 @@ class ParityRows:
     `watched`: `{id(layer): layer}`; `model_row`: the model's row if its call is Python.
     """
 
-    def __init__(self, model: keras.Model):
+    def __init__(self, model: keras.Model, example: Any = None):
+        """`example`: inputs to learn, by a call, how many tensors a subclassed model returns
+        (without one, its whole return is one output row)."""
         self.rows: list[Row] = []
         self.outputs: list[int] = []
         self.unreached: list[UnreachedLayer] = []
@@ -95,9 +98,9 @@ class ParityRows:
         self._graph_at: dict[tuple[Frame, int], _Graph] = {}
         if compat.graph_calls(model) is None:
             self.model_row = 0
-            self.rows.append(Row(model.name, model, output=True))
-            self.outputs.append(0)
+            self.rows.append(Row(model.name, model))
             self._add_sublayers(0, prefix="")
+            self._returned_rows(model, example)
             return
         top = _Graph(model, (), "")
         self._walk(top)
@@ -109,6 +112,23 @@ class ParityRows:
             if row.holder is None:
                 sources = self._all_sources(row.node.input_tensors, row.graph)
                 row.parents = tuple(sorted(sources - {index}))
+
+    def _returned_rows(self, model: keras.Model, example: Any) -> None:
+        """A subclassed model's output rows: its row if it returns one tensor, else one per
+        tensor, named by its place in the return. Such a row has no layer: it computes in the
+        dtype it returns (a head kept in float32 under a bfloat16 model)."""
+        places = []
+        if example is not None:
+            returned = model(example, training=False)  # One batch: a trace may not do.
+            places = [place for place, _ in keras.tree.flatten_with_path(returned)]
+        if len(places) < 2:
+            self.rows[0].output = True
+            self.outputs.append(0)
+            return
+        for index, place in enumerate(places):
+            path = "/".join([model.name, *(str(key) for key in place)])
+            self.outputs.append(len(self.rows))
+            self.rows.append(Row(path, None, returned=index, output=True))
 
     def unseen_reason(self, row: int) -> str:
         """Why row `row`, its call not seen, was not compared."""
@@ -232,12 +252,16 @@ class Recorder:
         self._running = set() if model_row is None else {model_row}
         try:
             outputs = self._model(features, training=False)
+            flat = keras.tree.flatten(outputs)
             if model_row is not None and model_row not in self._started:
                 self._started[model_row] = -1  # Before every call in it.
+                for row in self._rows.outputs:
+                    returned = self._rows.rows[row].returned
+                    given = outputs if returned is None else flat[returned]
+                    self._rows.rows[row].parents = self._sources(given, model_row)
                 self._rows.rows[model_row].parents = self._sources(outputs, model_row)
         finally:
             self._made = {}  # It holds every row's tensors: not past the batch.
-        flat = keras.tree.flatten(outputs)
         for index, row in enumerate(self._rows.rows):
             if row.frame is None and row.holder is None:
                 self._returned[index] = outputs if row.returned is None else flat[row.returned]
