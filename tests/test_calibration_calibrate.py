@@ -276,6 +276,29 @@ def test_a_model_of_several_outputs_sums_their_losses(structure, loss):
     }
 
 
+def test_each_head_a_subclassed_model_returns_keeps_float32_as_a_model_output():
+    class TwoHeads(keras.Model):
+        def __init__(self):
+            super().__init__(name="two_heads")
+            self.hidden = keras.layers.Dense(4, name="hidden")
+            self.first = keras.layers.Dense(2, name="first")  # Not its last layer.
+            self.second = keras.layers.Dense(2, name="second")
+
+        def call(self, inputs):
+            features = self.hidden(inputs)
+            return {"a": self.first(features), "b": self.second(features)}
+
+    features = np.random.default_rng(0).normal(size=(4, 2)).astype("float32")
+    labels = {"a": features, "b": features}
+    result = calibrate(TwoHeads(), (features, labels), "mean_squared_error", steps=1, batch_size=4)
+    layers = result.statistics["layers"]
+    assert {path: (layer["policy"], layer["reason"]) for path, layer in layers.items()} == {
+        "hidden": ("mixed_float16", layers["hidden"]["reason"]),
+        "first": ("float32", "safe default: model output"),
+        "second": ("float32", "safe default: model output"),
+    }
+
+
 def test_a_factory_is_called_once_for_the_model():
     built = []
 

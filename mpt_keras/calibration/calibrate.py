@@ -102,7 +102,8 @@ def calibrate(
         (layer, layer.dtype_policy, hand_back_of(layer)) for _, layer in iter_layers(model)
     ]
     try:
-        float32 = PrecisionManifest(default="float32").apply(model)
+        # On a batch: a subclassed model's call shows which layers make its outputs.
+        float32 = PrecisionManifest(default="float32").apply(model, inputs=batches[0][0])
         speed = float8 and float8_speed == "measure"
         calibration = _Calibration(model, sites, float32, thresholds, initial_scale, float8, speed)
         return calibration.run(batches, loss, seed)
