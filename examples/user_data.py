@@ -1,7 +1,7 @@
 """Data factories of a user's own, for `"data": {"factory": "examples.user_data:..."}`.
 
 A data factory returns `(train, eval)`: `tf.data.Dataset`s of unbatched
-`(x, y)` (or `(x, y, sample_weight)`) elements, or `(x, y)` arrays, `x` an
+`(x, y)` (or `(x, y, sample_weight)`) elements, or such arrays, `x` an
 array or a dict of them (the only kind on Keras' JAX backend); the run
 batches, shuffles, shards and repeats them. A third element may declare what
 the data decides about the model that its shapes do not show

@@ -75,14 +75,22 @@ def as_json(value: Any) -> str:
         return repr(value)
 
 
-def check_batching(num_examples: int, num_labels: int, batch_size: int) -> int:
+def check_batching(
+    num_examples: int, num_labels: int, batch_size: int, num_weights: int | None = None
+) -> int:
     """Checks in-memory data before it is batched (by tf.data or NumPy), by its counts of
-    examples (`data.example_arrays.count`) and labels; returns the number of examples."""
+    examples (`data.example_arrays.count`), labels and sample weights if any; returns the
+    number of examples."""
     check_number("batch_size", batch_size, minimum=1, integer=True)
     if num_examples == 0:
         raise UserInputError("The dataset has 0 examples. Allowed: at least 1 example.")
     if num_labels != num_examples:
         raise UserInputError(
             f"Got {num_examples} examples but {num_labels} labels. Allowed: one label per example."
+        )
+    if num_weights is not None and num_weights != num_examples:
+        raise UserInputError(
+            f"Got {num_examples} examples but {num_weights} sample weights. Allowed: one "
+            "sample weight per example."
         )
     return num_examples

@@ -190,8 +190,8 @@ def test_sample_weights_of_a_data_factory_reach_the_batches(user_code):
         (
             {"data": {"factory": "user_code:not_data"}},
             "data.factory user_code:not_data returned list. Allowed: (train, eval), each an "
-            "unbatched tf.data.Dataset or (x, y) arrays, optionally with a third element, a "
-            "dict of dimensions such as {'num_classes': 10}",
+            "unbatched tf.data.Dataset or (x, y[, sample_weight]) arrays, optionally with a "
+            "third element, a dict of dimensions such as {'num_classes': 10}",
         ),
         (
             {"data": {"factory": "user_code:odd_dimensions"}},

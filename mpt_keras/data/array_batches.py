@@ -24,13 +24,16 @@ def train_batches(
     batch_size: int,
     seed: int,
     start_step: int = 0,
-) -> Iterator[tuple[Features, Features]]:
-    """An endless stream of full, shuffled `(features, labels)` batches; dtypes kept.
+    sample_weight: Features | None = None,
+) -> Iterator[tuple[Features, ...]]:
+    """An endless stream of full, shuffled `(features, labels)` batches, with the same rows of
+    `sample_weight` third if given; dtypes kept.
 
     `start_step=k` yields exactly batches k, k + 1, ... of `start_step=0`. `UserInputError`:
     as `check_batching`, or a bad start_step.
     """
-    num_examples = check_batching(count(features), count(labels), batch_size)
+    parts = _parts(features, labels, sample_weight, batch_size)
+    num_examples = count(features)
     check_number("start_step", start_step, minimum=0, integer=True)
     position = start_step * batch_size
     while True:
@@ -41,21 +44,44 @@ def train_batches(
             indices.extend(order[offset : offset + batch_size - len(indices)])
             epoch, offset = epoch + 1, 0
         chosen = np.asarray(indices)
-        yield take(features, chosen), take(labels, chosen)
+        yield tuple(take(part, chosen) for part in parts)
         position += batch_size
 
 
-def eval_batches(features: Features, labels: Features, batch_size: int) -> keras.utils.PyDataset:
-    """One in-order pass over `(features, labels)`, the last batch partial; re-iterable."""
-    check_batching(count(features), count(labels), batch_size)
-    return _InOrder(features, labels, batch_size)
+def eval_batches(
+    features: Features,
+    labels: Features,
+    batch_size: int,
+    sample_weight: Features | None = None,
+) -> keras.utils.PyDataset:
+    """One in-order pass over `(features, labels[, sample_weight])`, the last batch partial;
+    re-iterable."""
+    return _InOrder(_parts(features, labels, sample_weight, batch_size), batch_size)
 
 
 def batch_of_step(
-    features: Features, labels: Features, batch_size: int, seed: int, step: int
-) -> tuple[Features, Features]:
+    features: Features,
+    labels: Features,
+    batch_size: int,
+    seed: int,
+    step: int,
+    sample_weight: Features | None = None,
+) -> tuple[Features, ...]:
     """Batch `step` (0-based) of `train_batches`' stream."""
-    return next(train_batches(features, labels, batch_size, seed, start_step=step))
+    return next(
+        train_batches(
+            features, labels, batch_size, seed, start_step=step, sample_weight=sample_weight
+        )
+    )
+
+
+def _parts(
+    features: Features, labels: Features, sample_weight: Features | None, batch_size: int
+) -> tuple[Features, ...]:
+    """What each batch takes the same rows of, checked (`check_batching`)."""
+    weights = () if sample_weight is None else (sample_weight,)
+    check_batching(count(features), count(labels), batch_size, *map(count, weights))
+    return (features, labels, *weights)
 
 
 def _epoch_order(seed: int, epoch: int, num_examples: int) -> np.ndarray:
@@ -65,15 +91,15 @@ def _epoch_order(seed: int, epoch: int, num_examples: int) -> np.ndarray:
 class _InOrder(keras.utils.PyDataset):
     """Batches in stored order (Keras re-reads a `PyDataset` each pass, e.g. each validation)."""
 
-    def __init__(self, features: Features, labels: Features, batch_size: int):
+    def __init__(self, parts: tuple[Features, ...], batch_size: int):
         super().__init__()
-        self._features, self._labels, self._batch_size = features, labels, batch_size
+        self._parts, self._batch_size = parts, batch_size
 
     def __len__(self) -> int:
-        return -(-count(self._features) // self._batch_size)
+        return -(-count(self._parts[0]) // self._batch_size)
 
-    def __getitem__(self, index: int) -> tuple[Features, Features]:
+    def __getitem__(self, index: int) -> tuple[Features, ...]:
         if not 0 <= index < len(self):
             raise IndexError(f"batch {index} of {len(self)}")
         window = slice(index * self._batch_size, (index + 1) * self._batch_size)
-        return take(self._features, window), take(self._labels, window)
+        return tuple(take(part, window) for part in self._parts)

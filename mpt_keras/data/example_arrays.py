@@ -1,5 +1,5 @@
-"""Examples held in memory: `x` an array, or a dict of arrays, one per model input; `y` an
-array, or a dict of arrays, one per model output.
+"""Examples held in memory: `x` an array, or a dict of arrays, one per model input; `y` (and
+an optional `sample_weight`) an array, or a dict of arrays, one per model output.
 
 A keras_hub backbone takes a dict (`token_ids`, `padding_mask`), as does any functional
 model with named inputs; on Keras' JAX backend arrays are a run's only data. The first axis of
@@ -32,20 +32,24 @@ def take(features: Features, rows: Any) -> Features:
     return features[rows]
 
 
-def checked(x: Any, y: Any, what: str) -> tuple[Features, Features]:
-    """`(x, y)` as NumPy arrays if a run takes them: `x` an array or a non-empty dict of arrays
-    named by strings (the model's inputs), `y` likewise (its outputs), all of one length; else
-    a one-line `UserInputError` (`refusal`)."""
+def checked(x: Any, y: Any, what: str, sample_weight: Any = None) -> tuple[Features, ...]:
+    """`(x, y)`, or `(x, y, sample_weight)` if given, as NumPy arrays if a run takes them: `x`
+    an array or a non-empty dict of arrays named by strings (the model's inputs), `y` and
+    `sample_weight` likewise (its outputs), all of one length; else a one-line
+    `UserInputError` (`refusal`)."""
     lengths: dict[str, int] = {}
     x = _arrays(x, "x", "input", what, lengths)
     y = _arrays(y, "y", "output", what, lengths)
+    weights = ()
+    if sample_weight is not None:
+        weights = (_arrays(sample_weight, "sample_weight", "output", what, lengths),)
     if len(set(lengths.values())) > 1:
         listed = ", ".join(f"{name} {length}" for name, length in lengths.items())
         raise refusal(
             what, f"arrays of lengths {listed}",
             "one length, the number of examples, along the first axis of each",
         )  # fmt: skip
-    return x, y
+    return (x, y, *weights)
 
 
 def _arrays(value: Any, name: str, role: str, what: str, lengths: dict[str, int]) -> Features:

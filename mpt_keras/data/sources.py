@@ -36,8 +36,8 @@ _ON_JAX = (
 class RunData:
     """A run's unbatched data, and what it decides about a model.
 
-    `train`, `eval`: arrays `(x, y)` (x a dict of arrays for named inputs: `example_arrays`)
-    or a `tf.data.Dataset` of `(x, y[, sample_weight])`.
+    `train`, `eval`: arrays `(x, y[, sample_weight])` (x a dict of arrays for named inputs:
+    `example_arrays`) or a `tf.data.Dataset` of such elements.
     `dimensions`: what the data decides (`components.DATA_DIMENSIONS`).
     """
 
@@ -61,11 +61,12 @@ class RunData:
             return tf_datasets.train_batches(
                 self.train, batch_size, seed, start_step, shuffle_buffer
             )
+        x, y, weights = _batching(self.train)
         if current.is_jax():
-            return array_batches.train_batches(*self.train, batch_size, seed, start_step)
+            return array_batches.train_batches(x, y, batch_size, seed, start_step, **weights)
         from mpt_keras.backend.tensorflow import batches
 
-        return batches.train_batches(*self.train, batch_size, seed=seed, start_step=start_step)
+        return batches.train_batches(x, y, batch_size, seed=seed, start_step=start_step, **weights)
 
     def eval_batches(self, batch_size: int) -> Any:
         """One in-order pass over the evaluation data, the last batch partial (re-iterable)."""
@@ -73,11 +74,12 @@ class RunData:
             from mpt_keras.backend.tensorflow import datasets as tf_datasets
 
             return tf_datasets.eval_batches(self.eval, batch_size)
+        x, y, weights = _batching(self.eval)
         if current.is_jax():
-            return array_batches.eval_batches(*self.eval, batch_size)
+            return array_batches.eval_batches(x, y, batch_size, **weights)
         from mpt_keras.backend.tensorflow import batches
 
-        return batches.eval_batches(*self.eval, batch_size)
+        return batches.eval_batches(x, y, batch_size, **weights)
 
     def batch_of_step(
         self, batch_size: int, seed: int, step: int, shuffle_buffer: int = 10_000
@@ -216,8 +218,8 @@ def _from_data_factory(factory: BoundFactory, seed: int, batching: str) -> RunDa
     if not (isinstance(returned, tuple) and len(returned) in (2, 3)):
         raise UserInputError(
             f"{what} returned {type(returned).__name__}. Allowed: (train, eval), each an "
-            "unbatched tf.data.Dataset or (x, y) arrays, optionally with a third element, a "
-            "dict of dimensions such as {'num_classes': 10}"
+            "unbatched tf.data.Dataset or (x, y[, sample_weight]) arrays, optionally with a "
+            "third element, a dict of dimensions such as {'num_classes': 10}"
         )
     train = checked_split(returned[0], f"{what}: train", batching)
     evaluation = checked_split(returned[1], f"{what}: eval", batching)
@@ -237,7 +239,7 @@ def _from_data_factory(factory: BoundFactory, seed: int, batching: str) -> RunDa
 
 
 def checked_split(split: Any, what: str, batching: str) -> tuple[np.ndarray, ...] | Any:
-    """`split` if a run takes it: a dataset of `(x, y[, sample_weight])` or `(x, y)` arrays.
+    """`split` if a run takes it: a dataset or arrays of `(x, y[, sample_weight])`.
 
     `what` (its origin) and `batching` (the batching setting, `data.batch_size: 32`, for an
     already batched dataset) name it in the `UserInputError`.
@@ -248,12 +250,13 @@ def checked_split(split: Any, what: str, batching: str) -> tuple[np.ndarray, ...
         from mpt_keras.backend.tensorflow import datasets as tf_datasets
 
         return tf_datasets.checked_dataset(split, what, batching)
-    if isinstance(split, tuple) and len(split) == 2:
-        return example_arrays.checked(*split, what)
+    if isinstance(split, tuple) and len(split) in (2, 3):
+        return example_arrays.checked(split[0], split[1], what, *split[2:])
+    received = f"a tuple of {len(split)}" if isinstance(split, tuple) else type(split).__name__
     allowed = "" if current.is_jax() else "a tf.data.Dataset of unbatched (x, y) elements, or "
     raise UserInputError(
-        f"{what}: received {type(split).__name__}. Allowed: {allowed}a tuple (x, y) of arrays "
-        "of one length, x an array or a dict of them"
+        f"{what}: received {received}. Allowed: {allowed}a tuple (x, y) or (x, y, "
+        "sample_weight) of arrays of one length, x an array or a dict of them"
     )
 
 
@@ -277,5 +280,10 @@ def _is_dataset(value: Any) -> bool:
 def _first(split: Any, count: int) -> Any:
     if _is_dataset(split):
         return split.take(count)
-    x, y = split
-    return example_arrays.take(x, slice(count)), example_arrays.take(y, slice(count))
+    return tuple(example_arrays.take(part, slice(count)) for part in split)
+
+
+def _batching(split: tuple[Any, ...]) -> tuple[Any, Any, dict[str, Any]]:
+    """Arrays `(x, y[, sample_weight])` as the batchers take them: `x, y, {sample_weight}`."""
+    x, y, *weights = split
+    return x, y, {"sample_weight": weights[0]} if weights else {}

@@ -87,7 +87,7 @@ def components_from_objects(
 
     `model`: a fresh-model function (per precision), or a functional or Sequential model
     (cloned). `data`: `(train, eval)`, each a `tf.data.Dataset` of unbatched
-    `(x, y[, sample_weight])` or `(x, y)` arrays. `batching`: named if data is batched.
+    `(x, y[, sample_weight])`, or such arrays. `batching`: named if data is batched.
     """
     if isinstance(model, keras.Model):
         original = model

@@ -86,6 +86,55 @@ def test_a_dict_of_labels_one_per_output_is_batched_row_for_row():
     assert str(raised.value) == "Got 10 examples but 9 labels. Allowed: one label per example."
 
 
+def test_sample_weights_are_batched_row_for_row_as_a_third_element():
+    weights = LABELS.astype(np.float32) / 10
+    x, y, w = array_batches.batch_of_step(
+        FEATURES, LABELS, 4, seed=7, step=2, sample_weight=weights
+    )
+    np.testing.assert_array_equal(w * 10, y)
+    assert (
+        next(array_batches.train_batches(FEATURES, LABELS, 4, seed=7))[1].tolist()
+        == (
+            next(array_batches.train_batches(FEATURES, LABELS, 4, seed=7, sample_weight=weights))[1]
+        ).tolist()
+    )  # The same order with weights or without.
+    batches = array_batches.eval_batches(FEATURES, LABELS, 4, sample_weight=weights)
+    assert [batch[2].tolist() for batch in batches][-1] == weights[8:].tolist()
+    with pytest.raises(UserInputError) as raised:
+        next(array_batches.train_batches(FEATURES, LABELS, 4, seed=0, sample_weight=weights[:9]))
+    assert str(raised.value) == (
+        "Got 10 examples but 9 sample weights. Allowed: one sample weight per example."
+    )
+
+
+def test_a_run_trains_on_the_sample_weights_of_its_data_factorys_arrays(tmp_path, monkeypatch):
+    """Weights of 0 make every train loss 0; of 1, the loss as without weights."""
+    from tiny_runs import tiny_config
+
+    import mpt_keras
+
+    (tmp_path / "weighted_data.py").write_text(
+        "from examples.user_data import digits_arrays\n"
+        "def load(weight, seed=0):\n"
+        "    (x, y), evaluation, dimensions = digits_arrays(seed)\n"
+        "    return (x, y, weight * (y >= 0).astype('float32')), evaluation, dimensions\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    losses = {}
+    for weight in (0.0, 1.0, None):
+        data = {"name": None, "factory": "weighted_data:load", "options": {"weight": weight}}
+        if weight is None:
+            data = {"name": None, "factory": "examples.user_data:digits_arrays"}
+        run = tmp_path / f"run_{weight}"
+        mpt_keras.run_training(tiny_config(None, data=data), mpt_keras.Runtime(str(run), verbose=0))
+        rows = (run / "metrics.csv").read_text().splitlines()
+        column = rows[0].split(",").index("loss")
+        cells = [row.split(",")[column] for row in rows[1:]]
+        losses[weight] = [float(cell) for cell in cells if cell]  # Not the evaluation's rows.
+    assert losses[0.0] == [0.0, 0.0, 0.0]
+    assert losses[1.0] == losses[None] and min(losses[None]) > 0
+
+
 @pytest.mark.parametrize(
     "split, message",
     [
@@ -111,14 +160,39 @@ def test_a_dict_of_labels_one_per_output_is_batched_row_for_row():
         ),
         (
             (np.ones(3), np.float32(1)),
-            "data[0]: y: received a scalar. Allowed: an array whose first axis counts the "
-            "examples",
+            "data[0]: y: received a scalar. Allowed: an array whose first axis counts the examples",
+        ),
+        (
+            (np.ones(3), np.ones(3), np.ones(2)),
+            "data[0]: received arrays of lengths x 3, y 3, sample_weight 2. Allowed: one "
+            "length, the number of examples, along the first axis of each",
+        ),
+        (
+            (np.ones(3), np.ones(3), np.ones(3), np.ones(3)),
+            "data[0]: received a tuple of 4. Allowed: {dataset}a tuple (x, y) or (x, y, "
+            "sample_weight) of arrays of one length, x an array or a dict of them",
         ),
     ],
 )
 def test_in_memory_data_a_run_cannot_take_is_one_line(split, message):
+    import keras
+
     from mpt_keras.data import checked_split
 
     with pytest.raises(UserInputError) as raised:
         checked_split(split, "data[0]", "data.batch_size: 4")
-    assert str(raised.value) == message
+    dataset = (
+        ""
+        if keras.backend.backend() == "jax"
+        else ("a tf.data.Dataset of unbatched (x, y) elements, or ")
+    )
+    assert str(raised.value) == message.format(dataset=dataset)
+
+
+def test_arrays_with_sample_weights_are_taken_as_three():
+    from mpt_keras.data import checked_split
+
+    x, y, w = checked_split(
+        ([[1.0], [2.0]], [0, 1], {"digit": [0.5, 2.0]}), "data[0]", "data.batch_size: 4"
+    )
+    assert (x.shape, y.tolist(), w["digit"].tolist()) == ((2, 1), [0, 1], [0.5, 2.0])

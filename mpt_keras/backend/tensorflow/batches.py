@@ -28,14 +28,17 @@ def train_batches(
     batch_size: int,
     seed: int,
     start_step: int = 0,
+    sample_weight: Any = None,
 ) -> tf.data.Dataset:
-    """An endless stream of full, shuffled (features, labels) batches; dtypes kept.
+    """An endless stream of full, shuffled (features, labels) batches, with the same rows of
+    `sample_weight` third if given; dtypes kept.
 
     Batches may straddle data epochs; `start_step=k` yields exactly batches k, k + 1, ... of
     `start_step=0`. `UserInputError`: a bad batch_size or start_step, no examples, or lengths
     differing.
     """
-    num_examples = check_batching(_count(features), _count(labels), batch_size)
+    parts = _parts(features, labels, sample_weight, batch_size)
+    num_examples = _count(features)
     check_number("start_step", start_step, minimum=0, integer=True)
     first_epoch, first_offset = divmod(start_step * batch_size, num_examples)
     seed_tensor = tf.constant(seed, tf.int64)
@@ -51,8 +54,8 @@ def train_batches(
         skip = tf.where(epoch == first_epoch, first_offset, 0)
         return tf.data.Dataset.from_tensor_slices(order[skip:])
 
-    features = tf.nest.map_structure(tf.convert_to_tensor, features)  # A dict: each input.
-    labels = tf.nest.map_structure(tf.convert_to_tensor, labels)  # A dict: each output.
+    # A dict: each input (x) or output (y, sample_weight).
+    parts = tf.nest.map_structure(tf.convert_to_tensor, parts)
     return (
         tf.data.Dataset.counter(first_epoch)
         .flat_map(epoch_order)
@@ -60,10 +63,7 @@ def train_batches(
         .apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
         .batch(batch_size, drop_remainder=True)
         .map(
-            lambda indices: (
-                tf.nest.map_structure(lambda array: tf.gather(array, indices), features),
-                tf.nest.map_structure(lambda array: tf.gather(array, indices), labels),
-            ),
+            lambda indices: tf.nest.map_structure(lambda array: tf.gather(array, indices), parts),
             num_parallel_calls=tf.data.AUTOTUNE,
         )
         .prefetch(tf.data.AUTOTUNE)
@@ -71,16 +71,24 @@ def train_batches(
     )
 
 
-def eval_batches(features: Any, labels: Any, batch_size: int) -> tf.data.Dataset:
-    """One in-order pass over (features, labels), keeping the last partial batch; refusals as
-    `train_batches`'."""
-    check_batching(_count(features), _count(labels), batch_size)
+def eval_batches(
+    features: Any, labels: Any, batch_size: int, sample_weight: Any = None
+) -> tf.data.Dataset:
+    """One in-order pass over (features, labels[, sample_weight]), keeping the last partial
+    batch; refusals as `train_batches`'."""
     return (
-        tf.data.Dataset.from_tensor_slices((features, labels))
+        tf.data.Dataset.from_tensor_slices(_parts(features, labels, sample_weight, batch_size))
         .batch(batch_size)
         .prefetch(tf.data.AUTOTUNE)
         .with_options(_UNTUNED)
     )
+
+
+def _parts(features: Any, labels: Any, sample_weight: Any, batch_size: int) -> tuple[Any, ...]:
+    """What each batch takes the same rows of, checked (`check_batching`)."""
+    weights = () if sample_weight is None else (sample_weight,)
+    check_batching(_count(features), _count(labels), batch_size, *map(_count, weights))
+    return (features, labels, *weights)
 
 
 def _count(features: Any) -> int:
