@@ -123,8 +123,10 @@ def _check_lowers(
     compile on this device (`unlowerable_float16_dot`: a CPU's, for float16 attention)."""
     if not (current.is_jax() and report.jit_compile and _computes_float16(report)):
         return
-    from mpt_keras.backend.jax.compiled import unlowerable_float16_dot
+    from mpt_keras.backend.jax.compiled import lacks_float16_sums, unlowerable_float16_dot
 
+    if not lacks_float16_sums():  # A GPU: nothing to trace.
+        return
     batch = data.batch_of_step(config.data.batch_size, config.seed, step=1)
     compat.symbolic_build(model, batch)  # Else the traced step builds the loss and metrics.
     reason = unlowerable_float16_dot(model, batch)

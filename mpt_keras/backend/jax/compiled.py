@@ -37,7 +37,7 @@ def unlowerable_float16_dot(model: keras.Model, batch: Any) -> str | None:
     comes at lowering, after the trace; keras-team/keras-hub#2354). Where the device has the
     sum, nothing is traced.
     """
-    if not _lacks_float16_sums():
+    if not lacks_float16_sums():
         return None
     try:
         jax.jit(model.train_step).lower(_state(model), batch)
@@ -49,8 +49,9 @@ def unlowerable_float16_dot(model: keras.Model, batch: Any) -> str | None:
 
 
 @functools.cache
-def _lacks_float16_sums() -> bool:
-    """Whether this device's lowering refuses float16 dots summed in float32."""
+def lacks_float16_sums() -> bool:
+    """Whether this device's lowering refuses float16 dots summed in float32 (a tiny probe,
+    lowered once per process)."""
     matrix = jax.ShapeDtypeStruct((2, 2), jnp.float16)
 
     def dot(lhs: Any, rhs: Any) -> Any:
