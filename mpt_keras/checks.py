@@ -94,3 +94,13 @@ def check_batching(
             "sample weight per example."
         )
     return num_examples
+
+
+def batch_parts(
+    features: Any, labels: Any, sample_weight: Any, batch_size: int, count: Callable[[Any], int]
+) -> tuple[Any, ...]:
+    """What each batch takes the same rows of: `(features, labels[, sample_weight])`, their
+    examples counted by `count` and checked (`check_batching`)."""
+    weights = () if sample_weight is None else (sample_weight,)
+    check_batching(count(features), count(labels), batch_size, *map(count, weights))
+    return (features, labels, *weights)

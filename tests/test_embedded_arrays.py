@@ -56,7 +56,8 @@ def test_a_slice_of_an_embedded_dataset_goes_through_tfds(tfds_dir, monkeypatch)
             {"name": "mnist"},
             "data.name 'mnist': a TFDS dataset. Allowed on Keras' jax backend: data.name "
             "mpt_digits or mpt_python_source (splits train and validation), or a data.factory "
-            "returning (x, y) arrays; TFDS and tf.data need TensorFlow (--backend=tensorflow)",
+            "returning (x, y[, sample_weight]) arrays; TFDS and tf.data need TensorFlow "
+            "(--backend=tensorflow)",
         ),
         (
             {"name": "mpt_digits", "train_split": "train[:10%]"},

@@ -408,36 +408,63 @@ def test_subclassed_model_output_is_its_last_layer_with_weights():
 class _TwoHeads(keras.Model):
     """Returns `{"digit", "parity"}`: its last own layer is one head of two."""
 
-    def __init__(self, squeeze: bool):
+    def __init__(self, after_parity: str):
         super().__init__(name="two_heads")
-        self.squeeze = squeeze
+        self.after_parity = after_parity
         self.hidden = keras.layers.Dense(4, name="hidden")
         self.digit = keras.layers.Dense(3, name="digit")
         self.parity = keras.layers.Dense(1, name="parity")
+        self.dropout = keras.layers.Dropout(0.5, name="dropout")
+        self.fail = False
 
     def call(self, inputs):
+        if self.fail:
+            raise RuntimeError("not on this batch")
         features = self.hidden(inputs)
         parity = self.parity(features)
-        # An operation's output: what made it is not found; the last layer stands for it.
-        parity = keras.ops.squeeze(parity, -1) if self.squeeze else parity
+        if self.after_parity == "squeeze":  # An operation's output: its maker is not found.
+            parity = keras.ops.squeeze(parity, -1)
+        elif self.after_parity == "dropout":  # The identity at inference: parity's tensor.
+            parity = self.dropout(parity)
         return {"digit": self.digit(features), "parity": parity}
 
 
 @pytest.mark.parametrize(
-    "squeeze, inputs, digit",
+    "after_parity, inputs, fail, digit",
     [
-        (False, np.ones((2, 4), "float32"), "float32"),  # Its call shows both heads.
-        (True, np.ones((2, 4), "float32"), "float32"),
-        (False, None, "mixed_float16"),  # Nothing to call it on: its last layer.
-        (False, keras.KerasTensor((2, 4)), "mixed_float16"),  # A spec runs no call.
+        ("nothing", np.ones((2, 4), "float32"), False, "float32"),  # Its call shows both.
+        ("dropout", np.ones((2, 4), "float32"), False, "float32"),
+        # Not found by the call: its last layer (with weights) stands for the outputs.
+        ("squeeze", np.ones((2, 4), "float32"), False, "float32"),
+        ("nothing", None, False, "mixed_float16"),  # Nothing to call it on.
+        ("nothing", keras.KerasTensor((2, 4)), False, "mixed_float16"),  # A spec runs no call.
+        ("nothing", np.ones((2, 4), "float32"), True, "mixed_float16"),  # The call fails.
     ],
-    ids=["called", "an_operation_after_a_head", "no_inputs", "a_spec"],
-)
-def test_a_subclassed_models_outputs_are_the_layers_its_call_returns_from(squeeze, inputs, digit):
-    model = _TwoHeads(squeeze)
+    ids=["called", "a_dropout_after_a_head", "an_operation_after_a_head", "no_inputs", "a_spec",
+         "a_call_that_fails"],
+)  # fmt: skip
+def test_a_subclassed_models_outputs_are_the_layers_its_call_returns_from(
+    after_parity, inputs, fail, digit, caplog
+):
+    model = _TwoHeads(after_parity)
     model(np.ones((2, 4), "float32"))
+    model.fail = fail
     report = PrecisionManifest(default="mixed_float16").apply(model, inputs=inputs)
-    assert report.policies == {"hidden": "mixed_float16", "digit": digit, "parity": "float32"}
+    assert {path: report.policies[path] for path in ("hidden", "digit", "parity")} == {
+        "hidden": "mixed_float16",
+        "digit": digit,
+        "parity": "float32",
+    }
+    assert report.policies["dropout"] == "mixed_float16"
+    warned = [
+        record.getMessage() for record in caplog.records if "not called" in record.getMessage()
+    ]
+    assert len(warned) == fail
+    if fail:  # Keras puts the call's arguments into the message.
+        assert warned[0].startswith(
+            "Model two_heads: not called to find the layers making its outputs (RuntimeError: "
+        )
+        assert "not on this batch" in warned[0]
 
 
 # Real models: layers Keras gives no path, path forms, instances --------------------

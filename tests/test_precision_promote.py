@@ -124,3 +124,31 @@ def test_a_float8_layer_is_promoted_to_the_policy_it_computes_in():
     assert np.isfinite(model.fit(x, y, verbose=0).history["loss"]).all()  # Trains on.
     _, again = promote(model, manifest, reason="test", paths=["hidden"])
     assert again == (Promotion("hidden", "mixed_float16", "mixed_bfloat16"),)
+
+
+class _TwoHeads(keras.Model):
+    def __init__(self):
+        super().__init__(name="two_heads")
+        self.hidden = keras.layers.Dense(4, name="hidden")
+        self.first = keras.layers.Dense(2, name="first")  # Not its last layer.
+        self.second = keras.layers.Dense(2, name="second")
+
+    def call(self, inputs):
+        features = self.hidden(inputs)
+        return {"a": self.first(features), "b": self.second(features)}
+
+
+@pytest.mark.parametrize(
+    "inputs, first", [(np.ones((2, 3), "float32"), "float32"), (None, "mixed_float16")]
+)
+def test_a_subclassed_models_heads_keep_float32_by_its_call_on_the_inputs(inputs, first):
+    model = _TwoHeads()
+    x = np.ones((2, 3), "float32")
+    model(x)
+    manifest = PrecisionManifest("mixed_float16")
+    manifest.apply(model, inputs=x)
+    _, promotions = promote(model, manifest, "overflow", ["hidden"], inputs=inputs)
+    assert promotions == (Promotion("hidden", "mixed_float16", "mixed_bfloat16"),)
+    policies = {layer.path: layer.policy for layer in precision_report(model, trace=False).layers}
+    # Without them, its last layer alone stands for its outputs.
+    assert policies == {"hidden": "mixed_bfloat16", "first": first, "second": "float32"}

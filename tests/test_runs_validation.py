@@ -1,6 +1,8 @@
 """Tests of mpt_keras.runs.validation: parity of a candidate with float32."""
 
+import dataclasses
 import json
+import math
 import os
 
 import keras
@@ -225,9 +227,20 @@ def test_a_bad_candidate_is_a_user_error(tfds_dir):
     )
 
 
-def test_a_subclassed_model_of_two_heads_is_gated_on_each_head():
+@pytest.mark.parametrize("nan_parity", [False, True], ids=["trained", "a_nan_accuracy"])
+def test_a_subclassed_model_of_two_heads_is_gated_on_each_head(nan_parity, monkeypatch):
     """Each returned tensor is an output row, each head float32 (a safe default, found by
-    its call), and the accuracy check takes every head's accuracy."""
+    its call), and the accuracy check takes every head's accuracy: a NaN one fails it."""
+    train_steps = validation.train_steps
+
+    def with_a_nan_accuracy(config, *args):
+        run = train_steps(config, *args)
+        if config.precision == "float32":
+            return run
+        return dataclasses.replace(run, metrics={**run.metrics, "val_parity_accuracy": math.nan})
+
+    if nan_parity:
+        monkeypatch.setattr(validation, "train_steps", with_a_nan_accuracy)
 
     class TwoHeads(keras.Model):
         def __init__(self):
@@ -263,7 +276,11 @@ def test_a_subclassed_model_of_two_heads_is_gated_on_each_head():
         report.baseline_metrics[name] - report.candidate_metrics[name]
         for name in ("val_digit_accuracy", "val_parity_accuracy")
     ]
-    assert report.checks[3].name == "metric_delta" and report.checks[3].value == max(drops)
+    assert report.checks[3].name == "metric_delta"
+    if nan_parity:  # After the digit's drop, which a plain max() would keep.
+        assert math.isnan(report.checks[3].value) and not report.checks[3].passed
+    else:
+        assert report.checks[3].value == max(drops)
 
 
 def test_a_subclassed_model_is_compared_as_a_block():

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import keras
 import numpy as np
 
-from mpt_keras.checks import check_batching, check_number
+from mpt_keras.checks import batch_parts, check_number
 from mpt_keras.data.example_arrays import Features, count, take
 
 
@@ -32,7 +32,7 @@ def train_batches(
     `start_step=k` yields exactly batches k, k + 1, ... of `start_step=0`. `UserInputError`:
     as `check_batching`, or a bad start_step.
     """
-    parts = _parts(features, labels, sample_weight, batch_size)
+    parts = batch_parts(features, labels, sample_weight, batch_size, count)
     num_examples = count(features)
     check_number("start_step", start_step, minimum=0, integer=True)
     position = start_step * batch_size
@@ -56,7 +56,7 @@ def eval_batches(
 ) -> keras.utils.PyDataset:
     """One in-order pass over `(features, labels[, sample_weight])`, the last batch partial;
     re-iterable."""
-    return _InOrder(_parts(features, labels, sample_weight, batch_size), batch_size)
+    return _InOrder(batch_parts(features, labels, sample_weight, batch_size, count), batch_size)
 
 
 def batch_of_step(
@@ -73,15 +73,6 @@ def batch_of_step(
             features, labels, batch_size, seed, start_step=step, sample_weight=sample_weight
         )
     )
-
-
-def _parts(
-    features: Features, labels: Features, sample_weight: Features | None, batch_size: int
-) -> tuple[Features, ...]:
-    """What each batch takes the same rows of, checked (`check_batching`)."""
-    weights = () if sample_weight is None else (sample_weight,)
-    check_batching(count(features), count(labels), batch_size, *map(count, weights))
-    return (features, labels, *weights)
 
 
 def _epoch_order(seed: int, epoch: int, num_examples: int) -> np.ndarray:

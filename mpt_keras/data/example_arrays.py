@@ -43,6 +43,13 @@ def checked(x: Any, y: Any, what: str, sample_weight: Any = None) -> tuple[Featu
     weights = ()
     if sample_weight is not None:
         weights = (_arrays(sample_weight, "sample_weight", "output", what, lengths),)
+        keys = sorted(y) if isinstance(y, Mapping) else None
+        if isinstance(sample_weight, Mapping) and sorted(sample_weight) != keys:
+            raise refusal(
+                f"{what}: sample_weight", f"a dict with keys {sorted(sample_weight)!r}",
+                "one array for every output, or a dict with the keys of y"
+                + ("" if keys is None else f": {keys!r}"),
+            )  # fmt: skip
     if len(set(lengths.values())) > 1:
         listed = ", ".join(f"{name} {length}" for name, length in lengths.items())
         raise refusal(
@@ -53,7 +60,8 @@ def checked(x: Any, y: Any, what: str, sample_weight: Any = None) -> tuple[Featu
 
 
 def _arrays(value: Any, name: str, role: str, what: str, lengths: dict[str, int]) -> Features:
-    """`value` (`x` or `y`) as an array or a dict of them, each one's length in `lengths`."""
+    """`value` (`x`, `y` or `sample_weight`) as an array or a dict of them, each one's length
+    in `lengths`."""
     if not isinstance(value, Mapping):
         value = np.asarray(value)
         lengths[name] = _length(value, f"{what}: {name}")

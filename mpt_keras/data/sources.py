@@ -27,8 +27,8 @@ from mpt_keras.errors import UserInputError, describe_error
 # What a JAX run reads, for its refusals.
 _ON_JAX = (
     f"Allowed on Keras' jax backend: data.name {' or '.join(embedded_arrays.EMBEDDED_DATASETS)} "
-    f"(splits {' and '.join(embedded_arrays.SPLITS)}), or a data.factory returning (x, y) "
-    "arrays; TFDS and tf.data need TensorFlow (--backend=tensorflow)"
+    f"(splits {' and '.join(embedded_arrays.SPLITS)}), or a data.factory returning (x, y[, "
+    "sample_weight]) arrays; TFDS and tf.data need TensorFlow (--backend=tensorflow)"
 )
 
 

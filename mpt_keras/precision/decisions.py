@@ -6,6 +6,7 @@ The float8 check runs whole before `apply` sets any policy, so an error changes 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -14,9 +15,9 @@ import keras
 import numpy as np
 
 from mpt_keras import compat
-from mpt_keras.errors import UserInputError
+from mpt_keras.errors import UserInputError, describe_error
 from mpt_keras.keras_bridge.layer_calls import calls_wrapped
-from mpt_keras.keras_bridge.layer_paths import LayerPath
+from mpt_keras.keras_bridge.layer_paths import LayerPath, iter_layers
 from mpt_keras.precision.float8 import check_float8_layer
 from mpt_keras.precision.names import FLOAT8
 from mpt_keras.precision.rules import Rule, rule_label
@@ -27,6 +28,7 @@ SAFE_DEFAULTS = {
 }
 
 _NORMALIZATION_CLASS = re.compile(r".*Norm(alization)?|RMSNorm.*")
+_LOGGER = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,13 +146,28 @@ def _returning_layers(model: keras.Model, inputs: Any) -> tuple[list[keras.layer
         def kept(*args: Any, **kwargs: Any) -> Any:
             outputs = call(*args, **kwargs)
             for tensor in keras.tree.flatten(outputs):
-                made[id(tensor)] = (tensor, layer)  # The tensor too: its id stays its own.
+                # Its maker, not a Dropout handing it on as it is; the tensor too: its id
+                # stays its own.
+                made.setdefault(id(tensor), (tensor, layer))
             return outputs
 
         return kept
 
-    with calls_wrapped(model.layers, keeping):
-        returned = keras.tree.flatten(model(inputs, training=False))
+    own = [layer for _, layer in iter_layers(model)]
+    try:
+        with (
+            calls_wrapped(model.layers, keeping),
+            compat.call_records_restored([model, *own]),
+            keras.StatelessScope(),  # Nothing the call assigns or adds as a loss is kept.
+        ):
+            returned = keras.tree.flatten(model(inputs, training=False))
+    except Exception as error:  # Its last layer stands for its outputs, as without inputs.
+        _LOGGER.warning(
+            "Model %s: not called to find the layers making its outputs (%s)",
+            model.name,
+            describe_error(error),
+        )
+        return [], False
     producers: list[keras.layers.Layer] = []
     for tensor in returned:
         tensor_and_layer = made.get(id(tensor))

@@ -110,7 +110,8 @@ class PrecisionManifest:
         """Sets the dtype policy of every layer of `model` (built or not), nested ones included.
 
         Applying again replaces an earlier apply; the model's own policy is left. `inputs`:
-        what the report traces (`report.precision_report`).
+        what the report traces (`report.precision_report`), and, concrete, what a built
+        subclassed model is called on to show which layers make its outputs (safe defaults).
 
         Returns the precision report with the decisions and unmatched and shadowed rules.
         Raises `UserInputError`, changing nothing, if the model has float16 or bfloat16

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import keras
 
@@ -35,13 +36,15 @@ def promote(
     manifest: PrecisionManifest,
     reason: str | Callable[[Promotion], str],
     paths: Iterable[str] | None = None,
+    inputs: Any = None,
 ) -> tuple[PrecisionManifest, tuple[Promotion, ...]]:
     """Moves layers of `model` (which `manifest` was applied to) one step up the ladder.
 
     `paths`: the layers to promote (None: all; float32 ones are left). `reason`: each new
-    rule's, or a function of its `Promotion`. Returns the new manifest, applied, and the
-    promotions in the order of `paths` (none: `manifest`, not reapplied). Raises
-    `UserInputError` for a path that is no layer of `model`.
+    rule's, or a function of its `Promotion`. `inputs`: as `PrecisionManifest.apply` takes
+    them (a subclassed model's heads keep float32 by its call on them). Returns the new
+    manifest, applied, and the promotions in the order of `paths` (none: `manifest`, not
+    reapplied). Raises `UserInputError` for a path that is no layer of `model`.
     """
     policies = {path: effective_policy(layer).name for path, layer in iter_layers(model)}
     paths = tuple(policies if paths is None else paths)
@@ -67,7 +70,7 @@ def promote(
         for promotion in promotions
     )
     manifest = dataclasses.replace(manifest, rules=(*rules, *manifest.rules))
-    manifest.apply(model)
+    manifest.apply(model, inputs=inputs)
     if model.compiled:
         model.make_train_function(force=True)
     return manifest, promotions

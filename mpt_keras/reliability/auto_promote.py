@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 from mpt_keras.checks import check_number
 from mpt_keras.files import write_text_atomic
@@ -29,7 +30,8 @@ class AutoPromote(GlobalStepCallback):
 
     Each promotion is logged, and written to `manifest_path` (the updated manifest) and
     `log_dir` (TensorBoard text) if given; `promotions` lists `(step, path, old, new)`.
-    `manifest`: the model's (promotions go before its rules). `k`: see the module.
+    `manifest`: the model's (promotions go before its rules). `k`: see the module. `inputs`:
+    example inputs, for a subclassed model of several heads (`PrecisionManifest.apply`).
 
     Raises:
         UserInputError: `k` or `check_every` not an integer >= 1; at `fit`, an optimizer
@@ -43,6 +45,7 @@ class AutoPromote(GlobalStepCallback):
         check_every: int = 10,
         manifest_path: str | os.PathLike | None = None,
         log_dir: str | os.PathLike | None = None,
+        inputs: Any = None,
     ):
         super().__init__()
         for name, value in (("k", k), ("check_every", check_every)):
@@ -52,6 +55,7 @@ class AutoPromote(GlobalStepCallback):
         self.check_every = check_every
         self.manifest_path = manifest_path
         self.log_dir = log_dir
+        self.inputs = inputs
         self.promotions: list[tuple[int, str, str, str]] = []
         self._last_counts: dict[str, int] = {}
         self._last_check = 0
@@ -106,6 +110,7 @@ class AutoPromote(GlobalStepCallback):
             self.manifest,
             lambda promotion: f"AutoPromote {self._message(promotion)}",
             paths,
+            self.inputs,
         )
         for promotion in promotions:
             message = self._message(promotion)

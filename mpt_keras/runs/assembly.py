@@ -68,10 +68,12 @@ def plan_precision(config: TrainConfig, census_target: str | None = None) -> Pre
     data = components.data()
     model, _, report = build_model(config, components, data)
     float8 = any(is_float8(layer) for _, layer in iter_layers(model))
-    if not float8 and not (current.is_jax() and _computes_float16(report)):
+    lowering = census_target is None and _may_not_lower(report)  # A target is a GPU.
+    if not float8 and not lowering:
         return report
     _, report = _compile(model, config, components, report, data.labels)
-    _check_lowers(model, report, config, data)
+    if lowering:
+        _check_lowers(model, report, config, data)
     if not float8:
         return report
     batch = data.batch_of_step(config.data.batch_size, config.seed, step=1)
@@ -121,12 +123,10 @@ def _check_lowers(
 ) -> None:
     """Refuses, before anything is written, a float16 step that Keras' JAX backend cannot
     compile on this device (`unlowerable_float16_dot`: a CPU's, for float16 attention)."""
-    if not (current.is_jax() and report.jit_compile and _computes_float16(report)):
+    if not (report.jit_compile and _may_not_lower(report)):
         return
-    from mpt_keras.backend.jax.compiled import lacks_float16_sums, unlowerable_float16_dot
+    from mpt_keras.backend.jax.compiled import unlowerable_float16_dot
 
-    if not lacks_float16_sums():  # A GPU: nothing to trace.
-        return
     batch = data.batch_of_step(config.data.batch_size, config.seed, step=1)
     compat.symbolic_build(model, batch)  # Else the traced step builds the loss and metrics.
     reason = unlowerable_float16_dot(model, batch)
@@ -147,6 +147,16 @@ def _check_lowers(
         "Allowed here: mixed_bfloat16 or float32, a manifest rule keeping those layers and their "
         "sublayers in float32, or jit_compile false; float16 compiles on a GPU"
     )
+
+
+def _may_not_lower(report: PrecisionReport) -> bool:
+    """Whether the float16 layers' step may not compile: on Keras' JAX backend, on a device
+    whose XLA lacks float16 sums in float32 (a CPU; a GPU has them: nothing to trace)."""
+    if not (current.is_jax() and _computes_float16(report)):
+        return False
+    from mpt_keras.backend.jax.compiled import lacks_float16_sums
+
+    return lacks_float16_sums()
 
 
 def _computes_float16(report: PrecisionReport) -> bool:

@@ -27,6 +27,7 @@ from mpt_keras.reliability.auto_promote import AutoPromote
 from mpt_keras.reliability.guards import BadBatchLimit, Diverged, DivergenceGuard
 from mpt_keras.runs.assembly import learning_rate_scale
 from mpt_keras.runs.model_dir import LOGS_SUBDIR, METRICS_CSV_FILE, PROMOTED_MANIFEST_FILE
+from mpt_keras.runs.precision_plan import build_on_data
 from mpt_keras.telemetry.metrics_csv import MetricsCsv
 from mpt_keras.telemetry.monitor import MixedPrecisionMonitor
 from mpt_keras.telemetry.prometheus import PrometheusExporter
@@ -98,7 +99,10 @@ def _mend(state: Fit, diverged: Diverged) -> None:
         _LOGGER.warning("Learning rate scaled by %g.", float(keras.ops.convert_to_numpy(scale)))
         return
     state.manifest, promotions = promote(
-        state.model, state.manifest, reason=f"divergence at {diverged}"
+        state.model,
+        state.manifest,
+        reason=f"divergence at {diverged}",
+        inputs=build_on_data(state.model, state.data),
     )
     if not promotions:
         raise RunStoppedError(
@@ -181,5 +185,6 @@ def _auto_promote(state: Fit) -> list[AutoPromote]:
             check_every=state.config.log_every,
             manifest_path=os.path.join(state.model_dir, PROMOTED_MANIFEST_FILE),
             log_dir=os.path.join(state.model_dir, LOGS_SUBDIR),
+            inputs=build_on_data(state.model, state.data),
         )
     ]

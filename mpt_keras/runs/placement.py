@@ -17,6 +17,7 @@ import keras
 
 from mpt_keras.backend import current
 from mpt_keras.config import DataConfig, TrainConfig
+from mpt_keras.data.example_arrays import count
 from mpt_keras.data.sources import RunData
 from mpt_keras.errors import UserInputError
 
@@ -68,7 +69,8 @@ def check_batches(placement: Placement, data: DataConfig, run_data: RunData) -> 
     if not current.is_jax() or distribution is None:
         return
     devices = distribution.device_mesh.devices.size
-    eval_count = len(run_data.eval[0])  # On JAX the data are arrays (data/sources.py).
+    # On JAX the data are arrays (data/sources.py); x a dict of them for named inputs.
+    eval_count = count(run_data.eval[0])
     # What each size is, and the hint where the size comes from the evaluation examples.
     evaluation = " (data.eval_examples sets the evaluation examples)"
     sizes = {"data.batch_size": (data.batch_size, "")}

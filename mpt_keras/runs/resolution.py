@@ -111,7 +111,7 @@ def components_from_objects(
     if not (isinstance(data, tuple) and len(data) == 2):
         raise UserInputError(
             f"data: received {type(data).__name__}. Allowed: a tuple (train, eval) of "
-            "tf.data.Datasets or of (x, y) array tuples"
+            "tf.data.Datasets or of (x, y) or (x, y, sample_weight) array tuples"
         )
     run_data = RunData(
         data_lib.checked_split(data[0], "data[0]", batching),

@@ -29,7 +29,7 @@ from mpt_keras.errors import UserInputError
 from mpt_keras.files import check_writable_dir, write_json_atomic, write_text_atomic
 from mpt_keras.precision.names import PRECISIONS
 from mpt_keras.runs.side_by_side import TrainingRun, resolve_side_by_side, train_steps
-from mpt_keras.validation.forward_parity import ForwardParity, forward_parity
+from mpt_keras.validation.forward_parity import ForwardParity, forward_parity, nan_as_inf
 from mpt_keras.validation.loss_curves import plot_loss_curves, write_loss_curves
 from mpt_keras.validation.report import ValidationReport
 from mpt_keras.validation.thresholds import DEFAULT_STEPS, Check, Thresholds
@@ -143,7 +143,9 @@ def _checks(
     outputs = parity.outputs
     # Each output's of a model of several (`val_digit_accuracy`), any accuracy's name.
     accuracies = [
-        name for name in baseline.metrics if name.startswith("val_") and name.endswith("accuracy")
+        name
+        for name in baseline.metrics
+        if name.startswith("val_") and name.endswith("accuracy") and name in candidate.metrics
     ]
     return (
         Check(
@@ -168,7 +170,10 @@ def _checks(
             [
                 Check(
                     "metric_delta",
-                    max(baseline.metrics[name] - candidate.metrics[name] for name in accuracies),
+                    max(
+                        (baseline.metrics[name] - candidate.metrics[name] for name in accuracies),
+                        key=nan_as_inf,  # NaN fails, wherever it comes.
+                    ),
                     thresholds.max_metric_delta,
                     "<=",
                 )

@@ -63,7 +63,7 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         histogram_freq: int = 0,
         histogram_data: tuple[Any, Any] | None = None,
         examples_per_step: int | None = None,
-        diagnosis_data: tuple[Any, Any] | Callable[[int], tuple[Any, Any]] | None = None,
+        diagnosis_data: tuple[Any, ...] | Callable[[int], tuple[Any, ...]] | None = None,
         diagnosis_every: int = 100,
     ):
         super().__init__()

@@ -168,6 +168,16 @@ def test_a_run_trains_on_the_sample_weights_of_its_data_factorys_arrays(tmp_path
             "length, the number of examples, along the first axis of each",
         ),
         (
+            (np.ones(3), {"digit": np.ones(3)}, {"parity": np.ones(3)}),
+            "data[0]: sample_weight: received a dict with keys ['parity']. Allowed: one array "
+            "for every output, or a dict with the keys of y: ['digit']",
+        ),
+        (
+            (np.ones(3), np.ones(3), {"digit": np.ones(3)}),
+            "data[0]: sample_weight: received a dict with keys ['digit']. Allowed: one array "
+            "for every output, or a dict with the keys of y",
+        ),
+        (
             (np.ones(3), np.ones(3), np.ones(3), np.ones(3)),
             "data[0]: received a tuple of 4. Allowed: {dataset}a tuple (x, y) or (x, y, "
             "sample_weight) of arrays of one length, x an array or a dict of them",
@@ -193,6 +203,8 @@ def test_arrays_with_sample_weights_are_taken_as_three():
     from mpt_keras.data import checked_split
 
     x, y, w = checked_split(
-        ([[1.0], [2.0]], [0, 1], {"digit": [0.5, 2.0]}), "data[0]", "data.batch_size: 4"
+        ([[1.0], [2.0]], {"digit": [0, 1]}, {"digit": [0.5, 2.0]}), "data[0]", "data.batch_size: 4"
     )
-    assert (x.shape, y.tolist(), w["digit"].tolist()) == ((2, 1), [0, 1], [0.5, 2.0])
+    assert (x.shape, y["digit"].tolist(), w["digit"].tolist()) == ((2, 1), [0, 1], [0.5, 2.0])
+    _, _, w = checked_split(([[1.0], [2.0]], {"digit": [0, 1]}, [0.5, 2.0]), "data[0]", "")
+    assert w.tolist() == [0.5, 2.0]  # One array: every output's.

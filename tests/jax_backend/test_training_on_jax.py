@@ -89,6 +89,20 @@ def test_a_crashed_data_parallel_float16_run_resumes_to_the_uninterrupted_weight
             "examples)",
         ),
         (
+            {
+                "strategy": "data_parallel",
+                "data": {
+                    "name": None,  # x a dict of arrays: counted by its examples.
+                    "factory": "examples.user_data:python_bytes",
+                    "options": {"sequence_length": 8},
+                    "eval_examples": 65,
+                },
+            },
+            "the last evaluation batch: received 65, which data_parallel cannot split over its "
+            "2 devices. Allowed: a multiple of 2 (data.eval_examples sets the evaluation "
+            "examples)",
+        ),
+        (
             {"strategy": "data_parallel", "data": {"batch_size": 15}},
             "data.batch_size: received 15, which data_parallel cannot split over its 2 devices. "
             "Allowed: a multiple of 2",
@@ -97,7 +111,8 @@ def test_a_crashed_data_parallel_float16_run_resumes_to_the_uninterrupted_weight
             {"data": {"name": "cifar10"}},
             "data.name 'cifar10': a TFDS dataset. Allowed on Keras' jax backend: data.name "
             "mpt_digits or mpt_python_source (splits train and validation), or a data.factory "
-            "returning (x, y) arrays; TFDS and tf.data need TensorFlow (--backend=tensorflow)",
+            "returning (x, y[, sample_weight]) arrays; TFDS and tf.data need TensorFlow "
+            "(--backend=tensorflow)",
         ),
     ],
 )
@@ -140,6 +155,8 @@ def test_float16_attention_that_a_cpu_cannot_compile_is_one_line_and_writes_noth
     assert not (tmp_path / "run").exists()
     with pytest.raises(UserInputError, match="block_0/attention"):
         mpt_keras.plan_precision(config)
+    # Planned for a GPU (the float8 census's target): nothing to refuse.
+    assert mpt_keras.plan_precision(config, census_target="h100").precision == "mixed_float16"
     # What it allows: the attention (and its projections) in float32, the rest float16.
     manifest = tmp_path / "manifest.json"
     manifest.write_text(
@@ -153,6 +170,9 @@ def test_float16_attention_that_a_cpu_cannot_compile_is_one_line_and_writes_noth
     )
     metrics = _run(_transformer(precision="mixed_float16", manifest=str(manifest)), tmp_path / "ok")
     assert metrics["step"] == 2
+    # Or not compiled: JAX's eager attention falls back where the compiled step cannot.
+    eager = _run(_transformer(precision="mixed_float16", jit_compile="false"), tmp_path / "eager")
+    assert eager["step"] == 2
     report = json.loads((tmp_path / "ok" / "precision_report.json").read_text())
     policies = {layer["path"]: layer["compute_dtype"] for layer in report["layers"]}
     assert (policies["block_0/attention/query"], policies["block_0/mlp_up"]) == (

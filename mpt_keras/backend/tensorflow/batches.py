@@ -16,7 +16,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from mpt_keras.checks import check_batching, check_number
+from mpt_keras.checks import batch_parts, check_number
 
 _UNTUNED = tf.data.Options()
 _UNTUNED.autotune.enabled = False  # The module docstring says why.
@@ -37,7 +37,7 @@ def train_batches(
     `start_step=0`. `UserInputError`: a bad batch_size or start_step, no examples, or lengths
     differing.
     """
-    parts = _parts(features, labels, sample_weight, batch_size)
+    parts = batch_parts(features, labels, sample_weight, batch_size, _count)
     num_examples = _count(features)
     check_number("start_step", start_step, minimum=0, integer=True)
     first_epoch, first_offset = divmod(start_step * batch_size, num_examples)
@@ -77,18 +77,13 @@ def eval_batches(
     """One in-order pass over (features, labels[, sample_weight]), keeping the last partial
     batch; refusals as `train_batches`'."""
     return (
-        tf.data.Dataset.from_tensor_slices(_parts(features, labels, sample_weight, batch_size))
+        tf.data.Dataset.from_tensor_slices(
+            batch_parts(features, labels, sample_weight, batch_size, _count)
+        )
         .batch(batch_size)
         .prefetch(tf.data.AUTOTUNE)
         .with_options(_UNTUNED)
     )
-
-
-def _parts(features: Any, labels: Any, sample_weight: Any, batch_size: int) -> tuple[Any, ...]:
-    """What each batch takes the same rows of, checked (`check_batching`)."""
-    weights = () if sample_weight is None else (sample_weight,)
-    check_batching(_count(features), _count(labels), batch_size, *map(_count, weights))
-    return (features, labels, *weights)
 
 
 def _count(features: Any) -> int:
