@@ -262,8 +262,8 @@ def checked_split(split: Any, what: str, batching: str) -> tuple[np.ndarray, ...
 
 def _array_dimensions(x: example_arrays.Features) -> dict[str, Any]:
     """What an array of inputs says, as `tf_datasets.spec_dimensions` for a dataset: an
-    example's shape, and a token sequence's length (nothing for a dict of inputs)."""
-    if isinstance(x, Mapping) or x.ndim < 1 or x.dtype == object:
+    example's shape, and a token sequence's length (nothing for a dict or list of inputs)."""
+    if not isinstance(x, np.ndarray) or x.ndim < 1 or x.dtype == object:
         return {}
     dimensions: dict[str, Any] = {"input_shape": tuple(x.shape[1:])}
     if np.issubdtype(x.dtype, np.integer) and x.ndim == 2:

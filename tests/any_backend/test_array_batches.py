@@ -135,6 +135,58 @@ def test_a_run_trains_on_the_sample_weights_of_its_data_factorys_arrays(tmp_path
     assert losses[1.0] == losses[None] and min(losses[None]) > 0
 
 
+def test_labels_by_position_are_batched_row_for_row_as_a_tuple():
+    from mpt_keras.data import checked_split
+
+    x, y = checked_split((FEATURES, [LABELS, LABELS % 2]), "data[0]", "data.batch_size: 4")
+    assert isinstance(y, tuple) and len(y) == 2  # tf.data would stack a list into one tensor.
+    batch_x, (digit, parity) = array_batches.batch_of_step(x, y, 4, seed=7, step=2)
+    np.testing.assert_array_equal(digit * 10.0, batch_x[:, 0])
+    np.testing.assert_array_equal(parity, digit % 2)
+    _, labels = checked_split((FEATURES, list(LABELS)), "data[0]", "data.batch_size: 4")
+    assert labels.tolist() == LABELS.tolist()  # A list of numbers: the rows of one array.
+
+
+def test_a_run_trains_on_labels_by_position_as_on_labels_by_name(tmp_path, monkeypatch):
+    from tiny_runs import tiny_config
+
+    import mpt_keras
+
+    (tmp_path / "two_outputs.py").write_text(
+        "import keras\n"
+        "from examples.user_data import digits_arrays\n"
+        "def model():\n"
+        "    x = keras.Input((8, 8, 1))\n"
+        "    hidden = keras.layers.Dense(16, activation='relu')(keras.layers.Flatten()(x))\n"
+        "    outputs = [keras.layers.Dense(10, name='digit')(hidden),\n"
+        "               keras.layers.Dense(1, name='parity')(hidden)]\n"
+        "    return keras.Model(x, outputs)\n"
+        "def losses():\n"
+        "    return [keras.losses.SparseCategoricalCrossentropy(from_logits=True),\n"
+        "            keras.losses.BinaryCrossentropy(from_logits=True)]\n"
+        "def data(by, seed=0):\n"
+        "    def labels(y):\n"
+        "        parity = (y % 2).astype('float32')[:, None]\n"
+        "        return [y, parity] if by == 'position' else {'digit': y, 'parity': parity}\n"
+        "    (x, y), (ex, ey), dimensions = digits_arrays(seed)\n"
+        "    return (x, labels(y)), (ex, labels(ey)), dimensions\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    metrics = {}
+    for by in ("position", "name"):
+        config = tiny_config(
+            None,
+            model={"name": None, "factory": "two_outputs:model"},
+            data={"name": None, "factory": "two_outputs:data", "options": {"by": by}},
+            loss={"factory": "two_outputs:losses"},
+            metrics=["accuracy"],
+        )
+        run = mpt_keras.Runtime(str(tmp_path / by), verbose=0)
+        metrics[by] = mpt_keras.run_training(config, run)
+    assert metrics["position"] == metrics["name"]
+    assert {"val_digit_accuracy", "val_parity_accuracy"} <= set(metrics["name"])
+
+
 @pytest.mark.parametrize(
     "split, message",
     [
@@ -176,6 +228,17 @@ def test_a_run_trains_on_the_sample_weights_of_its_data_factorys_arrays(tmp_path
             (np.ones(3), np.ones(3), {"digit": np.ones(3)}),
             "data[0]: sample_weight: received a dict with keys ['digit']. Allowed: one array "
             "for every output, or a dict with the keys of y",
+        ),
+        (
+            (np.ones(3), [np.ones(3), np.ones(3)], [np.ones(3)]),
+            "data[0]: sample_weight: received a list of 1 arrays. Allowed: one array for every "
+            "output, or as y is, a list of 2",
+        ),
+        (
+            (np.ones(3), [np.ones(2)] * 8),
+            "data[0]: received arrays of lengths x 3, y[0] 2, y[1] 2, y[2] 2, y[3] 2, y[4] 2, "
+            "... (3 more). Allowed: one length, the number of examples, along the first axis "
+            "of each",
         ),
         (
             (np.ones(3), np.ones(3), np.ones(3), np.ones(3)),
