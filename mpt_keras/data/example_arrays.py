@@ -50,21 +50,7 @@ def checked(x: Any, y: Any, what: str, sample_weight: Any = None) -> tuple[Featu
     weights = ()
     if sample_weight is not None:
         weights = (_arrays(sample_weight, "sample_weight", "output", what, lengths),)
-        if isinstance(weights[0], tuple) and (
-            not isinstance(y, tuple) or len(weights[0]) != len(y)
-        ):
-            outputs = len(y) if isinstance(y, tuple) else "one"
-            raise refusal(
-                f"{what}: sample_weight", f"a list of {len(weights[0])} arrays",
-                f"one array for every output, or as y is, a list of {outputs}",
-            )  # fmt: skip
-        keys = sorted(y) if isinstance(y, Mapping) else None
-        if isinstance(sample_weight, Mapping) and sorted(sample_weight) != keys:
-            raise refusal(
-                f"{what}: sample_weight", f"a dict with keys {sorted(sample_weight)!r}",
-                "one array for every output, or a dict with the keys of y"
-                + ("" if keys is None else f": {keys!r}"),
-            )  # fmt: skip
+        _check_weights_as_labels(weights[0], y, what)
     if len(set(lengths.values())) > 1:
         shown = [f"{name} {length}" for name, length in lengths.items()]
         if len(shown) > _LENGTHS_SHOWN:
@@ -77,6 +63,23 @@ def checked(x: Any, y: Any, what: str, sample_weight: Any = None) -> tuple[Featu
     return (x, y, *weights)
 
 
+def _check_weights_as_labels(weights: Features, y: Features, what: str) -> None:
+    """Refuses sample weights by output that are not `y`'s outputs (one array: all of them)."""
+    if isinstance(weights, tuple) and not (isinstance(y, tuple) and len(weights) == len(y)):
+        outputs = len(y) if isinstance(y, tuple) else "one"
+        raise refusal(
+            f"{what}: sample_weight", f"a list of {len(weights)} arrays",
+            f"one array for every output, or as y is, a list of {outputs}",
+        )  # fmt: skip
+    keys = sorted(y) if isinstance(y, Mapping) else None
+    if isinstance(weights, Mapping) and sorted(weights) != keys:
+        raise refusal(
+            f"{what}: sample_weight", f"a dict with keys {sorted(weights)!r}",
+            "one array for every output, or a dict with the keys of y"
+            + ("" if keys is None else f": {keys!r}"),
+        )  # fmt: skip
+
+
 def _arrays(value: Any, name: str, role: str, what: str, lengths: dict[str, int]) -> Features:
     """`value` (`x`, `y` or `sample_weight`) as an array, a dict of them, or a tuple of them
     by position (a list or tuple of arrays, as Keras takes one per input or output; kept a
@@ -84,21 +87,20 @@ def _arrays(value: Any, name: str, role: str, what: str, lengths: dict[str, int]
     `lengths`."""
     if _by_position(value):
         arrays = tuple(np.asarray(array) for array in value)
-        for index, array in enumerate(arrays):
-            lengths[f"{name}[{index}]"] = _length(array, f"{what}: {name}[{index}]")
-        return arrays
-    if not isinstance(value, Mapping):
-        value = np.asarray(value)
-        lengths[name] = _length(value, f"{what}: {name}")
-        return value
-    if not value or not all(isinstance(key, str) for key in value):
-        raise refusal(
-            f"{what}: {name}", f"a dict with keys {list(value)!r}",
-            f"a non-empty dict of arrays keyed by the model's {role} names",
-        )  # fmt: skip
-    arrays = {key: np.asarray(array) for key, array in value.items()}
-    for key, array in arrays.items():
-        lengths[f"{name}[{key!r}]"] = _length(array, f"{what}: {name}[{key!r}]")
+        places = [(f"{name}[{index}]", array) for index, array in enumerate(arrays)]
+    elif isinstance(value, Mapping):
+        if not value or not all(isinstance(key, str) for key in value):
+            raise refusal(
+                f"{what}: {name}", f"a dict with keys {list(value)!r}",
+                f"a non-empty dict of arrays keyed by the model's {role} names",
+            )  # fmt: skip
+        arrays = {key: np.asarray(array) for key, array in value.items()}
+        places = [(f"{name}[{key!r}]", array) for key, array in arrays.items()]
+    else:
+        arrays = np.asarray(value)
+        places = [(name, arrays)]
+    for place, array in places:
+        lengths[place] = _length(array, f"{what}: {place}")
     return arrays
 
 
