@@ -8,7 +8,8 @@ flags, its own device memory), most important first, each given at most its cap 
 left of `--budget_s`. A step that fails or runs out of time is recorded in one line and loses
 no other; one that finds too little time left is not started. The benchmarks write their
 files after each variant or cell, so a step stopped midway keeps what it measured.
-`--only` reruns chosen steps. `--small` is the CPU dry run (every step at its `--small`).
+`--only` reruns chosen steps. `--small` is the CPU dry run: every step at its `--small`, but for
+the smaller MLP widths, which at `--small` would run the `mlp` step's command again.
 
 Each step writes into `<output>/<step>/`; the session's record, `<output>/gpu_session_<date>.json`
 (each step's command, seconds, outcome, files and last lines of output), sits beside them:
@@ -63,9 +64,15 @@ def plan(small: bool) -> tuple[Step, ...]:
     """The steps, most important first: the issue's two speed goals (float8 at least 1.3x
     bfloat16 on the MLP blocks at width 4096; at least bfloat16's speed on the reference
     Transformer), each with the census of the compiled step; then cuBLAS's float8 GEMMs
-    (XLA's Triton GEMMs off), `mpt-validate` of the float8 manifest, and smaller widths."""
+    (XLA's Triton GEMMs off), `mpt-validate` of the float8 manifest, and smaller widths (not
+    in the dry run)."""
     dry = ("--small",) if small else ()
     mlp = ("-m", "benchmarks.float8_mlp", *dry, "--output={output}")
+    # At `--small`, the smaller widths would run the `mlp` step's command again.
+    widths = () if small else (
+        Step("mlp_2048", (*mlp, "--width=2048"), 60),
+        Step("mlp_768", (*mlp, "--width=768"), 45),
+    )  # fmt: skip
     return (
         Step("mlp", mlp, 150),
         Step(
@@ -81,8 +88,7 @@ def plan(small: bool) -> tuple[Step, ...]:
             90,
             drop=("lm_float8.png", "lm_float8_logs"),  # The chart, TensorBoard's curves.
         ),
-        Step("mlp_2048", mlp if small else (*mlp, "--width=2048"), 60),
-        Step("mlp_768", mlp if small else (*mlp, "--width=768"), 45),
+        *widths,
     )
 
 
