@@ -46,6 +46,15 @@ def is_traced(value: Any = None) -> bool:
     return is_tracing()
 
 
+def in_cross_replica_context() -> bool:
+    """A `tf.distribute` strategy's cross-replica context (never on JAX)."""
+    if is_jax():
+        return False
+    from mpt_keras.backend.tensorflow.distribute import in_cross_replica_context as cross
+
+    return cross()
+
+
 def float8_dot(lhs: Any, rhs: Any, contracting: tuple[int, int], dtype: Any) -> Any:
     """`lhs @ rhs` of two float8 matrices over their dimensions `contracting` (one each; the
     result's dimensions are `lhs`'s free one, then `rhs`'s), as float32, for a layer computing

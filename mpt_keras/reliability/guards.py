@@ -168,7 +168,7 @@ class ScaledLearningRate(keras.optimizers.schedules.LearningRateSchedule):
             "learning_rate": keras.saving.serialize_keras_object(base)
             if isinstance(base, keras.optimizers.schedules.LearningRateSchedule)
             else base,
-            # Not ops.convert_to_numpy: see loss_scale_optimizer._read.
+            # Not ops.convert_to_numpy: see scaling/readings.read.
             "scale": float(self.scale.numpy()),
         }
 

@@ -112,7 +112,8 @@ def _hand_batches_over(model: keras.Model) -> None:
     """With our optimizer, the train step hands it each batch to judge and logs its state.
 
     Wraps the class's `train_step`, so compiling again does not stack wrappers and compiling
-    with another optimizer removes it.
+    with another optimizer removes it. A model's own `train_step` that never scales its loss
+    (Keras' guides write it so) gets its gradients applied undivided, with a warning.
     """
     if _is_hand_over(vars(model).get("train_step")):
         del vars(model)["train_step"]
@@ -128,7 +129,8 @@ def _hand_batches_over(model: keras.Model) -> None:
 
     def train_step(data: Any) -> Any:
         optimizer.hand_over_batch(data, state=model.non_trainable_variables)
-        logs = class_step(model, data)
+        with optimizer.model_train_step(model.name):
+            logs = class_step(model, data)
         if not isinstance(logs, dict):
             return logs
         return {**logs, **optimizer.step_logs()}
@@ -141,14 +143,16 @@ def _jax_train_step(
     model: keras.Model, optimizer: LossScaleOptimizer, class_step: Callable[..., Any]
 ) -> Callable[[Any, Any], Any]:
     """JAX: Keras' step handing over batch and loss (`jax_train_step`); a model's own
-    `train_step` is kept, its logs given the loss-scaling state."""
+    `train_step` is kept, its logs given the loss-scaling state (its gradients are not divided
+    by the scale if it never scales its loss: `LossScaleOptimizer.model_train_step`)."""
     if compat.is_keras_jax_train_step(class_step):
         from mpt_keras.scaling import jax_train_step
 
         return functools.partial(jax_train_step.train_step, model, optimizer)
 
     def train_step(state: Any, data: Any) -> Any:
-        logs, state = class_step(model, state, data)
+        with optimizer.model_train_step(model.name):
+            logs, state = class_step(model, state, data)
         if not isinstance(logs, dict):
             return logs, state
         trainable, _, optimizer_values, _ = state  # Keras' JAX train state.

@@ -1,18 +1,27 @@
-"""What a train step hands the optimizer before `apply`: the loss, the batch, the state.
+"""What a train step hands the optimizer before `apply`: the loss, the batch, the state, and
+whether it scaled its loss at all.
 
 Keras' train step calls `scale_loss` but never passes the loss (or batch) to
 `apply`; kept per replica and per trace, they let `apply` tell bad data from an overflow.
+A model's own `train_step` written as Keras' guides write it never calls `scale_loss`:
+`LossScaleSteps` lets `apply` see that, rather than divide unscaled gradients by the scale.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import keras
 from keras import ops
 
 from mpt_keras.backend import current
+from mpt_keras.scaling import scale_rule
+
+_LOGGER = logging.getLogger(__name__)
 
 # The handed-over values that are tensors of the trace they were handed over in.
 _TENSORS = ("loss", "batch", "state")
@@ -47,6 +56,47 @@ class HandOvers:
             if any(getattr(t, "graph", graph) is not graph for t in tensors):
                 values.pop(name)  # From a nested function's graph.
         return values
+
+
+class LossScaleSteps:
+    """Whether the model train step running in this thread (a replica's, on TensorFlow) has
+    scaled its loss: outside one (a custom loop's `apply`), gradients count as scaled."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._told = False
+
+    @contextlib.contextmanager
+    def step(self, model_name: str) -> Iterator[None]:
+        """The train step of model `model_name` runs inside: `scaled` starts False."""
+        outer = getattr(self._local, "scaled", None), getattr(self._local, "model", None)
+        self._local.scaled, self._local.model = False, model_name
+        try:
+            yield
+        finally:
+            self._local.scaled, self._local.model = outer
+
+    def mark_scaled(self) -> None:
+        if getattr(self._local, "scaled", None) is not None:
+            self._local.scaled = True
+
+    def never_scaled(self, optimizer: Any) -> bool:
+        """In a model's train step that took gradients of a loss it never scaled, with
+        `optimizer`'s scale not pinned at 1: they are not to be divided (warned once)."""
+        if getattr(self._local, "scaled", None) is not False or scale_rule.scale_is_one(optimizer):
+            return False
+        if not self._told:
+            self._told = True
+            _LOGGER.warning(
+                "model '%s': its train_step applied gradients of a loss it never scaled (no "
+                "optimizer.scale_loss(loss) before taking them): %s applies them as they "
+                "are, not divided by the loss scale, so small float16 gradients may "
+                "underflow to zero. Scale the loss before taking gradients, as Keras' own "
+                "train_step does: loss = self.optimizer.scale_loss(loss)",
+                self._local.model,
+                type(optimizer).__name__,
+            )
+        return True
 
 
 def state_before(variables: Sequence[keras.Variable]) -> list[tuple[keras.Variable, Any]]:

@@ -4,6 +4,7 @@ backend (`stateless_step`: the same rules as a function of values)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -17,9 +18,13 @@ from mpt_keras.checks import refusal
 from mpt_keras.scaling import readings, scale_rule, stateless_step
 from mpt_keras.scaling import settings as loss_scale_settings
 from mpt_keras.scaling.accumulation import Accumulation
-from mpt_keras.scaling.hand_over import HandOvers, state_before
+from mpt_keras.scaling.hand_over import HandOvers, LossScaleSteps, state_before
 from mpt_keras.scaling.health import BAD_BATCH_MEMORY, StepHealth
-from mpt_keras.scaling.own_variables import ModelVariables, OwnVariables
+from mpt_keras.scaling.own_variables import (
+    ModelVariables,
+    OwnVariables,
+    refuse_unscaled_float8_state,
+)
 from mpt_keras.scaling.scale_rule import ScaleVariables
 from mpt_keras.scaling.settings import LossScaleSettings
 
@@ -116,6 +121,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         self.dynamic = settings.dynamic
         self.all_reduce_dtype = settings.all_reduce_dtype
         self._handed_over = HandOvers()
+        self._loss_scale_steps = LossScaleSteps()
         # Made here, not in build(): a scale_loss() traced before apply() must read it.
         self.dynamic_scale = self.add_variable(
             shape=(),
@@ -177,17 +183,17 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
     @property
     def loss_scale(self) -> Any:
         """The current loss scale: a float eagerly, a tensor in a graph."""
-        return _read(self.dynamic_scale, float)
+        return readings.read(self.dynamic_scale, float)
 
     @property
     def skipped_steps(self) -> Any:
         """Steps (micro-batches) skipped: non-finite gradients, updates or batches."""
-        return _read(self._skipped_counter, int)
+        return readings.read(self._skipped_counter, int)
 
     @property
     def bad_batches(self) -> Any:
         """Steps skipped because their loss or batch held a NaN or Inf."""
-        return _read(self._bad_batch_counter, int)
+        return readings.read(self._bad_batch_counter, int)
 
     @property
     def gradient_norm(self) -> Any:
@@ -197,7 +203,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
     @property
     def last_loss(self) -> Any:
         """The loss (summed over replicas and elements) of the last step with a finite batch."""
-        return _read(self._last_loss, float)
+        return readings.read(self._last_loss, float)
 
     def step_logs(
         self, values: Sequence[Any] | None = None, trainable_values: Sequence[Any] = ()
@@ -228,6 +234,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
     def scale_loss(self, loss: Any) -> Any:
         """The loss times the scale; this replica's next `apply` judges the loss (see `apply`)."""
         loss = ops.convert_to_tensor(loss)  # A number or a tensor of any shape, as the stock.
+        self._loss_scale_steps.mark_scaled()
         if not (current.is_jax() and current.is_traced(loss)):  # It would leak from jax.grad.
             self._handed_over.put(loss=loss)
         return ops.multiply(loss, ops.cast(self.dynamic_scale, loss.dtype))
@@ -250,6 +257,11 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
 
         return [None if g is None else unscaled_like(g, self.dynamic_scale) for g in grads]
 
+    def model_train_step(self, model_name: str) -> contextlib.AbstractContextManager[None]:
+        """A model's train step runs inside (see `compile_hook`): an `apply` there of a loss
+        never scaled (no `scale_loss`) applies the gradients undivided, with a warning."""
+        return self._loss_scale_steps.step(model_name)
+
     def hand_over_batch(self, batch: Any, state: Sequence[keras.Variable] = ()) -> None:
         """Gives this replica's next `apply` the batch, and the `state` to put back on a skip."""
         self._handed_over.put(batch=batch, state=state_before(state))
@@ -270,7 +282,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         `state_before(variables)` of what the forward pass updates, put back on a skip.
         Returns whether the step was a bad batch on any replica (a bool tensor).
         """
-        if _in_cross_replica_context():
+        if current.in_cross_replica_context():
             raise ValueError(
                 "apply() must be called in a replica context, e.g. inside "
                 "strategy.run(); it was called in a cross-replica context."
@@ -299,14 +311,17 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         if state is None:
             state = handed_over.get("state", ())
         caller_unscaled = handed_over.get("unscaled", False)
+        if caller_unscaled and not scale_rule.scale_is_one(self):
+            refuse_unscaled_float8_state(variables)
+        unscaled = caller_unscaled or self._loss_scale_steps.never_scaled(self)
         own = self._own_variables()
         if current.is_jax():
             return stateless_step.apply_eagerly(
-                self, own, grads, variables, loss, batch, list(state), caller_unscaled
+                self, own, grads, variables, loss, batch, list(state), unscaled
             )
         from mpt_keras.scaling.step import run_step
 
-        return run_step(self, own, grads, variables, loss, batch, list(state), caller_unscaled)
+        return run_step(self, own, grads, variables, loss, batch, list(state), unscaled)
 
     def _own_variables(self) -> OwnVariables:
         accumulation = None
@@ -358,6 +373,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             trainable_variables,
             loss=loss,
             batch=batch,
+            unscaled=self._loss_scale_steps.never_scaled(self),
         )
 
     def stateless_skipped(self, before: Sequence[Any], after: Sequence[Any]) -> Any:
@@ -379,20 +395,3 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             }
         )
         return config
-
-
-def _in_cross_replica_context() -> bool:
-    if current.is_jax():
-        return False
-    from mpt_keras.backend.tensorflow.distribute import in_cross_replica_context
-
-    return in_cross_replica_context()
-
-
-def _read(variable: keras.Variable, to_python: type) -> Any:
-    value = ops.convert_to_tensor(variable)
-    if current.is_traced(value):
-        return value
-    # Not np.array(variable): NumPy 2 warns on Keras' Variable.__array__ (Keras' saving reads
-    # these properties).
-    return to_python(variable.numpy())

@@ -74,13 +74,11 @@ class OwnVariables(NamedTuple):
     accumulation: Accumulation | None
 
 
-def refuse_unscaled_float8_state(
-    variables: Sequence[keras.Variable], overwritten: Sequence[bool]
-) -> None:
-    """Raises `UserInputError` if a float8 layer's state is among `variables` (`overwritten`)
-    whose gradients the caller unscaled: that divided its new value by the scale too."""
-    if any(overwritten):
-        first = next(v for v, o in zip(variables, overwritten) if o)
+def refuse_unscaled_float8_state(variables: Sequence[keras.Variable]) -> None:
+    """Raises `UserInputError` if a float8 layer's state is among `variables`, whose gradients
+    the caller unscaled: that divided its new value by the scale too."""
+    first = next((v for v in variables if is_float8_state(v)), None)
+    if first is not None:
         raise UserInputError(
             f"variable '{first.path}' is a float8 layer's state, and the gradients "
             "passed to apply were unscaled by get_unscaled_gradients(), which divided "

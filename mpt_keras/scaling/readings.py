@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import keras
 from keras import ops
 
+from mpt_keras.backend import current
 from mpt_keras.precision.float8 import largest_range_used
 from mpt_keras.scaling.health import (
     BAD_BATCH_MEMORY,
@@ -17,6 +19,16 @@ from mpt_keras.scaling.health import (
     StepHealth,
 )
 from mpt_keras.scaling.own_variables import OwnVariables
+
+
+def read(variable: keras.Variable, to_python: type) -> Any:
+    """`variable` as a Python number eagerly; its tensor in a trace."""
+    value = ops.convert_to_tensor(variable)
+    if current.is_traced(value):
+        return value
+    # Not np.array(variable): NumPy 2 warns on Keras' Variable.__array__ (Keras' saving reads
+    # these properties).
+    return to_python(variable.numpy())
 
 
 def gradient_norm(own: OwnVariables) -> Any:

@@ -23,7 +23,6 @@ from mpt_keras.scaling.accumulation import accumulate
 from mpt_keras.scaling.health import BAD_BATCH_MEMORY
 from mpt_keras.scaling.own_variables import (
     OwnVariables,
-    refuse_unscaled_float8_state,
     spread_over,
 )
 
@@ -40,14 +39,15 @@ def stateless_step(
     *,
     loss: Any = None,
     batch: Any = None,
-    caller_unscaled: bool = False,
+    unscaled: bool = False,
 ) -> tuple[list[Any], list[Any]]:
-    """The new trainable and optimizer values (in `optimizer.variables`' order) of one step."""
+    """The new trainable and optimizer values (in `optimizer.variables`' order) of one step;
+    `unscaled` as in `step.run_step`."""
     variables = list(own.model.variables)
     mapping = [*zip(optimizer.variables, optimizer_values), *zip(variables, trainable_values)]
     with keras.StatelessScope(state_mapping=mapping) as scope:
         trainable, inner = _step(
-            optimizer, own, list(grads), list(trainable_values), loss, batch, caller_unscaled
+            optimizer, own, list(grads), list(trainable_values), loss, batch, unscaled
         )
         new_values = []
         for variable, value in zip(optimizer.variables, optimizer_values):
@@ -67,7 +67,7 @@ def apply_eagerly(
     loss: Any,
     batch: Any,
     state: list[tuple[keras.Variable, Any]],
-    caller_unscaled: bool,
+    unscaled: bool,
 ) -> Any:
     """`apply()` on JAX: one step on the variables' values, written back (`state` put back
     on a skip); returns whether the step was a bad batch."""
@@ -87,7 +87,7 @@ def apply_eagerly(
         [ops.convert_to_tensor(v) for v in variables],
         loss=loss,
         batch=batch,
-        caller_unscaled=caller_unscaled,
+        unscaled=unscaled,
     )
     for variable, value in zip([*variables, *optimizer.variables], [*trainable, *values]):
         variable.assign(value)
@@ -118,7 +118,7 @@ def _step(
     trainable: list[Any],
     loss: Any,
     batch: Any,
-    caller_unscaled: bool,
+    unscaled: bool,
 ) -> tuple[list[Any], list[tuple[keras.Variable, Any]]]:
     """Writes our variables in the scope; returns the trainable and inner optimizer values."""
     model = own.model
@@ -126,9 +126,7 @@ def _step(
     checked_batch = loss is not None or batch is not None
     bad_batch, loss = _batch_verdict(loss, batch)
     overwritten = [is_float8_state(v) for v in variables]
-    if caller_unscaled and not scale_rule.scale_is_one(optimizer):
-        refuse_unscaled_float8_state(variables, overwritten)
-    if not (caller_unscaled or scale_rule.scale_is_one(optimizer)):
+    if not (unscaled or scale_rule.scale_is_one(optimizer)):
         scale = ops.convert_to_tensor(optimizer.dynamic_scale)
         grads = [g if o else ops.divide(g, scale) for g, o in zip(grads, overwritten)]
     judged = [i for i, o in enumerate(overwritten) if not o]

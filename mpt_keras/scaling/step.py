@@ -23,7 +23,6 @@ from mpt_keras.scaling.health import BAD_BATCH_MEMORY
 from mpt_keras.scaling.inner_update import apply_inner, skip_inner
 from mpt_keras.scaling.own_variables import (
     OwnVariables,
-    refuse_unscaled_float8_state,
     spread_over,
 )
 from mpt_keras.scaling.step_record import StepRecord
@@ -42,9 +41,12 @@ def run_step(
     loss: Any | None,
     batch: Any,
     state: list[tuple[keras.Variable, Any]],
-    caller_unscaled: bool,
+    unscaled: bool,
 ) -> Any:
-    """The replica's part (all-reduce, unscale, judge), then the merged write; the bad batch."""
+    """The replica's part (all-reduce, unscale, judge), then the merged write; the bad batch.
+
+    `unscaled`: the gradients are not scaled (by the caller's `get_unscaled_gradients`, or
+    of a loss never scaled): nothing is divided."""
     checked_batch = loss is not None or batch is not None
     if checked_batch:
         bad_batch, loss = batch_verdict(loss, batch)
@@ -52,11 +54,9 @@ def run_step(
         bad_batch, loss = ops.convert_to_tensor(False), ops.zeros((), "float32")
     # Float8 scales and amax histories get their new value as "gradient": never unscaled.
     overwritten = [is_float8_state(v) for v in variables]
-    if caller_unscaled and not scale_rule.scale_is_one(optimizer):
-        refuse_unscaled_float8_state(variables, overwritten)
     # Reduced first: verdict, clipping and state updates then agree on all replicas.
     grads = all_reduce_gradients(grads, overwritten, optimizer.all_reduce_dtype)
-    if not (caller_unscaled or scale_rule.scale_is_one(optimizer)):
+    if not (unscaled or scale_rule.scale_is_one(optimizer)):
         scale = ops.convert_to_tensor(optimizer.dynamic_scale)
         grads = [g if o else unscale(g, scale) for g, o in zip(grads, overwritten)]
     verdict = judge_gradients(grads, overwritten, bad_batch)
