@@ -6,6 +6,7 @@ Launchers print either as a single line and exit with a status of its own (see
 
 from __future__ import annotations
 
+import re
 import traceback
 
 
@@ -51,6 +52,10 @@ def printable(text: str) -> str:
     )
 
 
+# ANSI escape sequences: Keras sets an error of a layer's call in bold.
+_TERMINAL_FORMATTING = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def describe_error(error: BaseException) -> str:
     """`Type: message (file, line N)`: an error of the user's code, in one line, where it was
     raised (a syntax error's own position)."""
@@ -60,4 +65,15 @@ def describe_error(error: BaseException) -> str:
     # The innermost frame outside the import machinery is where it was raised.
     user_frames = [frame for frame in frames if "importlib" not in frame.filename]
     where = f" ({user_frames[-1].filename}, line {user_frames[-1].lineno})" if user_frames else ""
-    return f"{type(error).__name__}: {error}{where}"
+    return f"{type(error).__name__}: {_one_line(str(error))}{where}"
+
+
+def _one_line(message: str) -> str:
+    """`message`'s lines joined, without the arguments Keras lists after a layer's error, or
+    its terminal formatting."""
+    message = _TERMINAL_FORMATTING.sub("", message)
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    kept = next(
+        (i for i, line in enumerate(lines) if line.startswith("Arguments received by")), None
+    )
+    return " ".join(lines[:kept])

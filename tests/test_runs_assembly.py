@@ -246,8 +246,8 @@ def test_a_data_factory_that_batches_is_one_line_naming_the_runs_batch_size(user
     assert str(raised.value) == (
         "data.factory user_code:batched_blobs: train: received a batched tf.data.Dataset (a "
         f".batch() in its pipeline; elements of shapes {shapes}), but the run batches the data "
-        "itself (data.batch_size: 8). Allowed: unbatched (x, y) elements: leave out the "
-        ".batch() (or add .unbatch())"
+        "itself (data.batch_size: 8). Allowed: unbatched (x, y) or (x, y, sample_weight) "
+        "elements: leave out the .batch() (or add .unbatch())"
     )
 
 
@@ -268,8 +268,8 @@ def test_batched_data_given_to_validate_names_the_configs_batch_size():
     assert str(raised.value) == (
         "data[0]: received a batched tf.data.Dataset (a .batch() in its pipeline; elements of "
         "shapes (None, 3), (None,)), but the run batches the data itself "
-        "(config.data.batch_size: 64). Allowed: unbatched (x, y) elements: leave out the "
-        ".batch() (or add .unbatch())"
+        "(config.data.batch_size: 64). Allowed: unbatched (x, y) or (x, y, sample_weight) "
+        "elements: leave out the .batch() (or add .unbatch())"
     )
 
 

@@ -2,7 +2,7 @@
 
 sources.py           RunData: a run's data from a factory, a TFDS mapping or a name
 array_batches.py     deterministic, resumable batching of arrays in NumPy (JAX runs)
-example_arrays.py    examples in memory: x an array or a dict of them, one per model input
+example_arrays.py    examples in memory: x, y, sample_weight each an array, dict or list of them
 
 TensorFlow's side lives in backend/tensorflow/: batching in tf.data (batches.py), TFDS
 splits loaded offline (loading.py) and the embedded datasets' TFDS builders (digits.py,

@@ -253,10 +253,11 @@ def checked_split(split: Any, what: str, batching: str) -> tuple[np.ndarray, ...
     if isinstance(split, tuple) and len(split) in (2, 3):
         return example_arrays.checked(split[0], split[1], what, *split[2:])
     received = f"a tuple of {len(split)}" if isinstance(split, tuple) else type(split).__name__
-    allowed = "" if current.is_jax() else "a tf.data.Dataset of unbatched (x, y) elements, or "
+    allowed = "" if current.is_jax() else "a tf.data.Dataset of unbatched elements, or "
     raise UserInputError(
         f"{what}: received {received}. Allowed: {allowed}a tuple (x, y) or (x, y, "
-        "sample_weight) of arrays of one length, x an array or a dict of them"
+        "sample_weight) of arrays of one length, each an array, a dict of them by name or a "
+        "list by position"
     )
 
 

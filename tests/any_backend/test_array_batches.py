@@ -243,7 +243,8 @@ def test_a_run_trains_on_labels_by_position_as_on_labels_by_name(tmp_path, monke
         (
             (np.ones(3), np.ones(3), np.ones(3), np.ones(3)),
             "data[0]: received a tuple of 4. Allowed: {dataset}a tuple (x, y) or (x, y, "
-            "sample_weight) of arrays of one length, x an array or a dict of them",
+            "sample_weight) of arrays of one length, each an array, a dict of them by name or "
+            "a list by position",
         ),
     ],
 )
@@ -255,9 +256,7 @@ def test_in_memory_data_a_run_cannot_take_is_one_line(split, message):
     with pytest.raises(UserInputError) as raised:
         checked_split(split, "data[0]", "data.batch_size: 4")
     dataset = (
-        ""
-        if keras.backend.backend() == "jax"
-        else ("a tf.data.Dataset of unbatched (x, y) elements, or ")
+        "" if keras.backend.backend() == "jax" else "a tf.data.Dataset of unbatched elements, or "
     )
     assert str(raised.value) == message.format(dataset=dataset)
 

@@ -22,8 +22,8 @@ def checked_dataset(split: tf.data.Dataset, what: str, batching: str) -> tf.data
         raise UserInputError(
             f"{what}: received a batched tf.data.Dataset (a .batch() in its pipeline; "
             f"elements of shapes {shapes}), but the run batches the data itself "
-            f"({batching}). Allowed: unbatched (x, y) elements: leave out the .batch() "
-            "(or add .unbatch())"
+            f"({batching}). Allowed: unbatched (x, y) or (x, y, sample_weight) elements: "
+            "leave out the .batch() (or add .unbatch())"
         )
     if isinstance(spec, tuple) and len(spec) in (2, 3):
         return split
