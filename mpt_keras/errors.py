@@ -76,4 +76,4 @@ def _one_line(message: str) -> str:
     kept = next(
         (i for i, line in enumerate(lines) if line.startswith("Arguments received by")), None
     )
-    return " ".join(lines[:kept])
+    return " ".join(lines[:kept] if kept else lines)

@@ -24,20 +24,21 @@ def train_step(model: keras.Model, optimizer: _Optimizer, state: Any, data: Any)
     trainable, non_trainable, optimizer_values, metrics_values = state
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     gradients = jax.value_and_grad(model.compute_loss_and_updates, has_aux=True)
-    (_, aux), grads = gradients(
-        trainable,
-        non_trainable,
-        metrics_values,
-        x,
-        y,
-        sample_weight,
-        training=True,
-        optimizer_variables=optimizer_values,
-    )
-    unscaled_loss, y_pred, new_non_trainable, metrics_values = aux
-    new_trainable, new_optimizer = optimizer.stateless_apply(
-        optimizer_values, grads, trainable, loss=unscaled_loss, batch=data
-    )
+    with optimizer.model_train_step(model.name):  # An override may never scale its loss.
+        (_, aux), grads = gradients(
+            trainable,
+            non_trainable,
+            metrics_values,
+            x,
+            y,
+            sample_weight,
+            training=True,
+            optimizer_variables=optimizer_values,
+        )
+        unscaled_loss, y_pred, new_non_trainable, metrics_values = aux
+        new_trainable, new_optimizer = optimizer.stateless_apply(
+            optimizer_values, grads, trainable, loss=unscaled_loss, batch=data
+        )
     skipped = optimizer.stateless_skipped(optimizer_values, new_optimizer)
     new_non_trainable = [
         ops.where(skipped, old, new) if keras.backend.is_float_dtype(v.dtype) else new

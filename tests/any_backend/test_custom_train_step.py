@@ -70,12 +70,24 @@ class GuideStep(keras.Model):
             return {"loss": loss}, (trainable, non_trainable, optimizer_values, metrics)
 
 
-def _trained(optimizer, scales: bool = False) -> GuideStep:
+class OwnLoss(keras.Model):
+    """JAX: Keras' own train step, around a `compute_loss_and_updates` that never scales."""
+
+    def compute_loss_and_updates(
+        self, trainable, non_trainable, metrics, x, y, sample_weight, training=False, **_
+    ):
+        y_pred, non_trainable = self.stateless_call(trainable, non_trainable, x, training=training)
+        loss = keras.ops.mean(keras.ops.square(y - y_pred))
+        return loss, (loss, y_pred, non_trainable, metrics)
+
+
+def _trained(optimizer, scales: bool = False, model_class: type = GuideStep) -> keras.Model:
     """Two SGD steps of a model whose hidden layer computes in float16."""
     keras.utils.set_random_seed(1)
     inputs = keras.Input((8,))
     hidden = keras.layers.Dense(16, activation="relu", dtype="mixed_float16")(inputs)
-    model = GuideStep(inputs, keras.layers.Dense(1)(hidden), name="guide", scales=scales)
+    options = {"scales": scales} if model_class is GuideStep else {}
+    model = model_class(inputs, keras.layers.Dense(1)(hidden), name="guide", **options)
     # Traced either way: JAX's jitted step, as Keras runs it; a tf.function (XLA adds nothing).
     jit = BACKEND == "jax"
     model.compile(optimizer=optimizer, loss="mse", auto_scale_loss=False, jit_compile=jit)
@@ -119,6 +131,15 @@ def test_a_step_that_scales_its_loss_is_unscaled_as_keras_own_and_not_warned(pla
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)  # float16 rounding of scaled
     assert _warnings(caplog) == []
     assert optimizer.skipped_steps == 0
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="Keras' JAX trainer's compute_loss_and_updates")
+def test_keras_jax_step_around_a_loss_never_scaled_trains_as_the_inner_optimizer(plain, caplog):
+    with caplog.at_level(logging.WARNING):
+        scaled = _trained(LossScaleOptimizer(keras.optimizers.SGD(0.1)), model_class=OwnLoss)
+    for a, b in zip(plain, scaled.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert len(_warnings(caplog)) == 1
 
 
 @pytest.mark.parametrize("scales", [False, True], ids=["never_scaled", "scaled"])
