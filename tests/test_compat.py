@@ -208,6 +208,16 @@ def test_unscale_loss_for_distribution_multiplies_by_the_replicas(monkeypatch):
     )
 
 
+def test_stateless_value_is_what_the_scope_in_effect_maps_the_variable_to():
+    mapped, other = keras.Variable(1.0), keras.Variable(2.0)
+    assert compat.stateless_value(mapped) is None
+    with keras.StatelessScope(state_mapping=[(mapped, keras.ops.convert_to_tensor(5.0))]):
+        assert float(compat.stateless_value(mapped)) == 5.0, (
+            f"{VERSIONS}: keras.src.backend.common.stateless_scope changed"
+        )
+        assert compat.stateless_value(other) is None
+
+
 def test_learning_rate_schedule_is_the_schedule_given():
     schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.5)
     optimizer = keras.optimizers.SGD(schedule, name="compat_sgd")

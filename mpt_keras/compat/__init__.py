@@ -17,7 +17,7 @@ names this Keras no longer has.
                       `producing_node`, `runs_graph`, `graph_calls`,
                       `call_records_restored`
     jax_trainer.py    `update_metrics_variables`, `is_keras_jax_train_step` (the JAX
-                      loss-scaling train step)
+                      loss-scaling train step), `stateless_value`
     data.py           `dataset_inputs`: the chain of a tf.data pipeline
     inventory.py      `check`: the touched names this Keras or TensorFlow lacks
     tf_distribute.py  TensorFlow's coordination service (multi-worker heartbeats)
@@ -32,7 +32,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # what editors and type checkers see; loaded lazily below
     from mpt_keras.compat.data import dataset_inputs
     from mpt_keras.compat.inventory import check
-    from mpt_keras.compat.jax_trainer import is_keras_jax_train_step, update_metrics_variables
+    from mpt_keras.compat.jax_trainer import (
+        is_keras_jax_train_step,
+        stateless_value,
+        update_metrics_variables,
+    )
     from mpt_keras.compat.keras_optimizers import learning_rate_schedule, skip_stock_build
     from mpt_keras.compat.layers import (
         call_records_restored,
@@ -89,6 +93,7 @@ _HOMES = {
     "restore_maybe_symbolic_build": "trainer",
     "runs_graph": "layers",
     "skip_stock_build": "keras_optimizers",
+    "stateless_value": "jax_trainer",
     "symbolic_build": "trainer",
     "unscale_loss_for_distribution": "trainer",
     "update_metrics_variables": "jax_trainer",

@@ -1,5 +1,5 @@
-"""Touches of Keras' JAX trainer: its own train step, and its metric update the loss-scaling
-train step reuses."""
+"""Touches of Keras' JAX trainer: its own train step, its metric update the loss-scaling
+train step reuses, and the stateless scope a JAX train step reads its variables through."""
 
 from __future__ import annotations
 
@@ -28,3 +28,12 @@ def is_keras_jax_train_step(train_step: Any) -> bool:
     from keras.src.backend.jax.trainer import JAXTrainer
 
     return train_step is JAXTrainer.train_step
+
+
+def stateless_value(variable: keras.Variable) -> Any:
+    """The value the `keras.StatelessScope` in effect maps `variable` to; None outside one or
+    where it maps other variables (in a JAX train step, Keras has set the value aside)."""
+    from keras.src.backend.common.stateless_scope import get_stateless_scope
+
+    scope = get_stateless_scope()
+    return None if scope is None else scope.get_current_value(variable)

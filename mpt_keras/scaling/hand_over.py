@@ -18,6 +18,7 @@ from typing import Any
 import keras
 from keras import ops
 
+from mpt_keras import compat
 from mpt_keras.backend import current
 from mpt_keras.scaling import scale_rule
 
@@ -42,6 +43,11 @@ class HandOvers:
             # Left by a trace that never reached `apply` (a `scale_loss` alone).
             self._by_trace = {k: v for k, v in self._by_trace.items() if k[0] == key[0]}
         self._by_trace.setdefault(key, {}).update(values)
+
+    def take_unscaled(self) -> bool:
+        """Whether this replica's trace unscaled its gradients itself (`get_unscaled_gradients`),
+        taken alone: on JAX, a traced step's other values are the step function's arguments."""
+        return self._by_trace.get(_replica_trace_key(), {}).pop("unscaled", False)
 
     def take(self) -> dict[str, Any]:
         """This replica's values in this trace (none from another graph's trace)."""
@@ -79,6 +85,21 @@ class LossScaleSteps:
     def mark_scaled(self) -> None:
         if getattr(self._local, "scaled", None) is not None:
             self._local.scaled = True
+
+    def check_readable(self, scale: keras.Variable, method: str) -> None:
+        """On JAX, a model's train step must read `scale` through a `keras.StatelessScope` of
+        the step's optimizer values: fit sets the variables' own values aside (and a compiled
+        step would keep the value it was traced with)."""
+        if not current.is_jax() or getattr(self._local, "scaled", None) is None:
+            return
+        if compat.stateless_value(scale) is None:
+            raise ValueError(
+                f"model '{self._local.model}': its train_step called optimizer.{method}() "
+                "outside a keras.StatelessScope of the step's optimizer variables, where on JAX "
+                "the loss scale has no value. Call it inside `with keras.StatelessScope("
+                "state_mapping=list(zip(self.optimizer.variables, optimizer_variables))):`, "
+                "as Keras' own compute_loss_and_updates does"
+            )
 
     def never_scaled(self, optimizer: Any) -> bool:
         """In a model's train step that took gradients of a loss it never scaled, with

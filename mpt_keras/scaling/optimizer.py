@@ -234,6 +234,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
     def scale_loss(self, loss: Any) -> Any:
         """The loss times the scale; this replica's next `apply` judges the loss (see `apply`)."""
         loss = ops.convert_to_tensor(loss)  # A number or a tensor of any shape, as the stock.
+        self._loss_scale_steps.check_readable(self.dynamic_scale, "scale_loss")
         self._loss_scale_steps.mark_scaled()
         if not (current.is_jax() and current.is_traced(loss)):  # It would leak from jax.grad.
             self._handed_over.put(loss=loss)
@@ -249,6 +250,7 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
         """Keras 2 (tf-keras) API: `grads` unscaled, each in its dtype, as this replica's next
         `apply` then takes them. Not for float8 layers (their new scales would be divided too).
         """
+        self._loss_scale_steps.check_readable(self.dynamic_scale, "get_unscaled_gradients")
         self._handed_over.put(unscaled=True)
         if current.is_jax():
             scale = ops.convert_to_tensor(self.dynamic_scale)
@@ -365,15 +367,13 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
                 "To call `stateless_apply`, the optimizer must be built: call "
                 "`optimizer.build(trainable_variables)` first."
             )
+        caller_unscaled = self._handed_over.take_unscaled()
+        if caller_unscaled and not scale_rule.scale_is_one(self):
+            refuse_unscaled_float8_state(self._built_on.variables)
+        unscaled = caller_unscaled or self._loss_scale_steps.never_scaled(self)
+        own, values = self._own_variables(), (optimizer_variables, grads, trainable_variables)
         return stateless_step.stateless_step(
-            self,
-            self._own_variables(),
-            optimizer_variables,
-            grads,
-            trainable_variables,
-            loss=loss,
-            batch=batch,
-            unscaled=self._loss_scale_steps.never_scaled(self),
+            self, own, *values, loss=loss, batch=batch, unscaled=unscaled
         )
 
     def stateless_skipped(self, before: Sequence[Any], after: Sequence[Any]) -> Any:

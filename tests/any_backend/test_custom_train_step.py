@@ -10,6 +10,7 @@ backends (tests/test_jax_backend.py runs this file on JAX).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import keras
@@ -25,15 +26,20 @@ Y = (X @ _RNG.normal(size=(8, 1))).astype("float32")
 
 
 class GuideStep(keras.Model):
-    """The guides' custom step; `scales` adds the one line Keras' own step has."""
+    """The guides' custom step; `scales` adds the one line Keras' own step has, `unscales`
+    the tf-keras one after it (`get_unscaled_gradients`); on JAX, `mapped=False` reads the
+    optimizer's variables outside a `keras.StatelessScope` of the step's values."""
 
-    def __init__(self, *args, scales: bool = False, **kwargs):
+    def __init__(self, *args, scales=False, unscales=False, mapped=True, **kwargs):
         super().__init__(*args, **kwargs)
-        self.scales = scales
+        self.scales, self.unscales, self.mapped = scales or unscales, unscales, mapped
 
     def _loss(self, y, y_pred):
         loss = self.compute_loss(y=y, y_pred=y_pred)
         return self.optimizer.scale_loss(loss) if self.scales else loss
+
+    def _unscaled(self, grads):
+        return self.optimizer.get_unscaled_gradients(grads) if self.unscales else grads
 
     if BACKEND == "tensorflow":
 
@@ -43,7 +49,7 @@ class GuideStep(keras.Model):
             x, y = data
             with tf.GradientTape() as tape:
                 loss = self._loss(y, self(x, training=True))
-            grads = tape.gradient(loss, self.trainable_variables)
+            grads = self._unscaled(tape.gradient(loss, self.trainable_variables))
             self.optimizer.apply(grads, self.trainable_variables)
             return {"loss": loss}
 
@@ -51,9 +57,14 @@ class GuideStep(keras.Model):
 
         def _loss_and_updates(self, trainable, non_trainable, optimizer_values, x, y):
             y_pred, non_trainable = self.stateless_call(trainable, non_trainable, x, training=True)
-            mapping = list(zip(self.optimizer.variables, optimizer_values))
-            with keras.StatelessScope(state_mapping=mapping):
+            with self._optimizer_values(optimizer_values):
                 return self._loss(y, y_pred), non_trainable
+
+        def _optimizer_values(self, optimizer_values):
+            if not self.mapped:
+                return contextlib.nullcontext()
+            mapping = list(zip(self.optimizer.variables, optimizer_values))
+            return keras.StatelessScope(state_mapping=mapping)
 
         def train_step(self, state, data):
             import jax
@@ -64,6 +75,8 @@ class GuideStep(keras.Model):
             (loss, non_trainable), grads = gradient(
                 trainable, non_trainable, optimizer_values, x, y
             )
+            with self._optimizer_values(optimizer_values):
+                grads = self._unscaled(grads)
             trainable, optimizer_values = self.optimizer.stateless_apply(
                 optimizer_values, grads, trainable
             )
@@ -81,12 +94,11 @@ class OwnLoss(keras.Model):
         return loss, (loss, y_pred, non_trainable, metrics)
 
 
-def _trained(optimizer, scales: bool = False, model_class: type = GuideStep) -> keras.Model:
+def _trained(optimizer, model_class: type = GuideStep, **options) -> keras.Model:
     """Two SGD steps of a model whose hidden layer computes in float16."""
     keras.utils.set_random_seed(1)
     inputs = keras.Input((8,))
     hidden = keras.layers.Dense(16, activation="relu", dtype="mixed_float16")(inputs)
-    options = {"scales": scales} if model_class is GuideStep else {}
     model = model_class(inputs, keras.layers.Dense(1)(hidden), name="guide", **options)
     # Traced either way: JAX's jitted step, as Keras runs it; a tf.function (XLA adds nothing).
     jit = BACKEND == "jax"
@@ -122,15 +134,40 @@ def test_a_step_that_never_scales_its_loss_trains_as_the_inner_optimizer_and_war
     assert (scaled.optimizer.skipped_steps, scaled.optimizer.loss_scale) == (0, 32768.0)
 
 
-def test_a_step_that_scales_its_loss_is_unscaled_as_keras_own_and_not_warned(plain, caplog):
+@pytest.mark.parametrize("unscales", [False, True], ids=["apply_unscales", "step_unscales"])
+def test_a_step_that_scales_its_loss_is_unscaled_once_and_not_warned(plain, caplog, unscales):
+    """Unscaled by `apply`, as Keras' own step; or by the step's `get_unscaled_gradients`
+    (tf-keras' way), after which `apply` (`stateless_apply` on JAX) divides no more."""
     with caplog.at_level(logging.WARNING):
         # A scale under which no float16 gradient overflows: no step is skipped.
         optimizer = LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=256)
-        scaled = _trained(optimizer, scales=True)
+        scaled = _trained(optimizer, scales=True, unscales=unscales)
     for a, b in zip(plain, scaled.get_weights(), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)  # float16 rounding of scaled
     assert _warnings(caplog) == []
     assert optimizer.skipped_steps == 0
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX's stateless train step")
+def test_a_jax_step_reading_the_scale_outside_its_optimizer_values_is_told_how():
+    """fit sets the variables' own values aside: read there, the scale has none (Keras' own
+    error is "'NoneType' object is not callable")."""
+    with pytest.raises(ValueError) as raised:
+        _trained(LossScaleOptimizer(keras.optimizers.SGD(0.1)), scales=True, mapped=False)
+    assert str(raised.value) == _UNMAPPED.format("scale_loss")
+    optimizer = LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    optimizer.build([keras.Variable(np.zeros(2, "float32"))])
+    with optimizer.model_train_step("guide"), pytest.raises(ValueError) as raised:
+        optimizer.get_unscaled_gradients([keras.ops.ones(2)])
+    assert str(raised.value) == _UNMAPPED.format("get_unscaled_gradients")
+
+
+_UNMAPPED = (
+    "model 'guide': its train_step called optimizer.{}() outside a keras.StatelessScope of the "
+    "step's optimizer variables, where on JAX the loss scale has no value. Call it inside "
+    "`with keras.StatelessScope(state_mapping=list(zip(self.optimizer.variables, "
+    "optimizer_variables))):`, as Keras' own compute_loss_and_updates does"
+)
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="Keras' JAX trainer's compute_loss_and_updates")
