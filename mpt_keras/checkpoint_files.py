@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Callable, Sequence
 
-from mpt_keras.errors import UserInputError
+from mpt_keras.errors import UserInputError, first_line
 
 CHECKPOINT_SUBDIR = "checkpoints"
 PREFIX = "step"  # A checkpoint's name: `step-<N>`, then its files' suffixes.
@@ -52,7 +52,7 @@ def restore_newest(
         try:
             step = restore(candidate)
         except unreadable as error:
-            problems.append(_first_line(error))
+            problems.append(first_line(error) or type(error).__name__)
             _LOGGER.warning(
                 "Checkpoint %s cannot be restored (%s): trying the one before it.",
                 candidate,
@@ -67,8 +67,3 @@ def restore_newest(
             f"(the latest: {problems[0]}); move the directory away to start over"
         )
     return 0
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(getattr(error, "message", None) or error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

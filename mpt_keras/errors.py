@@ -68,6 +68,13 @@ def describe_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {_one_line(str(error))}{where}"
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of `error`'s message (TensorFlow's own `message` where it keeps one);
+    empty if it has none. For a reason quoted inside a message of ours."""
+    text = str(getattr(error, "message", None) or error).strip()
+    return text.splitlines()[0].strip() if text else ""
+
+
 def _one_line(message: str) -> str:
     """`message`'s lines joined, without the arguments Keras lists after a layer's error, or
     its terminal formatting."""

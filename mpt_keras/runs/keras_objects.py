@@ -20,7 +20,7 @@ from mpt_keras import models
 from mpt_keras.backend import current
 from mpt_keras.config import ComponentConfig, ModelConfig
 from mpt_keras.config.components import bind_factory, resolve_factory
-from mpt_keras.errors import UserInputError
+from mpt_keras.errors import UserInputError, first_line
 
 
 def load_model_file(path: str, **dimensions: Any) -> keras.Model:
@@ -29,9 +29,8 @@ def load_model_file(path: str, **dimensions: Any) -> keras.Model:
     try:
         return keras.saving.load_model(path, compile=False)
     except (ValueError, TypeError, OSError, zipfile.BadZipFile) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise UserInputError(
-            f"model.file {path}: cannot be loaded ({type(error).__name__}: {first_line}). "
+            f"model.file {path}: cannot be loaded ({type(error).__name__}: {first_line(error)}). "
             "Allowed: a .keras file saved by model.save, its custom classes registered "
             "(config key 'imports')"
         ) from None

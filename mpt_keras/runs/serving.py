@@ -24,6 +24,7 @@ import keras
 import numpy as np
 
 from mpt_keras import compat
+from mpt_keras.errors import first_line
 from mpt_keras.keras_bridge.layer_paths import iter_layers
 from mpt_keras.precision.policies import global_policy
 from mpt_keras.precision.report import LayerPrecision, precision_report
@@ -271,8 +272,7 @@ def _root_cause(error: BaseException) -> str:
     """`Type: first sentence` of the chain's root error (Keras' wrapper prints the config)."""
     while error.__cause__ is not None or error.__context__ is not None:
         error = error.__cause__ or error.__context__
-    message = (str(error).strip().splitlines() or [""])[0]
-    return f"{type(error).__name__}: {message.split('. ')[0]}"
+    return f"{type(error).__name__}: {first_line(error).split('. ')[0]}"
 
 
 def _dtypes(layer: LayerPrecision) -> tuple[str, str, str]:

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import keras
 
 from mpt_keras.backend.jax import gpu_targets
+from mpt_keras.errors import first_line
 
 
 def train_step_hlo(model: keras.Model, batch: Any, target: str | None = None) -> str:
@@ -43,7 +44,7 @@ def unlowerable_float16_dot(model: keras.Model, batch: Any) -> str | None:
         jax.jit(model.train_step).lower(_state(model), batch)
     except ValueError as error:
         if _NO_FLOAT16_SUMS in str(error):
-            return str(error).splitlines()[0]
+            return first_line(error)
         raise
     return None
 

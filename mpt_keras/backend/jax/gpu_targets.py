@@ -19,7 +19,7 @@ import jaxlib
 
 from mpt_keras.backend.names import GPU_TARGETS
 from mpt_keras.checks import refusal
-from mpt_keras.errors import UserInputError
+from mpt_keras.errors import UserInputError, first_line
 
 # Each target's device as XLA describes it: its name, memory (bytes) and bandwidth (bytes/s).
 _DEVICES = {
@@ -82,7 +82,7 @@ def compile_only_device(target: str) -> Any:
     except Exception as error:  # The plugin's absence reads differently per JAX version.
         raise UserInputError(
             f"compiling for GPU target '{target}': no CUDA compile-only topology "
-            f"({str(error).splitlines()[0] if str(error) else type(error).__name__}). It needs "
+            f"({first_line(error) or type(error).__name__}). It needs "
             f"JAX's CUDA plugin of this jaxlib's version: pip install "
             f"jax-cuda13-plugin=={jaxlib.__version__}"
         ) from None

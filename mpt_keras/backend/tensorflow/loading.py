@@ -22,7 +22,7 @@ from mpt_keras.backend.tensorflow import digits, python_source  # noqa: F401
 from mpt_keras.checks import check_number
 from mpt_keras.compat import tfds_progress
 from mpt_keras.embedded_arrays import EMBEDDED_DATASETS, text_windows
-from mpt_keras.errors import UserInputError
+from mpt_keras.errors import UserInputError, first_line
 
 _ALLOWED_NAMES = f"Allowed: {', '.join(EMBEDDED_DATASETS)}, or any name in tfds.list_builders()."
 
@@ -229,7 +229,7 @@ def _builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
         ) from error
     except (ValueError, AssertionError) as error:
         # A known dataset, an unknown config or version.
-        reason = str(error).strip().splitlines()[0]
+        reason = first_line(error) or type(error).__name__
         raise UserInputError(f"Invalid dataset {name!r}: {reason}") from error
 
 
