@@ -16,8 +16,8 @@ names this Keras no longer has.
     layers.py         `replace_dtype_policy`, `direct_sublayers`, `producing_layer`,
                       `producing_node`, `runs_graph`, `graph_calls`,
                       `call_records_restored`
-    jax_trainer.py    `update_metrics_variables`, `is_keras_jax_train_step` (the JAX
-                      loss-scaling train step), `stateless_value`
+    jax_trainer.py    `update_metrics_variables` (the JAX loss-scaling train step),
+                      `stateless_value`
     data.py           `dataset_inputs`: the chain of a tf.data pipeline
     inventory.py      `check`: the touched names this Keras or TensorFlow lacks
     tf_distribute.py  TensorFlow's coordination service (multi-worker heartbeats)
@@ -32,11 +32,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # what editors and type checkers see; loaded lazily below
     from mpt_keras.compat.data import dataset_inputs
     from mpt_keras.compat.inventory import check
-    from mpt_keras.compat.jax_trainer import (
-        is_keras_jax_train_step,
-        stateless_value,
-        update_metrics_variables,
-    )
+    from mpt_keras.compat.jax_trainer import stateless_value, update_metrics_variables
     from mpt_keras.compat.keras_optimizers import learning_rate_schedule, skip_stock_build
     from mpt_keras.compat.layers import (
         call_records_restored,
@@ -80,7 +76,6 @@ _HOMES = {
     "graph_calls": "layers",
     "in_multi_worker_mode": "trainer",
     "install": "optimizers",
-    "is_keras_jax_train_step": "jax_trainer",
     "keras_trainer_class": "trainer",
     "learning_rate_schedule": "keras_optimizers",
     "loss_tracker": "trainer",

@@ -1,5 +1,5 @@
-"""Touches of Keras' JAX trainer: its own train step, its metric update the loss-scaling
-train step reuses, and the stateless scope a JAX train step reads its variables through."""
+"""Touches of Keras' JAX trainer: the metric update the loss-scaling train step reuses, and
+the stateless scope a JAX train step reads its variables through."""
 
 from __future__ import annotations
 
@@ -21,13 +21,6 @@ def update_metrics_variables(
     return model._update_metrics_variables(
         metrics_variables, unscaled_loss, x, y, y_pred, sample_weight
     )
-
-
-def is_keras_jax_train_step(train_step: Any) -> bool:
-    """Whether `train_step` (a class's) is Keras' JAX one, not a model's override."""
-    from keras.src.backend.jax.trainer import JAXTrainer
-
-    return train_step is JAXTrainer.train_step
 
 
 def stateless_value(variable: keras.Variable) -> Any:

@@ -10,7 +10,8 @@ import keras
 
 from mpt_keras import compat
 from mpt_keras.backend.tensorflow.gradients import taped_value_and_gradients
-from mpt_keras.backend.tensorflow.values import leading_size, read_value
+from mpt_keras.backend.tensorflow.values import leading_size
+from mpt_keras.scaling.bad_batch_metrics import MetricsBefore
 from mpt_keras.scaling.hand_over import state_before
 from mpt_keras.scaling.optimizer import LossScaleOptimizer
 
@@ -64,22 +65,15 @@ def make_step(
             )
         else:
             optimizer.apply(gradients, model.trainable_weights)
-        # A skipped bad batch's loss is NaN and its predictions undefined (XLA's and
-        # TensorFlow's argmax of a NaN row differ): the metrics take it, then are restored.
-        variables = [v for metric in model.metrics for v in metric.variables] if checked else []
-        before = [read_value(variable) for variable in variables]
+        # A skipped bad batch counts in no metric (`bad_batch_metrics`).
+        before = MetricsBefore(model) if checked else None
         compat.loss_tracker(model).update_state(
             compat.unscale_loss_for_distribution(loss), sample_weight=batch_size
         )
         logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-        if not checked:
+        if before is None:
             return logs
-
-        def restore() -> None:
-            for variable, value in zip(variables, before):
-                variable.assign(value)
-
-        compat.called_cond(bad, restore, lambda: None)
+        before.put_back_if(bad)
         return {**model.get_metrics_result(), **optimizer.step_logs()}
 
     return replica_train_step

@@ -12,6 +12,7 @@ inner_update.py   the inner update: run, undone on overflow, or skipped
 own_variables.py  the optimizer's own variables and the model variables it was built on
 hand_over.py      what a train step hands the optimizer before `apply`, and whether it
                   scaled its loss at all
+bad_batch_metrics.py a batch skipped as bad data counts in no metric
 readings.py       step logs and health, read from the optimizer's variables
 health.py         StepHealth and the step-log keys; no TensorFlow
 compile_hook.py   `model.compile` gives float16 models our optimizer

@@ -26,6 +26,7 @@ import keras
 from mpt_keras import compat
 from mpt_keras.backend import current
 from mpt_keras.keras_bridge.layer_paths import iter_layers
+from mpt_keras.scaling.bad_batch_metrics import MetricsBefore
 from mpt_keras.scaling.optimizer import LossScaleOptimizer
 
 _LOGGER = logging.getLogger(__name__)
@@ -127,10 +128,16 @@ def _hand_batches_over(model: keras.Model) -> None:
         model.train_step = train_step
         return
 
+    keras_own = class_step is keras.Model.train_step  # Its logs are the metrics' results.
+
     def train_step(data: Any) -> Any:
         optimizer.hand_over_batch(data, state=model.non_trainable_variables)
-        with optimizer.model_train_step(model.name):
+        before = MetricsBefore(model) if keras_own else None
+        with optimizer.model_train_step(model.name) as verdict:
             logs = class_step(model, data)
+        if before is not None and verdict.bad is not None:
+            before.put_back_if(verdict.bad)  # A skipped bad batch counts in no metric.
+            logs = model.get_metrics_result()
         if not isinstance(logs, dict):
             return logs
         return {**logs, **optimizer.step_logs()}
@@ -145,7 +152,7 @@ def _jax_train_step(
     """JAX: Keras' step handing over batch and loss (`jax_train_step`); a model's own
     `train_step` is kept, its logs given the loss-scaling state (its gradients are not divided
     by the scale if it never scales its loss: `LossScaleOptimizer.model_train_step`)."""
-    if compat.is_keras_jax_train_step(class_step):
+    if class_step is keras.Model.train_step:  # Keras' own JAX step.
         from mpt_keras.scaling import jax_train_step
 
         return functools.partial(jax_train_step.train_step, model, optimizer)

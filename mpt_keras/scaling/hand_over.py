@@ -64,6 +64,14 @@ class HandOvers:
         return values
 
 
+class StepVerdict:
+    """What the `apply` of a model's train step judged: `bad`, whether it skipped the batch
+    as bad data (a bool tensor), None until it runs."""
+
+    def __init__(self) -> None:
+        self.bad: Any = None
+
+
 class LossScaleSteps:
     """Whether the model train step running in this thread (a replica's, on TensorFlow) has
     scaled its loss: outside one (a custom loop's `apply`), gradients count as scaled."""
@@ -73,14 +81,24 @@ class LossScaleSteps:
         self._told = False
 
     @contextlib.contextmanager
-    def step(self, model_name: str) -> Iterator[None]:
-        """The train step of model `model_name` runs inside: `scaled` starts False."""
-        outer = getattr(self._local, "scaled", None), getattr(self._local, "model", None)
+    def step(self, model_name: str) -> Iterator[StepVerdict]:
+        """The train step of model `model_name` runs inside: `scaled` starts False; the
+        verdict of its `apply` is given."""
+        names = ("scaled", "model", "verdict")
+        outer = [getattr(self._local, name, None) for name in names]
         self._local.scaled, self._local.model = False, model_name
+        self._local.verdict = StepVerdict()
         try:
-            yield
+            yield self._local.verdict
         finally:
-            self._local.scaled, self._local.model = outer
+            for name, value in zip(names, outer):
+                setattr(self._local, name, value)
+
+    def judged(self, bad: Any) -> None:
+        """`apply` skipped the step as a bad batch where `bad` (a bool tensor)."""
+        verdict = getattr(self._local, "verdict", None)
+        if verdict is not None:
+            verdict.bad = bad
 
     def mark_scaled(self) -> None:
         if getattr(self._local, "scaled", None) is not None:

@@ -2,7 +2,8 @@
 
 Keras' JAX `train_step`, with what it never gives the optimizer: the batch and the unscaled
 loss (bad data told from an overflow), the forward pass's state put back on a skipped step
-(batch-norm statistics of a NaN batch), and the loss-scaling step logs. Pure, as Keras jits it.
+(batch-norm statistics of a NaN batch), the metrics as before a bad batch, and the
+loss-scaling step logs. Pure, as Keras jits it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import keras
 from keras import ops
 
 from mpt_keras import compat
+from mpt_keras.scaling import bad_batch_metrics
 
 # Ours (not imported: it imports this module).
 _Optimizer = keras.optimizers.LossScaleOptimizer
@@ -44,8 +46,12 @@ def train_step(model: keras.Model, optimizer: _Optimizer, state: Any, data: Any)
         ops.where(skipped, old, new) if keras.backend.is_float_dtype(v.dtype) else new
         for v, old, new in zip(model.non_trainable_variables, non_trainable, new_non_trainable)
     ]
-    logs, metrics_values = compat.update_metrics_variables(
+    _, new_metrics = compat.update_metrics_variables(
         model, metrics_values, unscaled_loss, x, y, y_pred, sample_weight
     )
+    bad = optimizer.stateless_skipped(optimizer_values, new_optimizer, bad_batch=True)
+    metrics_values = bad_batch_metrics.kept_values(bad, metrics_values, new_metrics)
+    with keras.StatelessScope(state_mapping=list(zip(model.metrics_variables, metrics_values))):
+        logs = model.get_metrics_result()
     logs = {**logs, **optimizer.step_logs(new_optimizer, new_trainable)}
     return logs, (new_trainable, new_non_trainable, new_optimizer, metrics_values)

@@ -18,12 +18,12 @@ from mpt_keras.checks import refusal
 from mpt_keras.scaling import readings, scale_rule, stateless_step
 from mpt_keras.scaling import settings as loss_scale_settings
 from mpt_keras.scaling.accumulation import Accumulation
-from mpt_keras.scaling.hand_over import HandOvers, LossScaleSteps, state_before
+from mpt_keras.scaling.hand_over import HandOvers, LossScaleSteps, StepVerdict, state_before
 from mpt_keras.scaling.health import BAD_BATCH_MEMORY, StepHealth
 from mpt_keras.scaling.own_variables import (
     ModelVariables,
     OwnVariables,
-    refuse_unscaled_float8_state,
+    caller_unscaled,
 )
 from mpt_keras.scaling.scale_rule import ScaleVariables
 from mpt_keras.scaling.settings import LossScaleSettings
@@ -259,9 +259,10 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
 
         return [None if g is None else unscaled_like(g, self.dynamic_scale) for g in grads]
 
-    def model_train_step(self, model_name: str) -> contextlib.AbstractContextManager[None]:
+    def model_train_step(self, model_name: str) -> contextlib.AbstractContextManager[StepVerdict]:
         """A model's train step runs inside (see `compile_hook`): an `apply` there of a loss
-        never scaled (no `scale_loss`) applies the gradients undivided, with a warning."""
+        never scaled (no `scale_loss`) applies the gradients undivided, with a warning; the
+        `StepVerdict` says whether its `apply` skipped a bad batch."""
         return self._loss_scale_steps.step(model_name)
 
     def hand_over_batch(self, batch: Any, state: Sequence[keras.Variable] = ()) -> None:
@@ -312,18 +313,17 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
             batch = handed_over.get("batch")
         if state is None:
             state = handed_over.get("state", ())
-        caller_unscaled = handed_over.get("unscaled", False)
-        if caller_unscaled and not scale_rule.scale_is_one(self):
-            refuse_unscaled_float8_state(variables)
-        unscaled = caller_unscaled or self._loss_scale_steps.never_scaled(self)
-        own = self._own_variables()
+        unscaled = caller_unscaled(self, handed_over.get("unscaled", False), variables)
+        unscaled = unscaled or self._loss_scale_steps.never_scaled(self)
         if current.is_jax():
-            return stateless_step.apply_eagerly(
-                self, own, grads, variables, loss, batch, list(state), unscaled
-            )
-        from mpt_keras.scaling.step import run_step
-
-        return run_step(self, own, grads, variables, loss, batch, list(state), unscaled)
+            step = stateless_step.apply_eagerly
+        else:
+            from mpt_keras.scaling.step import run_step as step
+        bad = step(
+            self, self._own_variables(), grads, variables, loss, batch, list(state), unscaled
+        )
+        self._loss_scale_steps.judged(bad)
+        return bad
 
     def _own_variables(self) -> OwnVariables:
         accumulation = None
@@ -367,19 +367,22 @@ class LossScaleOptimizer(_StockLossScaleOptimizer):
                 "To call `stateless_apply`, the optimizer must be built: call "
                 "`optimizer.build(trainable_variables)` first."
             )
-        caller_unscaled = self._handed_over.take_unscaled()
-        if caller_unscaled and not scale_rule.scale_is_one(self):
-            refuse_unscaled_float8_state(self._built_on.variables)
-        unscaled = caller_unscaled or self._loss_scale_steps.never_scaled(self)
+        unscaled = caller_unscaled(
+            self, self._handed_over.take_unscaled(), self._built_on.variables
+        )
+        unscaled = unscaled or self._loss_scale_steps.never_scaled(self)
         own, values = self._own_variables(), (optimizer_variables, grads, trainable_variables)
         return stateless_step.stateless_step(
             self, own, *values, loss=loss, batch=batch, unscaled=unscaled
         )
 
-    def stateless_skipped(self, before: Sequence[Any], after: Sequence[Any]) -> Any:
+    def stateless_skipped(
+        self, before: Sequence[Any], after: Sequence[Any], *, bad_batch: bool = False
+    ) -> Any:
         """Whether the step from optimizer values `before` to `after` was skipped (a bool
-        tensor): the train step then keeps the forward pass's state as it was."""
-        return stateless_step.step_skipped(self, self._own_variables(), before, after)
+        tensor): the train step then keeps the forward pass's state as it was; with
+        `bad_batch`, skipped as a bad batch (its metrics too)."""
+        return stateless_step.step_skipped(self, self._own_variables(), before, after, bad_batch)
 
     def get_config(self) -> dict[str, Any]:
         # The stock keys (`dynamic_growth_steps` among them), then ours.

@@ -15,7 +15,7 @@ from keras import ops
 from mpt_keras.errors import UserInputError
 from mpt_keras.precision.float8 import is_float8_state
 from mpt_keras.scaling.accumulation import Accumulation
-from mpt_keras.scaling.scale_rule import ScaleVariables
+from mpt_keras.scaling.scale_rule import ScaleVariables, scale_is_one
 
 _FULL_PRECISION = ("float32", "float64")
 
@@ -74,17 +74,22 @@ class OwnVariables(NamedTuple):
     accumulation: Accumulation | None
 
 
-def refuse_unscaled_float8_state(variables: Sequence[keras.Variable]) -> None:
-    """Raises `UserInputError` if a float8 layer's state is among `variables`, whose gradients
-    the caller unscaled: that divided its new value by the scale too."""
-    first = next((v for v in variables if is_float8_state(v)), None)
-    if first is not None:
+def caller_unscaled(optimizer: Any, unscaled: bool, variables: Sequence[keras.Variable]) -> bool:
+    """`unscaled`: whether the caller unscaled the gradients (`get_unscaled_gradients`).
+
+    Raises:
+        UserInputError: It did, with a scale other than 1, and a float8 layer's state is
+            among `variables`: that divided its new value by the scale too.
+    """
+    first = next((v for v in variables if is_float8_state(v)), None) if unscaled else None
+    if first is not None and not scale_is_one(optimizer):
         raise UserInputError(
             f"variable '{first.path}' is a float8 layer's state, and the gradients "
             "passed to apply were unscaled by get_unscaled_gradients(), which divided "
             "its new value by the loss scale too. Pass the scaled gradients (of "
             "get_scaled_loss or scale_loss) to apply: it unscales all but float8 state"
         )
+    return unscaled
 
 
 def spread_over(flags: Any, positions: list[int], count: int) -> Any:

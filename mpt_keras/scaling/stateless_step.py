@@ -94,15 +94,19 @@ def apply_eagerly(
     skipped = step_skipped(optimizer, own, before, values)
     for variable, value in state:
         variable.assign(ops.where(skipped, value, ops.convert_to_tensor(variable)))
-    at = _position(optimizer, own.bad_batches)
-    return values[at] > before[at]
+    return step_skipped(optimizer, own, before, values, bad_batch=True)
 
 
 def step_skipped(
-    optimizer: _Optimizer, own: OwnVariables, old: Sequence[Any], new: Sequence[Any]
+    optimizer: _Optimizer,
+    own: OwnVariables,
+    old: Sequence[Any],
+    new: Sequence[Any],
+    bad_batch: bool = False,
 ) -> Any:
-    """Whether the step from optimizer values `old` to `new` was skipped (a bool tensor)."""
-    at = _position(optimizer, own.skipped)
+    """Whether the step from optimizer values `old` to `new` was skipped (with `bad_batch`:
+    as a bad batch), a bool tensor."""
+    at = _position(optimizer, own.bad_batches if bad_batch else own.skipped)
     return new[at] > old[at]
 
 

@@ -1,0 +1,83 @@
+"""A batch skipped as bad data counts in neither the loss nor any metric of `model.fit`.
+
+Run on TensorFlow here and on JAX by `tests/test_jax_backend.py`: Keras' own train step, with
+and without XLA. The reference trains on the good batches only: skipping the bad one leaves
+the weights as they were, so each good batch sees the same weights in both runs.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+from mpt_keras.scaling.optimizer import LossScaleOptimizer
+
+
+@pytest.fixture(autouse=True)
+def _float32_keras_state():
+    previous_policy = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("float32")
+    yield
+    keras.mixed_precision.set_global_policy(previous_policy)
+
+
+def _data() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Three batches of 4, the second with a NaN input; and which rows are good."""
+    rng = np.random.RandomState(7)
+    x = rng.normal(size=(12, 3)).astype("float32")
+    y = rng.normal(size=(12, 1)).astype("float32")
+    x[5, 2] = np.nan
+    good = np.r_[0:4, 8:12]
+    return x, y, good
+
+
+def _fit(
+    x: np.ndarray, y: np.ndarray, jit_compile: bool, epochs: int = 1, stock: bool = False
+) -> tuple[dict[str, list[float]], keras.optimizers.LossScaleOptimizer]:
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    rng = np.random.RandomState(0)
+    model.set_weights([rng.normal(size=w.shape).astype("float32") for w in model.get_weights()])
+    wrapper = keras.optimizers.LossScaleOptimizer if stock else LossScaleOptimizer
+    opt = wrapper(keras.optimizers.SGD(0.1))
+    model.compile(optimizer=opt, loss="mse", metrics=["mae"], jit_compile=jit_compile)
+    history = model.fit(
+        x,
+        y,
+        batch_size=4,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=[keras.callbacks.TerminateOnNaN()],
+    )
+    return history.history, opt
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_a_skipped_bad_batch_counts_in_no_metric(jit_compile):
+    x, y, good = _data()
+    history, opt = _fit(x, y, jit_compile)
+    reference, reference_opt = _fit(x[good], y[good], jit_compile)
+    assert (opt.bad_batches, reference_opt.bad_batches) == (1, 0)
+    assert history["skipped_steps"] == [1.0]
+    for name in ("loss", "mae"):
+        assert np.isfinite(history[name]).all(), name
+        np.testing.assert_allclose(history[name], reference[name], rtol=1e-6, err_msg=name)
+    np.testing.assert_allclose(history["loss"], [7.706347], rtol=1e-5)
+
+
+def test_terminate_on_nan_trains_on_past_a_skipped_bad_batch():
+    """Its loss, a NaN, would stop the run at the bad batch: the batch's logs leave it out."""
+    x, y, _ = _data()
+    history, opt = _fit(x, y, jit_compile=True, epochs=3)
+    assert len(history["loss"]) == 3
+    assert opt.bad_batches == 3
+    assert int(opt.iterations) == 9
+
+
+def test_keras_stock_class_counts_the_bad_batch_and_terminate_on_nan_stops():
+    """What ours fixes: the stock class's epoch loss is NaN and the run stops in epoch 1."""
+    x, y, _ = _data()
+    history, opt = _fit(x, y, jit_compile=True, epochs=3, stock=True)
+    assert len(history["loss"]) == 1 and np.isnan(history["loss"][0])
+    assert int(opt.iterations) == 1  # Stopped at the bad batch (the stock skip holds it).
