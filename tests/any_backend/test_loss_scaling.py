@@ -282,7 +282,8 @@ def test_mixed_float16_compile_wraps_in_ours_which_backs_off_then_applies(jit_co
     assert (history["loss_scale"], history["skipped_steps"]) == ([2.0**14], [1.0])
     # XLA on TensorFlow rounds one float16 step a little differently (4.110538).
     np.testing.assert_allclose(history["gradient_norm"], [4.110267], rtol=1e-4)
-    np.testing.assert_allclose(history["loss"], [5.378579], rtol=1e-5)
+    # TensorFlow's oneDNN kernels compute float16 natively on a CPU with AVX512_FP16: 5.379128.
+    np.testing.assert_allclose(history["loss"], [5.378579], rtol=2e-4)
     assert (opt.skipped_steps, opt.bad_batches, int(opt.iterations)) == (1, 0, 2)
     assert opt.nonfinite_counts() == {v.path: 1 for v in model.trainable_variables}
 
