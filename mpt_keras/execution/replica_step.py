@@ -52,6 +52,9 @@ def make_step(
         checked = isinstance(optimizer, LossScaleOptimizer)
         # Batch-norm statistics as before the step: a skipped step puts them back.
         state = state_before(model.non_trainable_variables) if checked else []
+        # A skipped bad batch counts in no metric (`bad_batch_metrics`); read before
+        # `compute_loss`, which updates per-output loss trackers.
+        before = MetricsBefore(model) if checked else None
         loss, y_pred, gradients = forward_backward(x, y, sample_weight)
         batch_size = leading_size(next(i for i in keras.tree.flatten(x) if i is not None))
         if checked:
@@ -65,8 +68,6 @@ def make_step(
             )
         else:
             optimizer.apply(gradients, model.trainable_weights)
-        # A skipped bad batch counts in no metric (`bad_batch_metrics`).
-        before = MetricsBefore(model) if checked else None
         compat.loss_tracker(model).update_state(
             compat.unscale_loss_for_distribution(loss), sample_weight=batch_size
         )
@@ -74,6 +75,6 @@ def make_step(
         if before is None:
             return logs
         before.put_back_if(bad)
-        return {**model.get_metrics_result(), **optimizer.step_logs()}
+        return {**logs, **model.get_metrics_result(), **optimizer.step_logs()}
 
     return replica_train_step

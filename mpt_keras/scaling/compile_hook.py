@@ -137,7 +137,7 @@ def _hand_batches_over(model: keras.Model) -> None:
             logs = class_step(model, data)
         if before is not None and verdict.bad is not None:
             before.put_back_if(verdict.bad)  # A skipped bad batch counts in no metric.
-            logs = model.get_metrics_result()
+            logs = {**logs, **model.get_metrics_result()}  # A `compute_metrics`' own too.
         if not isinstance(logs, dict):
             return logs
         return {**logs, **optimizer.step_logs()}

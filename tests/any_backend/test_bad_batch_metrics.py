@@ -81,3 +81,37 @@ def test_keras_stock_class_counts_the_bad_batch_and_terminate_on_nan_stops():
     history, opt = _fit(x, y, jit_compile=True, epochs=3, stock=True)
     assert len(history["loss"]) == 1 and np.isnan(history["loss"][0])
     assert int(opt.iterations) == 1  # Stopped at the bad batch (the stock skip holds it).
+
+
+class _TwoHeads(keras.Model):
+    """Two outputs, each with a loss tracker `compute_loss` updates, and a `compute_metrics`
+    that adds a log of its own."""
+
+    def compute_metrics(self, x, y, y_pred, sample_weight=None):
+        return {**super().compute_metrics(x, y, y_pred, sample_weight), "extra": 42.0}
+
+
+def _fit_two_heads(x: np.ndarray, y: np.ndarray, jit_compile: bool) -> dict[str, list[float]]:
+    inputs = keras.Input((3,))
+    outputs = [keras.layers.Dense(1, name=name)(inputs) for name in ("a", "b")]
+    model = _TwoHeads(inputs, outputs, name="two_heads")
+    rng = np.random.RandomState(0)
+    model.set_weights([rng.normal(size=w.shape).astype("float32") for w in model.get_weights()])
+    opt = LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    model.compile(optimizer=opt, loss=["mse", "mse"], jit_compile=jit_compile)
+    history = model.fit(x, [y, 2 * y], batch_size=4, shuffle=False, verbose=0)
+    return history.history
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_per_output_losses_leave_out_the_bad_batch_and_own_logs_stay(jit_compile):
+    """`compute_loss` updates each output's loss tracker before the optimizer judges the
+    batch: they are put back too; a `compute_metrics` override's own log is kept."""
+    x, y, good = _data()
+    history = _fit_two_heads(x, y, jit_compile)
+    reference = _fit_two_heads(x[good], y[good], jit_compile)
+    assert history["extra"] == [42.0]
+    for name in ("loss", "a_loss", "b_loss"):
+        assert np.isfinite(history[name]).all(), name
+        np.testing.assert_allclose(history[name], reference[name], rtol=1e-6, err_msg=name)
+    np.testing.assert_allclose(history["loss"], np.add(history["a_loss"], history["b_loss"]))
