@@ -1,8 +1,9 @@
 """A batch skipped as bad data counts in neither the loss nor any metric of `model.fit`.
 
 Run on TensorFlow here and on JAX by `tests/test_jax_backend.py`: Keras' own train step, with
-and without XLA. The reference trains on the good batches only: skipping the bad one leaves
-the weights as they were, so each good batch sees the same weights in both runs.
+and without XLA, in float32 (conftest's default). The reference trains on the good batches
+only: skipping the bad one leaves the weights as they were, so each good batch sees the same
+weights in both runs.
 """
 
 from __future__ import annotations
@@ -12,14 +13,6 @@ import numpy as np
 import pytest
 
 from mpt_keras.scaling.optimizer import LossScaleOptimizer
-
-
-@pytest.fixture(autouse=True)
-def _float32_keras_state():
-    previous_policy = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("float32")
-    yield
-    keras.mixed_precision.set_global_policy(previous_policy)
 
 
 def _data() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
