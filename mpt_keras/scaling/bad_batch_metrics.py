@@ -2,7 +2,7 @@
 
 Its loss is NaN and its predictions undefined (XLA's and TensorFlow's argmax of a NaN row
 differ): a metric that took it would read NaN for the rest of the epoch, and a callback
-(`TerminateOnNaN`, `EarlyStopping`) would act on a batch the optimizer skipped. Keras' step
+(`TerminateOnNaN`, `EarlyStopping`) would act on a batch the optimizer skipped. The step
 updates the metrics as always; on a bad batch they are then put back as they were.
 """
 
@@ -21,18 +21,67 @@ class MetricsBefore:
     def __init__(self, model: keras.Model) -> None:
         from mpt_keras.backend.tensorflow.values import read_value
 
-        self.variables = [v for metric in model.metrics for v in metric.variables]
-        self.values = [read_value(v) for v in self.variables]
+        self.metrics = list(model.metrics)
+        self.values = [[read_value(v) for v in metric.variables] for metric in self.metrics]
 
     def put_back_if(self, bad: Any) -> None:
         """Where `bad` (a bool tensor, or bool), the values read; in a trace, one `cond`."""
         from mpt_keras import compat
 
         def put_back() -> None:
-            for variable, value in zip(self.variables, self.values):
-                variable.assign(value)
+            for metric, values in zip(self.metrics, self.values):
+                for variable, value in zip(metric.variables, values):
+                    variable.assign(value)
 
         compat.called_cond(bad, put_back, lambda: None)
+
+    def put_back_in_logs(self, bad: Any, logs: dict[str, Any]) -> dict[str, Any]:
+        """`put_back_if(bad)`, and the step's `logs` with it: each entry named after a metric
+        the step updated (`metric.name`, or a name in a dict `result()` such as Keras'
+        compile metrics) read again where `bad`. Any other entry stays as the step gave it:
+        a model's own step may log a raw loss under the name of a metric it never updates."""
+        updated = [
+            self._updated(metric, values) for metric, values in zip(self.metrics, self.values)
+        ]
+        self.put_back_if(bad)
+        logs = dict(logs)
+        for metric, was_updated in zip(self.metrics, updated):
+            if not getattr(metric, "built", True):  # Compile metrics the step never updates.
+                continue
+            result = metric.result()
+            if not isinstance(result, dict):
+                result = {metric.name: result}
+            elif isinstance(logs.get(metric.name), dict):
+                logs[metric.name] = _reread(logs[metric.name], result, bad & was_updated)
+            logs = _reread(logs, result, bad & was_updated)
+        return logs
+
+    @staticmethod
+    def _updated(metric: keras.metrics.Metric, values: Sequence[Any]) -> Any:
+        """Whether the step changed any of `metric`'s variables (a NaN it took counts)."""
+        changed = [
+            ops.any(ops.not_equal(v, old)) for v, old in zip(metric.variables, values)
+        ]
+        return ops.any(ops.stack(changed)) if changed else ops.convert_to_tensor(False)
+
+
+def _reread(logs: dict[str, Any], results: dict[str, Any], take: Any) -> dict[str, Any]:
+    """`logs`, each entry `results` names (a tensor like it) taken from `results` where `take`."""
+    kept = dict(logs)
+    for name, result in results.items():
+        logged = logs.get(name)
+        if _alike(logged, result):
+            kept[name] = ops.where(take, result, logged)
+    return kept
+
+
+def _alike(logged: Any, result: Any) -> bool:
+    return (
+        hasattr(logged, "dtype")
+        and hasattr(result, "dtype")
+        and logged.dtype == result.dtype
+        and tuple(logged.shape) == tuple(result.shape)
+    )
 
 
 def kept_values(bad: Any, before: Sequence[Any], after: Sequence[Any]) -> list[Any]:

@@ -128,18 +128,15 @@ def _hand_batches_over(model: keras.Model) -> None:
         model.train_step = train_step
         return
 
-    keras_own = class_step is keras.Model.train_step  # Its logs are the metrics' results.
-
     def train_step(data: Any) -> Any:
         optimizer.hand_over_batch(data, state=model.non_trainable_variables)
-        before = MetricsBefore(model) if keras_own else None
+        before = MetricsBefore(model)
         with optimizer.model_train_step(model.name) as verdict:
             logs = class_step(model, data)
-        if before is not None and verdict.bad is not None:
-            before.put_back_if(verdict.bad)  # A skipped bad batch counts in no metric.
-            logs = {**logs, **model.get_metrics_result()}  # A `compute_metrics`' own too.
         if not isinstance(logs, dict):
             return logs
+        if verdict.bad is not None:  # A skipped bad batch counts in no metric.
+            logs = before.put_back_in_logs(verdict.bad, logs)
         return {**logs, **optimizer.step_logs()}
 
     setattr(train_step, _HOOK_MARK, True)

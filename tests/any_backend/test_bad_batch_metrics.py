@@ -14,6 +14,8 @@ import pytest
 
 from mpt_keras.scaling.optimizer import LossScaleOptimizer
 
+BACKEND = keras.backend.backend()
+
 
 def _data() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Three batches of 4, the second with a NaN input; and which rows are good."""
@@ -26,14 +28,20 @@ def _data() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _fit(
-    x: np.ndarray, y: np.ndarray, jit_compile: bool, epochs: int = 1, stock: bool = False
+    x: np.ndarray,
+    y: np.ndarray,
+    jit_compile: bool,
+    epochs: int = 1,
+    stock: bool = False,
+    model_class: type[keras.Sequential] = keras.Sequential,
+    metrics: tuple[str, ...] = ("mae",),
 ) -> tuple[dict[str, list[float]], keras.optimizers.LossScaleOptimizer]:
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model = model_class([keras.Input((3,)), keras.layers.Dense(1)])
     rng = np.random.RandomState(0)
     model.set_weights([rng.normal(size=w.shape).astype("float32") for w in model.get_weights()])
     wrapper = keras.optimizers.LossScaleOptimizer if stock else LossScaleOptimizer
     opt = wrapper(keras.optimizers.SGD(0.1))
-    model.compile(optimizer=opt, loss="mse", metrics=["mae"], jit_compile=jit_compile)
+    model.compile(optimizer=opt, loss="mse", metrics=list(metrics) or None, jit_compile=jit_compile)
     history = model.fit(
         x,
         y,
@@ -108,3 +116,62 @@ def test_per_output_losses_leave_out_the_bad_batch_and_own_logs_stay(jit_compile
         assert np.isfinite(history[name]).all(), name
         np.testing.assert_allclose(history[name], reference[name], rtol=1e-6, err_msg=name)
     np.testing.assert_allclose(history["loss"], np.add(history["a_loss"], history["b_loss"]))
+
+
+def _own_step_class(raw_loss: bool = False) -> type[keras.Sequential]:
+    """TensorFlow: the train_step of Keras' guide ("Customizing what happens in fit()"),
+    which updates each metric itself and logs their results; or, with `raw_loss`, logs the
+    batch's loss under the name of Keras' loss tracker, which it never updates."""
+    import tensorflow as tf
+
+    class OwnStep(keras.Sequential):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(y=y, y_pred=y_pred)
+            grads = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply(grads, self.trainable_variables)
+            if raw_loss:
+                return {"loss": loss}
+            for metric in self.metrics:
+                if metric.name == "loss":
+                    metric.update_state(loss)
+                else:
+                    metric.update_state(y, y_pred)
+            return {m.name: m.result() for m in self.metrics}
+
+    return OwnStep
+
+
+_OWN_STEP_ON_JAX = (
+    "on JAX a model's own traced step hands no batch to stateless_apply: NaN data is an "
+    "overflow there (docs/loss_scaling.md)"
+)
+
+
+@pytest.mark.skipif(BACKEND == "jax", reason=_OWN_STEP_ON_JAX)
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_a_models_own_step_leaves_the_bad_batch_out_of_the_metrics_it_updates(jit_compile):
+    x, y, good = _data()
+    history, opt = _fit(x, y, jit_compile, epochs=2, model_class=_own_step_class())
+    reference, _ = _fit(x[good], y[good], jit_compile, epochs=2, model_class=_own_step_class())
+    assert opt.bad_batches == 2  # TerminateOnNaN trained on.
+    for name in ("loss", "mae"):
+        assert np.isfinite(history[name]).all(), name
+        np.testing.assert_allclose(history[name], reference[name], rtol=1e-6, err_msg=name)
+
+
+@pytest.mark.skipif(BACKEND == "jax", reason=_OWN_STEP_ON_JAX)
+def test_a_models_own_raw_loss_log_is_its_own():
+    """Logged under the name of a metric the step never updates: kept as the step gave it,
+    a NaN where the last batch is bad (not the idle tracker's 0), the loss where good."""
+    x, y, good = _data()
+    last_bad = np.r_[0:4, 8:12, 4:8]
+    history, opt = _fit(
+        x[last_bad], y[last_bad], True, model_class=_own_step_class(True), metrics=()
+    )
+    assert opt.bad_batches == 1 and np.isnan(history["loss"]).all()
+    history, _ = _fit(x[good], y[good], True, model_class=_own_step_class(True), metrics=())
+    # The last batch's MSE after one SGD step on the first, as NumPy computes it.
+    np.testing.assert_allclose(history["loss"], [2.4992123], rtol=1e-6)
