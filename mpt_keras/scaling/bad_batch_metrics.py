@@ -19,14 +19,26 @@ class MetricsBefore:
     """TensorFlow: the model's metric variables read before its step updates them."""
 
     def __init__(self, model: keras.Model) -> None:
+        from mpt_keras.backend.tensorflow.cross_replica import current_graph
         from mpt_keras.backend.tensorflow.values import read_value
 
         self.metrics = list(model.metrics)
         self.values = [[read_value(v) for v in metric.variables] for metric in self.metrics]
+        self.graph = current_graph()
+
+    def readable(self, bad: Any) -> bool:
+        """Whether `bad` can be read in the step these values were read in: not where a
+        model's own step applied its gradients in a graph of its own (a `tf.cond`, a
+        `tf.function`), whose tensors this graph cannot reach; its metrics then stay."""
+        return getattr(bad, "graph", None) in (None, self.graph)
 
     def put_back_if(self, bad: Any) -> None:
-        """Where `bad` (a bool tensor, or bool), the values read; in a trace, one `cond`."""
+        """Where `bad` (a bool tensor, or bool; if `readable`), the values read; in a trace,
+        one `cond`."""
         from mpt_keras import compat
+
+        if not self.readable(bad):
+            return
 
         def put_back() -> None:
             for metric, values in zip(self.metrics, self.values):
@@ -40,6 +52,8 @@ class MetricsBefore:
         the step updated (`metric.name`, or a name in a dict `result()` such as Keras'
         compile metrics) read again where `bad`. Any other entry stays as the step gave it:
         a model's own step may log a raw loss under the name of a metric it never updates."""
+        if not self.readable(bad):
+            return logs
         updated = [
             self._updated(metric, values) for metric, values in zip(self.metrics, self.values)
         ]
@@ -59,9 +73,7 @@ class MetricsBefore:
     @staticmethod
     def _updated(metric: keras.metrics.Metric, values: Sequence[Any]) -> Any:
         """Whether the step changed any of `metric`'s variables (a NaN it took counts)."""
-        changed = [
-            ops.any(ops.not_equal(v, old)) for v, old in zip(metric.variables, values)
-        ]
+        changed = [ops.any(ops.not_equal(v, old)) for v, old in zip(metric.variables, values)]
         return ops.any(ops.stack(changed)) if changed else ops.convert_to_tensor(False)
 
 

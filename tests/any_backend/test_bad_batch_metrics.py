@@ -118,10 +118,11 @@ def test_per_output_losses_leave_out_the_bad_batch_and_own_logs_stay(jit_compile
     np.testing.assert_allclose(history["loss"], np.add(history["a_loss"], history["b_loss"]))
 
 
-def _own_step_class(raw_loss: bool = False) -> type[keras.Sequential]:
+def _own_step_class(logs: str = "metrics") -> type[keras.Sequential]:
     """TensorFlow: the train_step of Keras' guide ("Customizing what happens in fit()"),
-    which updates each metric itself and logs their results; or, with `raw_loss`, logs the
-    batch's loss under the name of Keras' loss tracker, which it never updates."""
+    which updates each metric itself and logs their results (`logs="metrics"`); or logs the
+    batch's loss under the name of Keras' loss tracker, which it never updates ("raw_loss");
+    or applies its gradients in a `tf.function` of its own, and logs the metrics ("nested")."""
     import tensorflow as tf
 
     class OwnStep(keras.Sequential):
@@ -131,8 +132,11 @@ def _own_step_class(raw_loss: bool = False) -> type[keras.Sequential]:
                 y_pred = self(x, training=True)
                 loss = self.compute_loss(y=y, y_pred=y_pred)
             grads = tape.gradient(loss, self.trainable_variables)
-            self.optimizer.apply(grads, self.trainable_variables)
-            if raw_loss:
+            if logs == "nested":
+                tf.function(lambda: self.optimizer.apply(grads, self.trainable_variables))()
+            else:
+                self.optimizer.apply(grads, self.trainable_variables)
+            if logs == "raw_loss":
                 return {"loss": loss}
             for metric in self.metrics:
                 if metric.name == "loss":
@@ -148,13 +152,18 @@ _OWN_STEP_ON_JAX = (
     "on JAX a model's own traced step hands no batch to stateless_apply: NaN data is an "
     "overflow there (docs/loss_scaling.md)"
 )
+# The bad batch last: an epoch's logs are its last batch's.
+_LAST_BAD = np.r_[0:4, 8:12, 4:8]
 
 
 @pytest.mark.skipif(BACKEND == "jax", reason=_OWN_STEP_ON_JAX)
 @pytest.mark.parametrize("jit_compile", [False, True])
 def test_a_models_own_step_leaves_the_bad_batch_out_of_the_metrics_it_updates(jit_compile):
+    """Its logs hold Keras' compile metrics as a dict (`compile_metrics`): read again too."""
     x, y, good = _data()
-    history, opt = _fit(x, y, jit_compile, epochs=2, model_class=_own_step_class())
+    history, opt = _fit(
+        x[_LAST_BAD], y[_LAST_BAD], jit_compile, epochs=2, model_class=_own_step_class()
+    )
     reference, _ = _fit(x[good], y[good], jit_compile, epochs=2, model_class=_own_step_class())
     assert opt.bad_batches == 2  # TerminateOnNaN trained on.
     for name in ("loss", "mae"):
@@ -167,11 +176,21 @@ def test_a_models_own_raw_loss_log_is_its_own():
     """Logged under the name of a metric the step never updates: kept as the step gave it,
     a NaN where the last batch is bad (not the idle tracker's 0), the loss where good."""
     x, y, good = _data()
-    last_bad = np.r_[0:4, 8:12, 4:8]
-    history, opt = _fit(
-        x[last_bad], y[last_bad], True, model_class=_own_step_class(True), metrics=()
-    )
+    raw_loss = _own_step_class("raw_loss")
+    history, opt = _fit(x[_LAST_BAD], y[_LAST_BAD], True, model_class=raw_loss, metrics=())
     assert opt.bad_batches == 1 and np.isnan(history["loss"]).all()
-    history, _ = _fit(x[good], y[good], True, model_class=_own_step_class(True), metrics=())
+    history, _ = _fit(x[good], y[good], True, model_class=raw_loss, metrics=())
     # The last batch's MSE after one SGD step on the first, as NumPy computes it.
     np.testing.assert_allclose(history["loss"], [2.4992123], rtol=1e-6)
+
+
+@pytest.mark.skipif(BACKEND == "jax", reason=_OWN_STEP_ON_JAX)
+def test_a_models_own_step_applying_in_a_function_of_its_own_skips_nan_as_an_overflow():
+    """`apply` in a graph of its own sees no batch (handed over in the step's graph), and its
+    verdict cannot be read in the step's: the NaN batch is skipped as an overflow, its
+    metrics not put back (docs/loss_scaling.md); training runs."""
+    x, y, _ = _data()
+    history, opt = _fit(x[_LAST_BAD], y[_LAST_BAD], True, model_class=_own_step_class("nested"))
+    assert (opt.skipped_steps, opt.bad_batches, int(opt.iterations)) == (1, 0, 3)
+    assert opt.loss_scale == 2.0**14
+    assert np.isnan(history["loss"]).all()
