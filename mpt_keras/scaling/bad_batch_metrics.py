@@ -35,29 +35,24 @@ class MetricsBefore:
     def put_back_if(self, bad: Any) -> None:
         """Where `bad` (a bool tensor, or bool; if `readable`), the values read; in a trace,
         one `cond`."""
-        from mpt_keras import compat
+        if self.readable(bad):
+            self._put_back_where(bad)
 
-        if not self.readable(bad):
-            return
-
-        def put_back() -> None:
-            for metric, values in zip(self.metrics, self.values):
-                for variable, value in zip(metric.variables, values):
-                    variable.assign(value)
-
-        compat.called_cond(bad, put_back, lambda: None)
-
-    def put_back_in_logs(self, bad: Any, logs: dict[str, Any]) -> dict[str, Any]:
-        """`put_back_if(bad)`, and the step's `logs` with it: each entry named after a metric
-        the step updated (`metric.name`, or a name in a dict `result()` such as Keras'
-        compile metrics) read again where `bad`. Any other entry stays as the step gave it:
-        a model's own step may log a raw loss under the name of a metric it never updates."""
+    def put_back_in_logs(self, bad: Any, logs: Any) -> Any:
+        """`put_back_if(bad)`, and the step's `logs` (a dict) with it: each entry named after
+        a metric the step updated (`metric.name`, or a name in a dict `result()` such as
+        Keras' compile metrics) read again where `bad`. Any other entry stays as the step
+        gave it: a model's own step may log a raw loss under the name of a metric it never
+        updates."""
+        if not isinstance(logs, dict):
+            self.put_back_if(bad)
+            return logs
         if not self.readable(bad):
             return logs
         updated = [
             self._updated(metric, values) for metric, values in zip(self.metrics, self.values)
         ]
-        self.put_back_if(bad)
+        self._put_back_where(bad)
         logs = dict(logs)
         for metric, was_updated in zip(self.metrics, updated):
             if not getattr(metric, "built", True):  # Compile metrics the step never updates.
@@ -69,6 +64,16 @@ class MetricsBefore:
                 logs[metric.name] = _reread(logs[metric.name], result, bad & was_updated)
             logs = _reread(logs, result, bad & was_updated)
         return logs
+
+    def _put_back_where(self, bad: Any) -> None:
+        from mpt_keras import compat
+
+        def put_back() -> None:
+            for metric, values in zip(self.metrics, self.values):
+                for variable, value in zip(metric.variables, values):
+                    variable.assign(value)
+
+        compat.called_cond(bad, put_back, lambda: None)
 
     @staticmethod
     def _updated(metric: keras.metrics.Metric, values: Sequence[Any]) -> Any:

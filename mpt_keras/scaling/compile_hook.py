@@ -134,10 +134,7 @@ def _hand_batches_over(model: keras.Model) -> None:
         with optimizer.model_train_step(model.name) as verdict:
             logs = class_step(model, data)
         if verdict.bad is not None:  # A skipped bad batch counts in no metric.
-            if isinstance(logs, dict):
-                logs = before.put_back_in_logs(verdict.bad, logs)
-            else:
-                before.put_back_if(verdict.bad)
+            logs = before.put_back_in_logs(verdict.bad, logs)
         if not isinstance(logs, dict):
             return logs
         return {**logs, **optimizer.step_logs()}
