@@ -26,9 +26,10 @@ def _check(*flags: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_the_dry_run_measures_each_cell_in_its_own_process_and_makes_the_docs_table(tmp_path):
-    done = _check("--small", "--per_cell_processes", "--precisions=float8", "--steps=1",
-                  f"--output={tmp_path}")  # fmt: skip
+def test_the_dry_run_measures_stock_and_ours_and_makes_the_docs_table(tmp_path):
+    # At --small the cells share this process (tests/test_gpu_session.py runs them each in
+    # a process of its own, as on a GPU).
+    done = _check("--small", "--precisions=float8", "--steps=1", f"--output={tmp_path}")
     assert done.returncode == 0, done.stderr[-3000:]
     (path,) = tmp_path.glob("gpu_*_cpu.json")  # Named by the day written (maybe past midnight).
     result = json.loads(path.read_text())
@@ -39,7 +40,7 @@ def test_the_dry_run_measures_each_cell_in_its_own_process_and_makes_the_docs_ta
     ]
     for row in result["rows"]:
         assert row["median_step_ms"] > 0 and math.isfinite(row["final_loss"])
-        # Each cell's device; the machine once, the first cell's (the parent never starts JAX).
+        # Each cell's device; the machine once, the first cell's.
         assert row["device_kind"] == "cpu" and "machine" not in row
     # Our cell's census of the compiled step: on a CPU, 18 GEMMs (6 layers, 3 each) emulated.
     census = result["rows"][1]["float8_census"]["summary"]

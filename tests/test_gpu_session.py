@@ -121,3 +121,16 @@ def test_the_dry_run_runs_each_distinct_step_and_sends_back_what_it_wrote(tmp_pa
     (mlp_file,) = (tmp_path / "mlp").glob("float8_mlp_*_cpu.json")
     mlp = json.loads(mlp_file.read_text())
     assert [row.get("error") for row in mlp["rows"]] == [None] * 4
+    # The Transformer's cells, each in a process of its own (tests/test_gpu_check.py runs
+    # them in one): each row names its device, the machine is recorded once, by the first
+    # cell, and the session's process never imports TensorFlow.
+    (check_file,) = (tmp_path / "transformer").glob("gpu_*_cpu.json")
+    check = json.loads(check_file.read_text())
+    assert [(row["precision"], row["stack"]) for row in check["rows"]] == [
+        ("mixed_bfloat16", "ours"),
+        ("float8", "ours"),
+    ]
+    assert [(row["device_kind"], "machine" in row) for row in check["rows"]] == [("cpu", False)] * 2
+    assert check["machine"]["jax"] and "tensorflow" not in check["machine"]
+    census = check["rows"][1]["float8_census"]["summary"]
+    assert census.startswith("emulated: 0 of 18 GEMMs of 6 float8 layers run in float8")
