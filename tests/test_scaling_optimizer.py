@@ -38,14 +38,6 @@ MODES = ["eager", "function", "jit"]
 _TESTS_DIR = Path(__file__).resolve().parent
 
 
-@pytest.fixture(autouse=True)
-def _float32_keras_state():
-    previous_policy = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("float32")
-    yield
-    keras.mixed_precision.set_global_policy(previous_policy)
-
-
 def _stepper(
     mode: str,
     inner: keras.optimizers.Optimizer | None = None,

@@ -25,14 +25,6 @@ MODES = ["eager", "compiled"]
 BACKEND = keras.backend.backend()
 
 
-@pytest.fixture(autouse=True)
-def _float32_keras_state():
-    previous_policy = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("float32")
-    yield
-    keras.mixed_precision.set_global_policy(previous_policy)
-
-
 def _traced(opt: LossScaleOptimizer, variables: list[keras.Variable]) -> Callable[..., None]:
     """`opt.apply(grads, variables)` compiled: XLA on TensorFlow, `jax.jit` of
     `stateless_apply` (as Keras' JAX trainer calls it) on JAX."""
