@@ -27,18 +27,27 @@ if XLA_TEST_FLAG not in os.environ.get("XLA_FLAGS", ""):
 
 
 class _NoTensorFlow(importlib.abc.MetaPathFinder):
-    """Makes `import tensorflow` fail as on a machine without it (tests/test_jax_backend.py)."""
+    """A finder of `sys.meta_path` that finds no TensorFlow, as on a machine without it
+    (tests/test_jax_backend.py): `import tensorflow` raises ModuleNotFoundError and
+    `importlib.util.find_spec("tensorflow")` is None, which libraries probe (etils' paths,
+    which JAX's compilation cache writes through, raised before it was None here)."""
 
     BLOCKED = ("tensorflow", "tensorflow_datasets", "tf_keras")
 
+    def __init__(self, finder: Any):
+        self._finder = finder
+
     def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in self.BLOCKED:
-            raise ModuleNotFoundError(f"No module named '{name}' (blocked)", name=name)
-        return None
+        if name.partition(".")[0] in self.BLOCKED or not hasattr(self._finder, "find_spec"):
+            return None
+        return self._finder.find_spec(name, path, target)
+
+    def __getattr__(self, name: str) -> Any:  # find_distributions, invalidate_caches, ...
+        return getattr(self._finder, name)
 
 
 if os.environ.get("MPT_KERAS_BLOCK_TENSORFLOW"):
-    sys.meta_path.insert(0, _NoTensorFlow())
+    sys.meta_path[:] = [_NoTensorFlow(finder) for finder in sys.meta_path]
 
 import keras  # noqa: E402
 import pytest  # noqa: E402

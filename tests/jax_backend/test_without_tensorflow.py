@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 
 import keras
@@ -16,8 +17,10 @@ ON_JAX = sorted(mpt_keras.__all__)  # Every public name.
 
 def test_this_process_runs_jax_and_cannot_import_tensorflow():
     assert keras.backend.backend() == "jax"
-    with pytest.raises(ModuleNotFoundError):
+    with pytest.raises(ModuleNotFoundError, match="^No module named 'tensorflow'$"):
         importlib.import_module("tensorflow")
+    # Found nowhere, as on a machine without it: libraries that probe for it go on.
+    assert importlib.util.find_spec("tensorflow") is None
     assert "tensorflow" not in sys.modules
 
 
