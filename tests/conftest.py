@@ -27,10 +27,10 @@ if XLA_TEST_FLAG not in os.environ.get("XLA_FLAGS", ""):
 
 
 class _NoTensorFlow(importlib.abc.MetaPathFinder):
-    """A finder of `sys.meta_path` that finds no TensorFlow, as on a machine without it
-    (tests/test_jax_backend.py): `import tensorflow` raises ModuleNotFoundError and
-    `importlib.util.find_spec("tensorflow")` is None, which libraries probe (etils' paths,
-    which JAX's compilation cache writes through, raised before it was None here)."""
+    """Wraps a finder of `sys.meta_path` so that it finds no TensorFlow, as on a machine
+    without it (tests/test_jax_backend.py): `import tensorflow` raises ModuleNotFoundError
+    and `importlib.util.find_spec("tensorflow")` is None. Libraries probe with the latter
+    (etils' paths, under JAX's compilation cache), so a finder that raised would differ."""
 
     BLOCKED = ("tensorflow", "tensorflow_datasets", "tf_keras")
 

@@ -27,8 +27,8 @@ def _check(*flags: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_the_dry_run_measures_stock_and_ours_and_makes_the_docs_table(tmp_path):
-    # At --small the cells share this process (tests/test_gpu_session.py runs them each in
-    # a process of its own, as on a GPU).
+    # At --small the cells share one process (tests/test_gpu_session.py runs them each in a
+    # process of its own, as on a GPU).
     done = _check("--small", "--precisions=float8", "--steps=1", f"--output={tmp_path}")
     assert done.returncode == 0, done.stderr[-3000:]
     (path,) = tmp_path.glob("gpu_*_cpu.json")  # Named by the day written (maybe past midnight).

@@ -122,8 +122,8 @@ def test_the_dry_run_runs_each_distinct_step_and_sends_back_what_it_wrote(tmp_pa
     mlp = json.loads(mlp_file.read_text())
     assert [row.get("error") for row in mlp["rows"]] == [None] * 4
     # The Transformer's cells, each in a process of its own (tests/test_gpu_check.py runs
-    # them in one): each row names its device, the machine is recorded once, by the first
-    # cell, and the session's process never imports TensorFlow.
+    # them in one): each row names its device, and the machine is recorded once, by the
+    # first cell, with JAX's version and no TensorFlow.
     (check_file,) = (tmp_path / "transformer").glob("gpu_*_cpu.json")
     check = json.loads(check_file.read_text())
     assert [(row["precision"], row["stack"]) for row in check["rows"]] == [
