@@ -9,7 +9,9 @@ left of `--budget_s`. A step that fails or runs out of time is recorded in one l
 no other; one that finds too little time left is not started. The benchmarks write their
 files after each variant or cell, so a step stopped midway keeps what it measured.
 `--only` reruns chosen steps. `--small` is the CPU dry run: every step at its `--small`, but for
-the cuBLAS and smaller-width MLP steps, which at `--small` would run the `mlp` step again.
+the cuBLAS and smaller-width MLP steps, which at `--small` would run the `mlp` step again. Its
+steps have no caps, only the budget: the caps are a GPU's pace, and a CPU's (a loaded one's
+above all) tells nothing about them; the dry run checks the commands, not their time.
 
 Each step writes into `<output>/<step>/`; the session's record, `<output>/gpu_session_<date>.json`
 (each step's command, seconds, outcome, files and last lines of output), sits beside them:
@@ -55,7 +57,7 @@ class Step:
 
     name: str
     args: tuple[str, ...]
-    cap_s: int
+    cap_s: int | None  # None: what is left of the budget (the dry run's steps).
     xla_flags: str = ""  # Added to XLA_FLAGS (read once per process: hence a child each).
     drop: tuple[str, ...] = ()  # What the step writes that is not sent back (files, folders).
 
@@ -67,6 +69,10 @@ def plan(small: bool) -> tuple[Step, ...]:
     (XLA's Triton GEMMs off), `mpt-validate` of the float8 manifest, and smaller widths; the
     dry run leaves out the steps that at `--small` would repeat the `mlp` step."""
     dry = ("--small",) if small else ()
+
+    def cap(seconds: int) -> int | None:
+        return None if small else seconds
+
     mlp = ("-m", "benchmarks.float8_mlp", *dry, "--output={output}")
     # At `--small`, these would run the `mlp` step's command again (on a CPU, XLA's GPU flag
     # changes nothing).
@@ -78,18 +84,18 @@ def plan(small: bool) -> tuple[Step, ...]:
         Step("mlp_768", (*mlp, "--width=768"), 45),
     )  # fmt: skip
     return (
-        Step("mlp", mlp, 150),
+        Step("mlp", mlp, cap(150)),
         Step(
             "transformer",
             ("-m", "benchmarks.gpu_check", *dry, "--per_cell_processes",
              "--precisions=mixed_bfloat16,float8", "--stacks=ours", "--output={output}"),
-            200,  # Two processes, each compiling (and autotuning) a 92M-parameter step twice.
+            cap(200),  # Two processes, each compiling (and autotuning) a 92M-parameter step twice.
         ),  # fmt: skip
         *cublas,
         Step(
             "validate",
             (*VALIDATE, *(("--steps=2",) if small else ()), "--output={output}/lm_float8.json"),
-            90,
+            cap(90),
             drop=("lm_float8.png", "lm_float8_logs"),  # The chart, TensorBoard's curves.
         ),
         *widths,
@@ -148,7 +154,8 @@ def run_session(
             records.append({"step": step.name, "outcome": f"not started: {int(left)} s left"})
             continue
         folder = os.path.join(output, step.name)
-        records.append(run_step(step, folder, min(step.cap_s, left), env))
+        cap_s = left if step.cap_s is None else min(step.cap_s, left)
+        records.append(run_step(step, folder, cap_s, env))
         print(f"{step.name}: {records[-1]['outcome']} ({records[-1]['seconds']} s)", flush=True)
     return records
 
