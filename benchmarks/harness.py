@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from benchmarks import result_files
 from mpt_keras import models
-from mpt_keras.precision.hardware import probe_hardware
+from mpt_keras.precision.hardware import PROC_CPUINFO, probe_hardware
 
 VOCAB_SIZE = 256
 _LOW_PRECISION_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")
@@ -180,7 +180,7 @@ def devices() -> list[str]:
 
 def machine() -> dict[str, Any]:
     """The machine and software measured on, for a result's JSON."""
-    cpu_flags = probe_hardware().cpu_flags
+    cpu_flags = probe_hardware(PROC_CPUINFO).cpu_flags  # The machine's, whatever `auto` reads.
     return {
         "cpu": result_files.cpu_model(),
         "cpu_count": os.cpu_count(),

@@ -37,9 +37,9 @@ _LOW_PRECISION_FLAGS = frozenset({"avx512_bf16", "avx512_fp16", "amx_bf16", "amx
 def record(command: Sequence[str]) -> dict[str, Any]:
     """The `run` record of a result written now by `command`, as typed (`["mpt-bench", ...]`)."""
     # Here, not at the top: reading results (the docs' tables) needs no TensorFlow.
-    from mpt_keras.precision.hardware import probe_hardware
+    from mpt_keras.precision.hardware import PROC_CPUINFO, probe_hardware
 
-    cpu_flags = probe_hardware().cpu_flags
+    cpu_flags = probe_hardware(PROC_CPUINFO).cpu_flags  # The machine's, whatever `auto` reads.
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": shlex.join(command),

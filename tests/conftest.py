@@ -52,6 +52,17 @@ if os.environ.get("MPT_KERAS_BLOCK_TENSORFLOW"):
 import keras  # noqa: E402
 import pytest  # noqa: E402
 
+from mpt_keras.precision.hardware import CPUINFO_ENV  # noqa: E402
+
+# Every test, and every process it starts, decides `auto` (the precision, `jit_compile`) as on
+# one CPU, whatever the machine's: one with AVX512_BF16. On a CPU without it, `auto` turned XLA
+# on for bfloat16 convolutions, so the suite took other paths there and compiled XLA in every
+# run of the default CNN (a 2-step run: 8 s of CPU instead of 2 s on AVX2). Each CPU's
+# decisions are pinned by probes of their own (tests/test_execution_jit_rule.py,
+# tests/test_precision_hardware.py); what reads the machine itself names /proc/cpuinfo.
+CPUINFO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "cpuinfo_avx512_bf16")
+os.environ.setdefault(CPUINFO_ENV, CPUINFO)
+
 # Per backend, the test folders that run there (a file's folder outside these runs on TensorFlow).
 _ON_JAX = ("any_backend", "jax_backend")
 

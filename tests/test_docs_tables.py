@@ -348,7 +348,8 @@ def test_add_cell_replaces_a_cells_earlier_measurement_in_place_and_appends_a_ne
 
 def test_the_run_record_holds_the_date_the_quoted_command_and_the_vector_flags(monkeypatch):
     probe = hardware.HardwareProbe(cpu_flags=frozenset({"sse2", "avx512_bf16", "fma", "avx2"}))
-    monkeypatch.setattr(hardware, "probe_hardware", lambda: probe)
+    # The machine's own flags, not those `auto` may be told to read (MPT_KERAS_CPUINFO).
+    monkeypatch.setattr(hardware, "probe_hardware", {hardware.PROC_CPUINFO: probe}.__getitem__)
     before = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
     run = result_files.record(["python", "-m", "benchmarks.stack_ablation", "--add_to=a b.json"])
     assert run["command"] == "python -m benchmarks.stack_ablation '--add_to=a b.json'"

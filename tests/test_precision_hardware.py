@@ -2,7 +2,18 @@
 
 import pytest
 
-from mpt_keras.precision.hardware import HardwareProbe, probe_hardware, resolve_auto_policy
+import os
+
+from conftest import CPUINFO
+
+from mpt_keras.errors import UserInputError
+from mpt_keras.precision.hardware import (
+    CPUINFO_ENV,
+    PROC_CPUINFO,
+    HardwareProbe,
+    probe_hardware,
+    resolve_auto_policy,
+)
 
 
 @pytest.mark.parametrize(
@@ -90,7 +101,7 @@ def test_probe_reads_cpu_flags(tmp_path):
 
 def _machine_has(flag):
     try:
-        with open("/proc/cpuinfo") as file:
+        with open(PROC_CPUINFO) as file:
             return flag in file.read().split()
     except OSError:
         return False
@@ -98,6 +109,33 @@ def _machine_has(flag):
 
 @pytest.mark.skipif(not _machine_has("avx512_bf16"), reason="this CPU lacks avx512_bf16")
 def test_probe_finds_this_machines_bfloat16_cpu():
-    probe = probe_hardware()
+    probe = probe_hardware(PROC_CPUINFO)
     assert "avx512_bf16" in probe.cpu_flags
-    assert resolve_auto_policy() == resolve_auto_policy(probe)  # probes when not given one
+    assert resolve_auto_policy(probe)[0] == "mixed_bfloat16"
+
+
+def test_the_suite_decides_as_on_one_cpu_whatever_the_machines(monkeypatch, tmp_path):
+    # conftest names the suite's CPU for this process and the ones it starts.
+    assert os.environ[CPUINFO_ENV] == CPUINFO
+    assert "avx512_bf16" in probe_hardware().cpu_flags
+    assert resolve_auto_policy() == (
+        "mixed_bfloat16",
+        "no GPU or TPU; CPU computes bfloat16 (avx512_bf16)",
+    )
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2\n")
+    monkeypatch.setenv(CPUINFO_ENV, str(cpuinfo))
+    assert probe_hardware().cpu_flags == frozenset({"fpu", "avx2"})
+    assert resolve_auto_policy()[0] == "float32"
+    monkeypatch.setenv(CPUINFO_ENV, "")  # Set but empty: this machine's.
+    assert probe_hardware() == probe_hardware(PROC_CPUINFO)
+
+
+def test_a_cpuinfo_that_is_not_there_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv(CPUINFO_ENV, str(tmp_path / "cpuinfo"))
+    with pytest.raises(UserInputError) as raised:
+        probe_hardware()
+    assert str(raised.value) == (
+        f"MPT_KERAS_CPUINFO: received '{tmp_path / 'cpuinfo'}'. "
+        "Allowed: a file in /proc/cpuinfo's format, or unset"
+    )

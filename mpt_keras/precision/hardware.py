@@ -11,13 +11,23 @@
 
 With several GPUs the lowest compute capability decides: every replica runs one policy.
 `float8_gemm_support` says, by the same probe, whether float8 GEMMs can run in float8 at all.
+
+The CPU's flags come from `/proc/cpuinfo`, or from the file `MPT_KERAS_CPUINFO` names: a
+process (and its children) then decides `auto`, and `jit_compile=auto`, as on that CPU. The
+test suite names one, so that no test's path depends on the CPU it runs on.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from mpt_keras.backend import current
+from mpt_keras.checks import refusal
+
+# This machine's CPU, as Linux describes it; `CPUINFO_ENV` names another's.
+PROC_CPUINFO = "/proc/cpuinfo"
+CPUINFO_ENV = "MPT_KERAS_CPUINFO"
 
 # amx_tile alone (AMX-INT8) has no bfloat16 arithmetic; AMX-BF16 CPUs list amx_bf16.
 BFLOAT16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -35,12 +45,20 @@ class HardwareProbe:
     tpu: bool = False
 
 
-def probe_hardware(cpuinfo_path: str = "/proc/cpuinfo") -> HardwareProbe:
-    """Probes this machine's CPU flags (none if `cpuinfo_path` is missing), GPUs and TPUs.
+def probe_hardware(cpuinfo_path: str | None = None) -> HardwareProbe:
+    """Probes this machine's CPU flags (none if the file is missing), GPUs and TPUs.
 
-    On TensorFlow it lists physical devices only, so the runtime stays uninitialised and
+    `cpuinfo_path=None` reads the file `MPT_KERAS_CPUINFO` names (`UserInputError` if there is
+    none), else `/proc/cpuinfo`. On
+    TensorFlow it lists physical devices only, so the runtime stays uninitialised and
     logical devices (`--virtual_cpus`) can still be configured; on JAX, `jax.devices()`.
     """
+    if cpuinfo_path is None:
+        cpuinfo_path = os.environ.get(CPUINFO_ENV) or PROC_CPUINFO
+        if cpuinfo_path != PROC_CPUINFO and not os.path.isfile(cpuinfo_path):
+            raise refusal(
+                CPUINFO_ENV, repr(cpuinfo_path), "a file in /proc/cpuinfo's format, or unset"
+            )
     if current.is_jax():
         from mpt_keras.backend.jax.devices import accelerators
     else:
