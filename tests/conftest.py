@@ -1,8 +1,6 @@
 """Fixtures shared by the test files, and the choice of files per Keras backend."""
 
-import importlib.abc
 import os
-import sys
 from typing import Any
 
 # As the launchers do (trainers/__init__.py): CPU memory statistics on every
@@ -25,29 +23,6 @@ XLA_TEST_FLAG = "--xla_backend_optimization_level=0"
 if XLA_TEST_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_TEST_FLAG}".strip()
 
-
-class _NoTensorFlow(importlib.abc.MetaPathFinder):
-    """Wraps a finder of `sys.meta_path` so that it finds no TensorFlow, as on a machine
-    without it (tests/test_jax_backend.py): `import tensorflow` raises ModuleNotFoundError
-    and `importlib.util.find_spec("tensorflow")` is None. Libraries probe with the latter
-    (etils' paths, under JAX's compilation cache), so a finder that raised would differ."""
-
-    BLOCKED = ("tensorflow", "tensorflow_datasets", "tf_keras")
-
-    def __init__(self, finder: Any):
-        self._finder = finder
-
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in self.BLOCKED or not hasattr(self._finder, "find_spec"):
-            return None
-        return self._finder.find_spec(name, path, target)
-
-    def __getattr__(self, name: str) -> Any:  # find_distributions, invalidate_caches, ...
-        return getattr(self._finder, name)
-
-
-if os.environ.get("MPT_KERAS_BLOCK_TENSORFLOW"):
-    sys.meta_path[:] = [_NoTensorFlow(finder) for finder in sys.meta_path]
 
 import keras  # noqa: E402
 import pytest  # noqa: E402

@@ -36,7 +36,7 @@ import shutil
 import subprocess
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import keras
 import numpy as np
@@ -44,6 +44,7 @@ from absl import command_name, flags
 from absl import logging as absl_logging
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_WITHOUT_TENSORFLOW = os.path.join(REPO, "tests", "without_tensorflow")
 # The console scripts of setup.cfg and their modules.
 LAUNCHERS = {
     "mpt-train": "trainers.train",
@@ -124,6 +125,15 @@ def launch_console_script(program: str, *argv: str, timeout: float = 300) -> Lau
         [script, *argv], cwd=REPO, capture_output=True, text=True, timeout=timeout
     )
     return Launched(process.returncode, process.stdout, process.stderr)
+
+
+def without_tensorflow(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's) for a child that runs as on a machine without
+    TensorFlow, as the lent GPUs are, and so do its own children
+    (tests/without_tensorflow/sitecustomize.py first on `PYTHONPATH`)."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (_WITHOUT_TENSORFLOW, env.get("PYTHONPATH"))))
+    return env
 
 
 def _entry_point(program: str) -> Callable[[], None]:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from launchers import without_tensorflow
 
 from benchmarks import docs_tables
 
@@ -19,6 +20,7 @@ def _check(*flags: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "benchmarks.gpu_check", *flags],
         cwd=REPO,
+        env=without_tensorflow(),  # As on the GPU machines.
         capture_output=True,
         text=True,
         timeout=300,

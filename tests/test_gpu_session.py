@@ -11,6 +11,7 @@ import textwrap
 import time
 
 import pytest
+from launchers import without_tensorflow
 
 from benchmarks.gpu_session import BUDGET_S, MIN_STEP_S, Step, plan, run_session
 
@@ -98,7 +99,7 @@ def test_the_dry_run_runs_each_distinct_step_and_sends_back_what_it_wrote(tmp_pa
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.gpu_session", "--small", "--budget_s=600",
          f"--output={tmp_path}"],
-        cwd=REPO, capture_output=True, text=True, timeout=700,
+        cwd=REPO, capture_output=True, text=True, timeout=700, env=without_tensorflow(),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     # Each file is named by the day it was written: a run across midnight names two days.

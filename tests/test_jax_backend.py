@@ -1,8 +1,8 @@
 """Runs the backend-neutral tests, and the JAX-only ones, on Keras' JAX backend.
 
 Keras picks its backend once per process, so they run in one child pytest with
-`KERAS_BACKEND=jax` and TensorFlow blocked (`conftest.py` makes `import tensorflow` fail
-there): every module they import must load without TensorFlow.
+`KERAS_BACKEND=jax` and no TensorFlow (`launchers.without_tensorflow`: `import tensorflow`
+fails there): every module they import must load without TensorFlow.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from launchers import without_tensorflow
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -19,9 +20,8 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 @pytest.mark.slow
 def test_the_jax_backend_passes_the_neutral_and_jax_tests(tmp_path):
     env = {
-        **os.environ,
+        **without_tensorflow(),
         "KERAS_BACKEND": "jax",
-        "MPT_KERAS_BLOCK_TENSORFLOW": "1",
         # Two CPU devices, for keras.distribution.DataParallel.
         "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2",
     }

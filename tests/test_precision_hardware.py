@@ -1,9 +1,8 @@
 """Tests of mpt_keras.precision.hardware: precision `auto` on each kind of machine."""
 
-import pytest
-
 import os
 
+import pytest
 from conftest import CPUINFO
 
 from mpt_keras.errors import UserInputError

@@ -14,6 +14,7 @@ import time
 import keras
 import numpy as np
 import pytest
+from launchers import without_tensorflow
 
 import mpt_keras  # noqa: F401  (registers the classes model.keras names)
 
@@ -41,6 +42,7 @@ def _launch(model_dir):
     return subprocess.Popen(
         [sys.executable, "-m", "trainers.train", *flags],
         cwd=REPO,
+        env=without_tensorflow(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
