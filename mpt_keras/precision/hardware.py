@@ -49,9 +49,9 @@ def probe_hardware(cpuinfo_path: str | None = None) -> HardwareProbe:
     """Probes this machine's CPU flags (none if the file is missing), GPUs and TPUs.
 
     `cpuinfo_path=None` reads the file `MPT_KERAS_CPUINFO` names (`UserInputError` if there is
-    none), else `/proc/cpuinfo`. On
-    TensorFlow it lists physical devices only, so the runtime stays uninitialised and
-    logical devices (`--virtual_cpus`) can still be configured; on JAX, `jax.devices()`.
+    none), else `/proc/cpuinfo`. On TensorFlow it lists physical devices only, so the runtime
+    stays uninitialised and logical devices (`--virtual_cpus`) can still be configured; on
+    JAX, `jax.devices()`.
     """
     if cpuinfo_path is None:
         cpuinfo_path = os.environ.get(CPUINFO_ENV) or PROC_CPUINFO
