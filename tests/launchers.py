@@ -36,7 +36,7 @@ import shutil
 import subprocess
 import sys
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 
 import keras
 import numpy as np
@@ -127,11 +127,11 @@ def launch_console_script(program: str, *argv: str, timeout: float = 300) -> Lau
     return Launched(process.returncode, process.stdout, process.stderr)
 
 
-def without_tensorflow(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """`env` (default: this process's) for a child that runs as on a machine without
-    TensorFlow, as the lent GPUs are, and so do its own children
-    (tests/without_tensorflow/sitecustomize.py first on `PYTHONPATH`)."""
-    env = dict(os.environ if env is None else env)
+def without_tensorflow() -> dict[str, str]:
+    """This process's environment for a child that runs as on a machine without TensorFlow,
+    as the lent GPUs are, and so do its own children (tests/without_tensorflow/sitecustomize.py
+    first on `PYTHONPATH`)."""
+    env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (_WITHOUT_TENSORFLOW, env.get("PYTHONPATH"))))
     return env
 

@@ -2,9 +2,10 @@
 
 Python imports `sitecustomize` at its start, so a process given this folder first on its
 `PYTHONPATH` (tests/launchers.py: `without_tensorflow`) and every process it starts find no
-TensorFlow: the JAX child pytest (tests/test_jax_backend.py) and the JAX processes of the GPU
-dry runs. Without it, TensorFlow installed beside JAX would load there (Keras' JAX backend
-imports it where it can, as `keras.utils.set_random_seed` does), where a GPU machine has none.
+TensorFlow: the JAX child pytest (tests/test_jax_backend.py), the JAX processes of the GPU
+dry runs and of the JAX kill-and-resume test. Without it, TensorFlow installed beside JAX
+would load there (Keras' JAX backend imports it where it can, as `keras.utils.set_random_seed`
+does), where a GPU machine has none.
 """
 
 import importlib.abc
