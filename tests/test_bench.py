@@ -276,8 +276,8 @@ def test_float8_twins_are_measured_beside_their_own_and_labelled_emulated():
             "float8_gemms": False,
             "reason": "no GPU: this machine has no float8 matmul units",
             "state": "emulated",
-            "summary": "emulated: 0 of 0 GEMMs of 3 float8 layers run in float8 (no GPU: this "
-            "machine has no float8 matmul units)",
+            "summary": "emulated: 0 of 0 GEMMs of 3 float8 layers run in float8; no GEMM found "
+            "for 3 of the layers (no GPU: this machine has no float8 matmul units)",
             "gemms": [],
             "unseen": ["dense_0", "dense_1", "logits"],
         },

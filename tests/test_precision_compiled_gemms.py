@@ -55,6 +55,10 @@ def test_a_census_of_it_on_a_float8_device_finds_one_float8_gemm_of_three():
 def test_a_float8_layer_with_no_gemm_found_is_unseen():
     census = census_of(compiled_gemms(HLO), {"model/mlp": 1, "model/other": 1}, True, "GPU")
     assert census.unseen == ("model/other",)
+    assert census.summary() == (
+        "partly float8: 1 of 3 GEMMs of 2 float8 layers run in float8; no GEMM found for 1 of "
+        "the layers (GPU)"
+    )
     assert census.format_table().splitlines()[-1].split() == ["model/other", "(none", "found)"]
 
 

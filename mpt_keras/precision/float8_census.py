@@ -95,12 +95,14 @@ class Float8Census:
         return "partly float8" if self.fallbacks or self.unseen else "float8"
 
     def summary(self) -> str:
-        """One line: the state, how many GEMMs run in float8, and the device's reason."""
+        """One line: the state, how many GEMMs run in float8, how many float8 layers had none
+        found (so that "0 of 0" is never read as a verdict), and the device's reason."""
         layers = len({row.layer for row in self.rows} | set(self.unseen))
         in_float8 = sum(row.verdict == "float8" for row in self.rows)
+        unseen = f"; no GEMM found for {len(self.unseen)} of the layers" if self.unseen else ""
         return (
             f"{self.state}: {in_float8} of {len(self.rows)} GEMMs of {layers} float8 "
-            f"layer{'s' * (layers != 1)} run in float8 ({self.reason})"
+            f"layer{'s' * (layers != 1)} run in float8{unseen} ({self.reason})"
         )
 
     def format_table(self) -> str:

@@ -93,3 +93,13 @@ def test_the_census_leaves_the_layers_calls_as_they_were(model_and_batch):
     take_census(model, batch, probe=HardwareProbe())
     up = model.get_layer("backbone").get_layer("up")
     assert "quantized_call" not in vars(up) and "call" not in vars(up)
+
+
+def test_after_fit_every_gemm_is_found_as_before(model_and_batch):
+    # Keras' JAX trainer jits the model's own `train_step`; a census that lowered it again
+    # would get that trace back, made before the census scoped each float8 layer's calls.
+    model, (x, y) = model_and_batch
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    census = take_census(model, (x, y), probe=HardwareProbe())
+    assert [(row.layer, row.gemm) for row in census.rows] == ROLES
+    assert census.unseen == ()

@@ -127,7 +127,8 @@ def test_without_xla_nothing_is_compiled_for_the_target_and_every_layer_is_emula
     census = take_census(*_model_and_batch(ours=True), target="h100", xla=False)
     assert (census.rows, census.unseen) == ((), ("up", "down"))
     assert census.summary() == (
-        "emulated: 0 of 0 GEMMs of 2 float8 layers run in float8 (h100, not compiled: GPU "
+        "emulated: 0 of 0 GEMMs of 2 float8 layers run in float8; no GEMM found for 2 of the "
+        "layers (h100, not compiled: GPU "
         "compute capability 9.0 has float8 tensor cores, but only XLA's GEMM rewrite reaches "
         "them and XLA is off)"
     )
