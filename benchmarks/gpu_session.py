@@ -87,10 +87,17 @@ def plan(small: bool) -> tuple[Step, ...]:
         Step("mlp", mlp, cap(150)),
         Step(
             "transformer",
-            ("-m", "benchmarks.gpu_check", *dry, "--per_cell_processes",
-             "--precisions=mixed_bfloat16,float8", "--stacks=ours", "--output={output}"),
+            (
+                "-m",
+                "benchmarks.gpu_check",
+                *dry,
+                "--per_cell_processes",
+                "--precisions=mixed_bfloat16,float8",
+                "--stacks=ours",
+                "--output={output}",
+            ),
             cap(200),  # Two processes, each compiling (and autotuning) a 92M-parameter step twice.
-        ),  # fmt: skip
+        ),
         *cublas,
         Step(
             "validate",

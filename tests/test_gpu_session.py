@@ -48,9 +48,16 @@ def _alive(pid: int) -> bool:
 def test_a_step_that_fails_or_overruns_loses_no_other_and_the_budget_holds(tmp_path):
     steps = [
         Step("fails", ("-c", "import sys; print('boom'); sys.exit(3)"), 30),
-        Step("writes", ("-c", "import os; os.mkdir('{output}/logs'); "
-                        "[open(f'{output}/{name}', 'w') for name in ('a.json', 'a.png')]"),
-             30, drop=("a.png", "logs")),  # fmt: skip
+        Step(
+            "writes",
+            (
+                "-c",
+                "import os; os.mkdir('{output}/logs'); "
+                "[open(f'{output}/{name}', 'w') for name in ('a.json', 'a.png')]",
+            ),
+            30,
+            drop=("a.png", "logs"),
+        ),
         Step("overruns", ("-c", OVERRUN), 3),
         Step("late", ("-c", "print('never')"), 30),
     ]
@@ -90,7 +97,9 @@ def test_the_plan_puts_the_goals_first_within_the_budget_of_under_eight_minutes(
     # The dry run leaves out the steps that at --small would repeat the mlp step, and caps
     # none: a loaded CPU's pace says nothing of a GPU's (only the budget holds).
     assert [(step.name, step.cap_s) for step in plan(small=True)] == [
-        ("mlp", None), ("transformer", None), ("validate", None)
+        ("mlp", None),
+        ("transformer", None),
+        ("validate", None),
     ]
 
 
