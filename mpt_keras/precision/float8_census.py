@@ -32,6 +32,7 @@ import keras
 
 from mpt_keras import compat
 from mpt_keras.backend import current
+from mpt_keras.checks import refusal
 from mpt_keras.errors import UserInputError
 from mpt_keras.keras_bridge.layer_calls import calls_wrapped
 from mpt_keras.keras_bridge.layer_paths import iter_layer_paths
@@ -149,6 +150,12 @@ def take_census(
             layers[entry.path] = entry.layer  # A shared layer once, at its first path.
     if not xla or not layers:
         return Float8Census(supported, reason, rows=(), unseen=tuple(layers))
+    if not model.compiled:
+        raise refusal(
+            "float8 census",
+            f"model '{model.name}', which is not compiled (no train step to compile)",
+            "a model compiled with its optimizer and loss (model.compile)",
+        )
     compat.symbolic_build(model, batch)
     indices = {id(layer): index for index, layer in enumerate(layers.values())}
     with calls_wrapped(layers.values(), functools.partial(_in_scope, indices)):

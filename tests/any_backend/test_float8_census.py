@@ -13,6 +13,7 @@ import keras
 import numpy as np
 import pytest
 
+from mpt_keras.errors import UserInputError
 from mpt_keras.precision.float8 import to_float8
 from mpt_keras.precision.float8_census import take_census
 from mpt_keras.precision.hardware import HardwareProbe
@@ -103,3 +104,16 @@ def test_after_fit_every_gemm_is_found_as_before(model_and_batch):
     census = take_census(model, (x, y), probe=HardwareProbe())
     assert [(row.layer, row.gemm) for row in census.rows] == ROLES
     assert census.unseen == ()
+
+
+def test_an_uncompiled_model_is_one_line():
+    with global_policy("mixed_bfloat16"):
+        inputs = keras.Input((8,))
+        model = keras.Model(inputs, keras.layers.Dense(4, name="up")(inputs), name="mine")
+        to_float8(model, ["up"])
+    with pytest.raises(UserInputError) as raised:
+        take_census(model, (np.ones((2, 8)), np.ones((2, 4))))
+    assert str(raised.value) == (
+        "float8 census: received model 'mine', which is not compiled (no train step to "
+        "compile). Allowed: a model compiled with its optimizer and loss (model.compile)"
+    )
