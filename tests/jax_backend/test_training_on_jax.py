@@ -54,8 +54,23 @@ def test_a_run_writes_its_files_checkpoints_as_numpy_and_no_saved_model(tmp_path
 
 
 def test_a_crashed_data_parallel_float16_run_resumes_to_the_uninterrupted_weights(tmp_path):
+    # Its hidden layer in float8: the scales and amax histories resume exactly too.
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "default": "mixed_float16",
+                "rules": [{"match": {"path": "dense_0"}, "policy": "float8"}],
+            }
+        )
+    )
     config = tiny_config(
-        None, precision="mixed_float16", strategy="data_parallel", deterministic=True
+        None,
+        precision="mixed_float16",
+        manifest=str(manifest),
+        strategy="data_parallel",
+        deterministic=True,
     )
     whole = _run(config, tmp_path / "whole")
     with pytest.raises(Crash):
@@ -63,6 +78,17 @@ def test_a_crashed_data_parallel_float16_run_resumes_to_the_uninterrupted_weight
     keras.backend.clear_session(free_memory=False)
     resumed = _run(config, tmp_path / "crashed")
     assert resumed == whole and whole["loss_scale"] == 2.0**15
+    crashed = keras.saving.load_model(tmp_path / "crashed" / "model.keras")
+    assert sorted(v.path for v in crashed.weights if v.path.startswith("dense_0/")) == [
+        "dense_0/bias",
+        "dense_0/inputs_amax_history",
+        "dense_0/inputs_scale",
+        "dense_0/kernel",
+        "dense_0/kernel_amax_history",
+        "dense_0/kernel_scale",
+        "dense_0/outputs_grad_amax_history",
+        "dense_0/outputs_grad_scale",
+    ]
     for ours, theirs in zip(
         _weights(tmp_path / "crashed"), _weights(tmp_path / "whole"), strict=True
     ):
