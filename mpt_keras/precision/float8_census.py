@@ -129,17 +129,24 @@ def take_census(
     batch: Any,
     *,
     probe: HardwareProbe | None = None,
-    xla: bool = True,
+    xla: bool | None = None,
     target: str | None = None,
 ) -> Float8Census:
     """The census of `model`'s train step on `batch` (one batch as `fit` takes it).
 
     `model` is compiled (its loss and optimizer set); its float8 layers are found by
-    `is_float8`. `probe`: this machine's by default. With `xla=False` nothing is compiled:
-    without XLA no float8 GEMM exists, every float8 layer is `emulated`. `target` (JAX only;
-    `backend.names.GPU_TARGETS`, such as `h100`): the step compiled for that GPU instead, on this
-    machine, whatever it has (`backend/jax/gpu_targets.py`: what it needs, what differs).
+    `is_float8`. `probe`: this machine's by default. `xla`: whether the step runs under XLA;
+    by default as `fit` runs it (`model.jit_compile`: on TensorFlow, Keras' `auto` is off on a
+    CPU), so the census never reads a program the model does not run. With XLA off nothing
+    is compiled: without XLA no float8 GEMM exists, every float8 layer is `emulated`.
+    `target` (JAX only; `backend.names.GPU_TARGETS`, such as `h100`): the step compiled for
+    that GPU instead, on this machine, whatever it has (`backend/jax/gpu_targets.py`: what it
+    needs, what differs).
     """
+    if target is not None:
+        check_census_target(target)  # A bad target is the error, before the model is read.
+    if xla is None:  # As `fit` runs the step (an uncompiled model is refused below).
+        xla = bool(model.jit_compile) if model.compiled else True
     if target is not None:
         supported, reason = target_float8_support(target, xla)
     else:
@@ -178,8 +185,8 @@ def take_census(
     return census
 
 
-def target_float8_support(target: str, xla: bool = True) -> tuple[bool, str]:
-    """`float8_gemm_support` of the GPU `target`, compiled for here: a one-line error off JAX."""
+def check_census_target(target: str) -> None:
+    """A one-line error off JAX, or for a GPU target JAX is not told of."""
     if not current.is_jax():
         raise UserInputError(
             f"float8 census for GPU target '{target}': received Keras backend "
@@ -188,6 +195,13 @@ def target_float8_support(target: str, xla: bool = True) -> tuple[bool, str]:
     from mpt_keras.backend.jax import gpu_targets
 
     gpu_targets.check_target(target)
+
+
+def target_float8_support(target: str, xla: bool = True) -> tuple[bool, str]:
+    """`float8_gemm_support` of the GPU `target`, compiled for here: a one-line error off JAX."""
+    check_census_target(target)
+    from mpt_keras.backend.jax import gpu_targets
+
     probe = HardwareProbe(gpu_compute_capabilities=(gpu_targets.COMPUTE_CAPABILITY,))
     supported, reason = float8_gemm_support(probe, xla)
     if not xla:

@@ -41,7 +41,7 @@ def model_and_batch():
         inputs = keras.Input((6, 8))
         model = keras.Model(inputs, keras.layers.Dense(3, name="head")(backbone(inputs)))
         to_float8(model, ["backbone/up", "backbone/down"])
-        model.compile(optimizer="adam", loss="mse")
+        model.compile(optimizer="adam", loss="mse", jit_compile=True)
     rng = np.random.default_rng(0)
     batch = (
         rng.normal(size=(4, 6, 8)).astype("float32"),
@@ -117,3 +117,21 @@ def test_an_uncompiled_model_is_one_line():
         "float8 census: received model 'mine', which is not compiled (no train step to "
         "compile). Allowed: a model compiled with its optimizer and loss (model.compile)"
     )
+
+
+def test_a_model_that_runs_without_xla_is_emulated_unless_told_otherwise():
+    # What `fit` runs: Keras' step without XLA holds no float8 GEMM, whatever the device.
+    with global_policy("mixed_bfloat16"):
+        inputs = keras.Input((8,))
+        model = keras.Model(inputs, keras.layers.Dense(4, name="up")(inputs))
+        to_float8(model, ["up"])
+        model.compile(optimizer="adam", loss="mse", jit_compile=False)
+    batch = (np.ones((2, 8), "float32"), np.ones((2, 4), "float32"))
+    census = take_census(model, batch, probe=HOPPER)
+    assert (census.state, census.rows, census.unseen) == ("emulated", (), ("up",))
+    assert "XLA is off" in census.reason
+    told = take_census(model, batch, probe=HOPPER, xla=True)
+    assert [(row.layer, row.gemm, row.verdict) for row in told.rows] == [
+        ("up", "forward", "fallback"),
+        ("up", "weight gradient", "fallback"),
+    ]
