@@ -13,7 +13,7 @@ gradients' too, carry it in their `op_name`.
 
 Example:
 
-    census = take_census(model, (x, y))  # A compiled model with float8 layers.
+    census = take_census(model, (x, y))  # Float8 layers, compiled with jit_compile=True.
     print(census.format_table())
     census.summary()  # 'emulated: 0 of 5 GEMMs of 2 float8 layers run in float8 (no GPU: ...)'
 """
