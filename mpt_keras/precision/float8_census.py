@@ -148,7 +148,7 @@ def take_census(
     if xla is None:  # As `fit` runs the step (an uncompiled model is refused below).
         xla = bool(model.jit_compile) if model.compiled else True
     if target is not None:
-        supported, reason = target_float8_support(target, xla)
+        supported, reason = _target_float8_support(target, xla)
     else:
         supported, reason = float8_gemm_support(probe or probe_hardware(), xla)
     layers: dict[str, Any] = {}
@@ -197,9 +197,9 @@ def check_census_target(target: str) -> None:
     gpu_targets.check_target(target)
 
 
-def target_float8_support(target: str, xla: bool = True) -> tuple[bool, str]:
-    """`float8_gemm_support` of the GPU `target`, compiled for here: a one-line error off JAX."""
-    check_census_target(target)
+def _target_float8_support(target: str, xla: bool) -> tuple[bool, str]:
+    """`float8_gemm_support` of the GPU `target` (checked: `check_census_target`), compiled
+    for here."""
     from mpt_keras.backend.jax import gpu_targets
 
     probe = HardwareProbe(gpu_compute_capabilities=(gpu_targets.COMPUTE_CAPABILITY,))
