@@ -120,8 +120,9 @@ def test_the_dry_run_runs_each_distinct_step_and_sends_back_what_it_wrote(tmp_pa
     (record_file,) = tmp_path.glob("gpu_session_*.json")
     record = json.loads(record_file.read_text())
     outcomes = {step["step"]: step["outcome"] for step in record["steps"]}
-    # Two steps of training leave near-uniform logits: the float8 candidate fails the gate
-    # (docs/precision.md, Float8); the 50 steps of the GPU run pass it.
+    # Two steps of training (a 1-block Transformer, VALIDATE_SMALL) leave near-uniform logits:
+    # the float8 candidate fails the gate (docs/precision.md, Float8); the 50 steps of the GPU
+    # run pass it.
     assert outcomes.pop("validate") == "failed: exit status 1"
     ran = ["mlp", "transformer"]
     assert outcomes == dict.fromkeys(ran, "ok")
