@@ -27,7 +27,6 @@ from mpt_keras import models
 from mpt_keras.precision.hardware import PROC_CPUINFO, probe_hardware
 
 VOCAB_SIZE = 256
-_LOW_PRECISION_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")
 IMAGE_SHAPE = (8, 8, 1)
 NUM_CLASSES = 10
 
@@ -184,7 +183,7 @@ def machine() -> dict[str, Any]:
     return {
         "cpu": result_files.cpu_model(),
         "cpu_count": os.cpu_count(),
-        "cpu_flags": sorted(flag for flag in _LOW_PRECISION_CPU_FLAGS if flag in cpu_flags),
+        "cpu_flags": sorted(result_files.LOW_PRECISION_CPU_FLAGS.intersection(cpu_flags)),
         "platform": platform.platform(),
         "tensorflow": tf.__version__,
         "keras": keras.__version__,

@@ -31,7 +31,8 @@ CPU_FLAGS = (
     "amx_bf16",
     "amx_fp16",
 )
-_LOW_PRECISION_FLAGS = frozenset({"avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16"})
+# The flags of bfloat16 or float16 arithmetic (of CPU_FLAGS): a machine without them emulates.
+LOW_PRECISION_CPU_FLAGS = frozenset({"avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16"})
 
 
 def record(command: Sequence[str]) -> dict[str, Any]:
@@ -115,7 +116,7 @@ def describe(result: Mapping[str, Any], source: str) -> str:
     run = run_of(result, source)
     machine = result["machine"]
     flags = " ".join(run["cpu_flags"]) or "none listed"
-    if not _LOW_PRECISION_FLAGS.intersection(run["cpu_flags"]):
+    if not LOW_PRECISION_CPU_FLAGS.intersection(run["cpu_flags"]):
         flags += " (no bfloat16 or float16 arithmetic)"
     accelerators = [
         device.removeprefix("/device:") for device in machine["devices"] if ":CPU:" not in device
