@@ -6,9 +6,10 @@ Two float8 Dense layers under a bfloat16 head, on `[batch, tokens, width]` input
 our optimizer. Ours: each GEMM a Triton GEMM of float8 operands, 5 of 5. Keras' own float8
 (`quantize("float8")` alone): each a bfloat16 Triton GEMM, XLA having dropped the round trip
 through float8 (`simplify-fp-conversions`), 0 of 5: a fallback and a warning each. XLA's
-version decides this (the test extra pins jax with its plugin). The suite's XLA flag
-(`--xla_backend_optimization_level=0`, tests/conftest.py) leaves these programs' GEMMs as
-they are without it (the same kernels, types and shapes, 2026-12-04).
+version decides this (the test extra pins jax with its plugin). Of the suite's XLA flags
+(tests/conftest.py) only `--xla_backend_optimization_level=0` reaches a GPU compile (the others
+are the CPU backend's); it leaves these programs' GEMMs as they are without it (the same
+kernels, types and shapes, 2026-12-04).
 """
 
 import json

@@ -199,9 +199,8 @@ def test_float16_attention_that_a_cpu_cannot_compile_is_one_line_and_writes_noth
     # Or not compiled: such a run is not refused, and JAX's eager attention computes float16
     # where the compiled step cannot lower. (An eager run of the whole Transformer compiles each
     # of its ~370 ops for the CPU: half a minute of the suite, for the same two facts.)
-    assert mpt_keras.plan_precision(
-        _transformer(precision="mixed_float16", jit_compile="false")
-    ).jit_compile is False
+    planned = mpt_keras.plan_precision(_transformer(precision="mixed_float16", jit_compile="false"))
+    assert planned.jit_compile is False
     _float16_attention_runs_eagerly_not_compiled()
     report = json.loads((tmp_path / "ok" / "precision_report.json").read_text())
     policies = {layer["path"]: layer["compute_dtype"] for layer in report["layers"]}
