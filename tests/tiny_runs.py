@@ -3,6 +3,8 @@ crashes a run at a step, for tests."""
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 from mpt_keras.config import TrainConfig
@@ -29,6 +31,14 @@ def tiny_config(tfds_dir: str, **changes: Any) -> TrainConfig:
         },
     }
     return TrainConfig.from_dict(values).merged(changes)
+
+
+def manifest_file(path: str | os.PathLike, default: str, *rules: dict[str, Any]) -> str:
+    """Writes a version-1 manifest of `default` and `rules` to `path` (a config's `manifest` is
+    a path); returns the path as a string."""
+    with open(path, "w", encoding="utf-8") as file:
+        json.dump({"version": 1, "default": default, "rules": list(rules)}, file)
+    return str(path)
 
 
 def small_model(config_name: str) -> dict[str, Any]:

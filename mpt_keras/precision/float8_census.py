@@ -144,7 +144,7 @@ def take_census(
     needs, what differs).
     """
     if target is not None:
-        check_census_target(target)  # A bad target is the error, before the model is read.
+        _check_census_target(target)  # A bad target is the error, before the model is read.
     if xla is None:  # As `fit` runs the step (an uncompiled model is refused below).
         xla = bool(model.jit_compile) if model.compiled else True
     if target is not None:
@@ -185,7 +185,7 @@ def take_census(
     return census
 
 
-def check_census_target(target: str) -> None:
+def _check_census_target(target: str) -> None:
     """A one-line error off JAX, or for a GPU target JAX is not told of."""
     if not current.is_jax():
         raise UserInputError(
@@ -198,7 +198,7 @@ def check_census_target(target: str) -> None:
 
 
 def _target_float8_support(target: str, xla: bool) -> tuple[bool, str]:
-    """`float8_gemm_support` of the GPU `target` (checked: `check_census_target`), compiled
+    """`float8_gemm_support` of the GPU `target` (checked: `_check_census_target`), compiled
     for here."""
     from mpt_keras.backend.jax import gpu_targets
 

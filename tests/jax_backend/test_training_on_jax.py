@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import pytest
 from launchers import launch_in_process
-from tiny_runs import Crash, CrashAtStep, tiny_config
+from tiny_runs import Crash, CrashAtStep, manifest_file, tiny_config
 
 import mpt_keras
 from mpt_keras.errors import UserInputError
@@ -55,20 +55,15 @@ def test_a_run_writes_its_files_checkpoints_as_numpy_and_no_saved_model(tmp_path
 
 def test_a_crashed_data_parallel_float16_run_resumes_to_the_uninterrupted_weights(tmp_path):
     # Its hidden layer in float8: the scales and amax histories resume exactly too.
-    manifest = tmp_path / "manifest.json"
-    manifest.write_text(
-        json.dumps(
-            {
-                "version": 1,
-                "default": "mixed_float16",
-                "rules": [{"match": {"path": "dense_0"}, "policy": "float8"}],
-            }
-        )
+    manifest = manifest_file(
+        tmp_path / "manifest.json",
+        "mixed_float16",
+        {"match": {"path": "dense_0"}, "policy": "float8"},
     )
     config = tiny_config(
         None,
         precision="mixed_float16",
-        manifest=str(manifest),
+        manifest=manifest,
         strategy="data_parallel",
         deterministic=True,
     )
@@ -89,9 +84,7 @@ def test_a_crashed_data_parallel_float16_run_resumes_to_the_uninterrupted_weight
         "dense_0/outputs_grad_amax_history",
         "dense_0/outputs_grad_scale",
     ]
-    for ours, theirs in zip(
-        _weights(tmp_path / "crashed"), _weights(tmp_path / "whole"), strict=True
-    ):
+    for ours, theirs in zip(crashed.get_weights(), _weights(tmp_path / "whole"), strict=True):
         np.testing.assert_array_equal(ours, theirs)
 
 
@@ -184,17 +177,12 @@ def test_float16_attention_that_a_cpu_cannot_compile_is_one_line_and_writes_noth
     # Planned for a GPU (the float8 census's target): nothing to refuse.
     assert mpt_keras.plan_precision(config, census_target="h100").precision == "mixed_float16"
     # What it allows: the attention (and its projections) in float32, the rest float16.
-    manifest = tmp_path / "manifest.json"
-    manifest.write_text(
-        json.dumps(
-            {
-                "version": 1,
-                "default": "mixed_float16",
-                "rules": [{"match": {"path": ".*/attention(/.*)?"}, "policy": "float32"}],
-            }
-        )
+    manifest = manifest_file(
+        tmp_path / "manifest.json",
+        "mixed_float16",
+        {"match": {"path": ".*/attention(/.*)?"}, "policy": "float32"},
     )
-    metrics = _run(_transformer(precision="mixed_float16", manifest=str(manifest)), tmp_path / "ok")
+    metrics = _run(_transformer(precision="mixed_float16", manifest=manifest), tmp_path / "ok")
     assert metrics["step"] == 2
     # Or not compiled: such a run is not refused, and JAX's eager attention computes float16
     # where the compiled step cannot lower. (An eager run of the whole Transformer compiles each
