@@ -29,18 +29,14 @@ from typing import Any
 import pytest
 from launchers import launch_in_process
 from replicas import on_two_cpus, run_on_two_cpus
-from tiny_runs import small_model
+from tiny_runs import manifest_file, small_model
 
 # Its two-replica cases run in the two-CPU host (tests/replicas.py).
 pytestmark = on_two_cpus
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A manifest for any of the configs: the safe defaults, one rule by class.
-GENERIC_MANIFEST = {
-    "version": 1,
-    "default": "mixed_float16",
-    "rules": [{"match": {"class": "Dense"}, "policy": "mixed_bfloat16", "reason": "test"}],
-}
+GENERIC_RULE = {"match": {"class": "Dense"}, "policy": "mixed_bfloat16", "reason": "test"}
 FLAGS = {
     "config": ("digits_cnn.json", "digits_mlp.json", "python_source_transformer.json"),
     # "manifest": --manifest instead of --precision. Not here, 3 training rows each: no flag
@@ -119,9 +115,7 @@ def _argv(row: dict[str, Any], model_dir: str, tfds_dir: str, manifest: str) -> 
 
 def _run_rows(tfds_dir: str, work_dir: str) -> list[dict[str, Any]]:
     """Runs every row (in the two-CPU host, see the module docstring)."""
-    manifest = os.path.join(work_dir, "manifest.json")
-    with open(manifest, "w") as file:
-        json.dump(GENERIC_MANIFEST, file)
+    manifest = manifest_file(os.path.join(work_dir, "manifest.json"), "mixed_float16", GENERIC_RULE)
     results = []
     for i, row in enumerate(ROWS):
         model_dir = os.path.join(work_dir, f"run_{i}")

@@ -9,7 +9,6 @@ Written for Keras 3.15.1.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 import tensorflow as tf
 from keras import ops
 from replicas import on_two_cpus, run_on_two_cpus, two_cpu_strategy
-from tiny_runs import Crash, CrashAtStep, tiny_config
+from tiny_runs import Crash, CrashAtStep, manifest_file, tiny_config
 
 from mpt_keras.backend.tensorflow.checkpoints import Checkpointer
 from mpt_keras.errors import UserInputError
@@ -276,17 +275,12 @@ def test_checkpoints_restore_the_float8_state_exactly(tmp_path):
 
 def test_a_crashed_float8_run_resumes_to_the_state_of_an_uninterrupted_one(tfds_dir, tmp_path):
     """mpt-train's own resume: weights, float8 scales and histories, bit for bit."""
-    manifest = tmp_path / "float8.json"
-    manifest.write_text(
-        json.dumps(
-            {
-                "version": 1,
-                "default": "mixed_float16",
-                "rules": [{"match": {"path": "dense_0"}, "policy": "float8"}],
-            }
-        )
+    manifest = manifest_file(
+        tmp_path / "float8.json",
+        "mixed_float16",
+        {"match": {"path": "dense_0"}, "policy": "float8"},
     )
-    config = tiny_config(tfds_dir, steps=7, manifest=str(manifest))
+    config = tiny_config(tfds_dir, steps=7, manifest=manifest)
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
     # The straight run also exports its SavedModel: our float8 call, traced for serving.
     run_training(config.merged({"saved_model": True}), Runtime(straight, verbose=0))

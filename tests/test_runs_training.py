@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from tiny_runs import Crash, CrashAtStep, tiny_config
+from tiny_runs import Crash, CrashAtStep, manifest_file, tiny_config
 
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError
@@ -192,20 +192,13 @@ def test_mixed_precision_keeps_float32_master_weights_and_safe_layers(
 
 
 def test_manifest_decides_each_layer_and_float16_layers_get_dynamic_scaling(tfds_dir, tmp_path):
-    manifest = tmp_path / "manifest.json"
-    manifest.write_text(
-        json.dumps(
-            {
-                "version": 1,
-                "default": "mixed_bfloat16",
-                "rules": [{"match": {"path": "dense_0"}, "policy": "mixed_float16"}],
-            }
-        )
+    manifest = manifest_file(
+        tmp_path / "manifest.json",
+        "mixed_bfloat16",
+        {"match": {"path": "dense_0"}, "policy": "mixed_float16"},
     )
     model_dir = str(tmp_path / "run")
-    config = tiny_config(
-        tfds_dir, manifest=str(manifest), steps=2, checkpoint_every=2, eval_every=2
-    )
+    config = tiny_config(tfds_dir, manifest=manifest, steps=2, checkpoint_every=2, eval_every=2)
     metrics = run_training(config, Runtime(model_dir, verbose=0))
     with open(os.path.join(model_dir, "precision_report.json")) as file:
         report = json.load(file)
@@ -310,21 +303,16 @@ def test_loss_scale_errors_name_the_config_section_when_the_config_is_read(tfds_
 def test_auto_promote_moves_layers_that_keep_overflowing_out_of_float16(tfds_dir, tmp_path):
     # dense_0 computes in float16 with the loss scale pinned at 2**24 (its
     # floor): every step overflows until AutoPromote moves dense_0 to bfloat16.
-    manifest = tmp_path / "manifest.json"
-    manifest.write_text(
-        json.dumps(
-            {
-                "version": 1,
-                "default": "mixed_bfloat16",
-                "rules": [{"match": {"path": "dense_0"}, "policy": "mixed_float16"}],
-            }
-        )
+    manifest = manifest_file(
+        tmp_path / "manifest.json",
+        "mixed_bfloat16",
+        {"match": {"path": "dense_0"}, "policy": "mixed_float16"},
     )
     model_dir = str(tmp_path / "run")
     pinned = {"initial_scale": 2.0**24, "min_scale": 2.0**24, "max_scale": 2.0**24}
     config = tiny_config(
         tfds_dir,
-        manifest=str(manifest),
+        manifest=manifest,
         steps=12,
         checkpoint_every=6,
         eval_every=6,

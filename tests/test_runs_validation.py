@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from tiny_runs import manifest_file
 
 import mpt_keras
 from mpt_keras.runs import validation
@@ -120,15 +121,10 @@ def test_the_bundled_float8_manifest_passes_the_default_thresholds(tfds_dir):
 
 
 def test_a_normalization_in_float16_shows_its_drift_at_that_layer(tfds_dir, tmp_path):
-    manifest = tmp_path / "norm_in_float16.json"
-    manifest.write_text(
-        json.dumps(
-            {
-                "version": 1,
-                "default": "float32",
-                "rules": [{"match": {"path": "final_norm"}, "policy": "mixed_float16"}],
-            }
-        )
+    manifest = manifest_file(
+        tmp_path / "norm_in_float16.json",
+        "float32",
+        {"match": {"path": "final_norm"}, "policy": "mixed_float16"},
     )
     report = validation.validate(_tiny_lm(tfds_dir), manifest, steps=2)
     layers = {layer.path: layer for layer in report.layers}

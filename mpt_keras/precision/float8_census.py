@@ -163,6 +163,7 @@ def take_census(
             f"model '{model.name}', which is not compiled (no train step to compile)",
             "a model compiled with its optimizer and loss (model.compile)",
         )
+    _check_census_batch(model, batch)
     compat.symbolic_build(model, batch)
     indices = {id(layer): index for index, layer in enumerate(layers.values())}
     with calls_wrapped(layers.values(), functools.partial(_in_scope, indices)):
@@ -195,6 +196,17 @@ def _check_census_target(target: str) -> None:
     from mpt_keras.backend.jax import gpu_targets
 
     gpu_targets.check_target(target)
+
+
+def _check_census_batch(model: keras.Model, batch: Any) -> None:
+    """Inputs alone, for a model compiled with a loss, are refused here: Keras' loss would
+    fail deep in the compile (on JAX: `None is not a valid value for jnp.array`)."""
+    if keras.utils.unpack_x_y_sample_weight(batch)[1] is None and model.loss is not None:
+        raise refusal(
+            "float8 census batch",
+            f"inputs alone, no targets, for model '{model.name}' compiled with a loss",
+            "(x, y) or (x, y, sample_weight), one batch as fit takes it",
+        )
 
 
 def _target_float8_support(target: str, xla: bool) -> tuple[bool, str]:

@@ -119,6 +119,18 @@ def test_an_uncompiled_model_is_one_line():
     )
 
 
+@pytest.mark.parametrize("alone", [lambda x: x, lambda x: (x,)], ids=["array", "tuple"])
+def test_inputs_alone_for_a_model_with_a_loss_are_one_line(model_and_batch, alone):
+    model, (x, _) = model_and_batch
+    with pytest.raises(UserInputError) as raised:
+        take_census(model, alone(x))
+    assert str(raised.value) == (
+        f"float8 census batch: received inputs alone, no targets, for model '{model.name}' "
+        "compiled with a loss. Allowed: (x, y) or (x, y, sample_weight), one batch as fit "
+        "takes it"
+    )
+
+
 def test_a_model_that_runs_without_xla_is_emulated_unless_told_otherwise():
     # What `fit` runs: Keras' step without XLA holds no float8 GEMM, whatever the device.
     with global_policy("mixed_bfloat16"):

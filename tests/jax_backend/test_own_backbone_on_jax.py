@@ -12,6 +12,7 @@ import os
 import sys
 
 from launchers import launch_in_process
+from tiny_runs import manifest_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LLAMA = os.path.join(REPO, "examples", "configs", "llama_python_source.json")
@@ -19,16 +20,10 @@ BLOCK = "gpt2_backbone/transformer_layer_0"
 FLOAT8 = [
     f"{BLOCK}/self_attention/{name}" for name in ("query", "key", "value", "attention_output")
 ] + [f"{BLOCK}/feedforward_intermediate_dense", f"{BLOCK}/feedforward_output_dense"]
-MANIFEST = {
-    "version": 1,
-    "default": "mixed_bfloat16",
-    "rules": [
-        {
-            "match": {"path": "|".join(FLOAT8)},
-            "policy": "float8",
-            "reason": "the block's matmuls, e4m3 forward, e5m2 gradients",
-        }
-    ],
+FLOAT8_RULE = {
+    "match": {"path": "|".join(FLOAT8)},
+    "policy": "float8",
+    "reason": "the block's matmuls, e4m3 forward, e5m2 gradients",
 }
 
 
@@ -46,8 +41,7 @@ def test_a_gpt2_backbone_with_a_head_trains_and_validates_float8_from_dict_array
             "data": {"batch_size": 4, "eval_examples": 8, "options": {"sequence_length": 8}},
         }
     )
-    manifest = tmp_path / "float8.json"
-    manifest.write_text(json.dumps(MANIFEST))
+    manifest = manifest_file(tmp_path / "float8.json", "mixed_bfloat16", FLOAT8_RULE)
     flags = [f"--config={LLAMA}", f"--config_override={override}", "--backend=jax", "--steps=2"]
     trained = launch_in_process(
         "mpt-train", *flags, f"--manifest={manifest}", f"--model_dir={tmp_path / 'run'}"
