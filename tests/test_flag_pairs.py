@@ -35,7 +35,7 @@ from tiny_runs import manifest_file, small_model
 pytestmark = on_two_cpus
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# A manifest for any of the configs: the safe defaults, one rule by class.
+# The one rule, by class, of a manifest for any of the configs (its default: `_run_rows`).
 GENERIC_RULE = {"match": {"class": "Dense"}, "policy": "mixed_bfloat16", "reason": "test"}
 FLAGS = {
     "config": ("digits_cnn.json", "digits_mlp.json", "python_source_transformer.json"),
