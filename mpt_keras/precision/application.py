@@ -95,6 +95,10 @@ class Application:
             hand_back(entry.layer, self._hand_back_to(entry.layer, caller))
         return decisions
 
+    def planned_policy(self, entry: LayerPath) -> keras.DTypePolicy:
+        """The policy `apply_to_unit` would give `entry`'s layer, setting nothing."""
+        return self._policy(entry, self.decider.decide(entry))
+
     def _hand_back_to(
         self, layer: keras.layers.Layer, caller: keras.layers.Layer
     ) -> HandBack | None:

@@ -32,6 +32,7 @@ from mpt_keras.backend import current
 from mpt_keras.checks import check_choice
 from mpt_keras.errors import UserInputError
 from mpt_keras.keras_bridge.layer_paths import iter_layer_paths
+from mpt_keras.keras_bridge.traced_functions import forget_traced_functions
 from mpt_keras.precision.float8_gemms import (
     DEFAULT_RECIPE,
     check_installable,
@@ -164,8 +165,7 @@ def to_float8(
         layers[path].quantize("float8")
     for path in paths:
         install_float8_gemms(layers[path], path, recipe)
-    if chosen:
-        model.train_function = model.test_function = model.predict_function = None
+    forget_traced_functions(model)  # Those traced before would run the layers' old call.
     return tuple(chosen)
 
 

@@ -21,8 +21,11 @@ Precedence: the first matching rule in file order; else a safe default
 
 Saving keeps the policies (`application`), except for layers without a Keras path,
 subclassed models and keras_hub backbones: apply again after loading. Layers created at build
-are decided then (missing from that report). Apply before `compile`: a traced step keeps its
-dtypes.
+are decided then (missing from that report). Applying makes the model's traced train, test
+and predict functions again (Keras keeps them, with the dtypes they were traced with). A
+compiled model keeps its optimizer: a manifest that would make it compute in float16 under
+an optimizer without loss scaling is refused (compile after applying, and the compile hook
+scales the loss).
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ import keras
 from mpt_keras.checks import as_json, refusal
 from mpt_keras.errors import UserInputError
 from mpt_keras.files import read_json_object
-from mpt_keras.keras_bridge.layer_paths import iter_layer_paths
+from mpt_keras.keras_bridge.layer_paths import LayerPath, iter_layer_paths
+from mpt_keras.keras_bridge.traced_functions import forget_traced_functions
 from mpt_keras.precision.application import Application, units
 from mpt_keras.precision.decisions import Decider
 from mpt_keras.precision.float8 import to_float8
@@ -129,6 +133,7 @@ class PrecisionManifest:
         application = Application(decider, self.default)
         if any(rule.policy == FLOAT8 for rule in self.rules):
             decider.check_float8(entries)
+        _check_loss_scaled(model, entries, application)
         model_units = list(units(entries))
         decisions = {}
         for unit in model_units:
@@ -143,6 +148,7 @@ class PrecisionManifest:
                 to_float8(model, [p for p, r in float8.items() if r == recipe], recipe)
             for unit in model_units:  # Again: a policy map now holds each one's float8 policy.
                 application.apply_to_unit(unit)
+        forget_traced_functions(model)
         matched = {index for decision in decisions.values() for index in decision.matched}
         deciding = {decision.matched[0] for decision in decisions.values() if decision.matched}
         described = precision_report(model, inputs)
@@ -164,4 +170,33 @@ class PrecisionManifest:
             shadowed_rules=tuple(
                 rule_label(index, self.rules[index]) for index in sorted(matched - deciding)
             ),
+        )
+
+
+def _check_loss_scaled(
+    model: keras.Model, entries: list[LayerPath], application: Application
+) -> None:
+    """Raises `UserInputError` if `apply` would make a compiled model compute in float16 under
+    an optimizer that does not scale its loss: the compile hook scales only at `compile`, and
+    the small float16 gradients would underflow to zero. A model computing in float16 already
+    was compiled so: a missing loss scale there is the user's choice (`auto_scale_loss=False`,
+    which the hook warned about)."""
+    optimizer = model.optimizer if model.compiled else None
+    if optimizer is None or isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return
+    layers = [model, *(entry.layer for entry in entries)]
+    if any(layer.dtype_policy.compute_dtype == "float16" for layer in layers):
+        return
+    made = [
+        entry.path
+        for entry in entries
+        if application.planned_policy(entry).compute_dtype == "float16"
+    ]
+    if made:
+        raise UserInputError(
+            f"model '{model.name}': compiled with {type(optimizer).__name__}, which does not "
+            f"scale the loss, and this manifest makes {len(made)} of its layers compute in "
+            f"float16 ('{made[0]}' first), whose small gradients would underflow to zero. "
+            "Allowed: apply the manifest before compile (which then wraps the optimizer in "
+            "mpt_keras.LossScaleOptimizer), or compile with mpt_keras.LossScaleOptimizer"
         )

@@ -70,7 +70,5 @@ def promote(
         for promotion in promotions
     )
     manifest = dataclasses.replace(manifest, rules=(*rules, *manifest.rules))
-    manifest.apply(model, inputs=inputs)
-    if model.compiled:
-        model.make_train_function(force=True)
+    manifest.apply(model, inputs=inputs)  # Which also makes the train function again.
     return manifest, promotions

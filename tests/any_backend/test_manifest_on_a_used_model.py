@@ -1,0 +1,120 @@
+"""A manifest applied to a model that has predicted, trained or been compiled already.
+
+Keras traces a model's predict, test and train functions once and keeps them: applied after
+them, a manifest changed nothing that `predict` or `fit` ran, silently, on either backend.
+A compiled model keeps its optimizer: made float16 after `compile`, it trained without loss
+scaling, silently.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import mpt_keras
+
+BFLOAT16 = mpt_keras.PrecisionManifest.from_dict({"version": 1, "default": "mixed_bfloat16"})
+FLOAT16 = mpt_keras.PrecisionManifest.from_dict({"version": 1, "default": "mixed_float16"})
+FLOAT8_CURRENT = mpt_keras.PrecisionManifest.from_dict(
+    {
+        "version": 1,
+        "default": "mixed_bfloat16",
+        "rules": [{"match": {"path": "hidden"}, "policy": "float8", "scaling": "current"}],
+    }
+)
+
+
+def _model() -> keras.Model:
+    inputs = keras.Input((8,))
+    hidden = keras.layers.Dense(16, activation="relu", name="hidden")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(4, name="logits")(hidden))
+    rng = np.random.default_rng(1)
+    model.set_weights([rng.normal(size=w.shape).astype("float32") for w in model.weights])
+    return model
+
+
+def _batch() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(16, 8)).astype("float32"), rng.normal(size=(16, 4)).astype("float32")
+
+
+def test_predict_after_the_manifest_runs_its_policies_though_predict_ran_before():
+    x, _ = _batch()
+    used, fresh = _model(), _model()
+    float32 = used.predict(x, verbose=0)
+
+    BFLOAT16.apply(used)
+    BFLOAT16.apply(fresh)
+
+    again = used.predict(x, verbose=0)
+    np.testing.assert_array_equal(again, fresh.predict(x, verbose=0))
+    assert not np.array_equal(again, float32)
+
+
+def test_fit_after_the_manifest_trains_in_its_policies_though_fit_ran_before():
+    x, y = _batch()
+    used = _model()
+    used.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    used.fit(x, y, batch_size=16, shuffle=False, verbose=0)
+    float32_twin = _model()
+    float32_twin.set_weights(used.get_weights())
+    float32_twin.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    bfloat16_twin = _model()
+    bfloat16_twin.set_weights(used.get_weights())
+    BFLOAT16.apply(bfloat16_twin)
+    bfloat16_twin.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+
+    BFLOAT16.apply(used)
+    for model in (used, float32_twin, bfloat16_twin):
+        model.fit(x, y, batch_size=16, shuffle=False, verbose=0)
+
+    for weight, bfloat16, float32 in zip(
+        used.get_weights(), bfloat16_twin.get_weights(), float32_twin.get_weights(), strict=True
+    ):
+        np.testing.assert_array_equal(weight, bfloat16)
+    assert not np.array_equal(used.get_weights()[0], float32_twin.get_weights()[0])
+
+
+def test_float16_after_compile_without_loss_scaling_is_refused_changing_nothing():
+    model = _model()
+    model.compile(optimizer="adam", loss="mse")
+
+    with pytest.raises(mpt_keras.UserInputError) as raised:
+        FLOAT16.apply(model)
+
+    assert str(raised.value) == (
+        "model 'functional': compiled with Adam, which does not scale the loss, and this "
+        "manifest makes 1 of its layers compute in float16 ('hidden' first), whose small "
+        "gradients would underflow to zero. Allowed: apply the manifest before compile (which "
+        "then wraps the optimizer in mpt_keras.LossScaleOptimizer), or compile with "
+        "mpt_keras.LossScaleOptimizer"
+    )
+    assert [layer.dtype_policy.name for layer in model.layers[1:]] == ["float32", "float32"]
+
+
+def test_after_compile_float16_under_a_loss_scale_and_bfloat16_under_any_optimizer_apply():
+    scaled, unscaled = _model(), _model()
+    scaled.compile(optimizer=mpt_keras.LossScaleOptimizer(keras.optimizers.Adam()), loss="mse")
+    unscaled.compile(optimizer="adam", loss="mse")
+
+    FLOAT16.apply(scaled)
+    BFLOAT16.apply(unscaled)  # bfloat16 needs no loss scale.
+
+    assert scaled.get_layer("hidden").dtype_policy.name == "mixed_float16"
+    assert unscaled.get_layer("hidden").dtype_policy.name == "mixed_bfloat16"
+
+
+def test_a_loaded_float8_model_runs_the_manifests_recipe_though_it_predicted_before(tmp_path):
+    x, y = _batch()
+    model = _model()
+    FLOAT8_CURRENT.apply(model)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    model.fit(x, y, batch_size=16, shuffle=False, verbose=0)
+    model.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    keras_own = loaded.predict(x, verbose=0)  # Keras' float8 call: delayed scaling.
+
+    FLOAT8_CURRENT.apply(loaded)
+
+    ours = model.predict(x, verbose=0)
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), ours)
+    assert not np.array_equal(keras_own, ours)
