@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import keras
@@ -124,6 +124,19 @@ def check_float8_layer(path: str, layer: Any) -> None:
         )
 
 
+def check_optimizer_unbuilt(model: keras.Model, paths: Sequence[str]) -> None:
+    """Raises `UserInputError` if `paths` name layers to turn float8 and `model`'s optimizer
+    is built: it would never update or save their new variables (the float8 state)."""
+    optimizer = getattr(model, "optimizer", None)
+    if paths and optimizer is not None and optimizer.built:
+        raise UserInputError(
+            f"model '{model.name}': its optimizer is built (it has trained, or was loaded with "
+            f"its state), and would not know the float8 variables of the layers turning float8 "
+            f"({len(paths)}, '{paths[0]}' first). Allowed: float8 layers before the first "
+            "train step, or after compiling with a new optimizer"
+        )
+
+
 def to_float8(
     model: keras.Model, paths: Iterable[str], recipe: str = DEFAULT_RECIPE
 ) -> tuple[str, ...]:
@@ -133,8 +146,8 @@ def to_float8(
     Call under the strategy scope, with policies set and the model built, before its
     optimizer is built. Returns the paths turned, in order (layers already float8 are left,
     and given `recipe`).
-    Raises `UserInputError` for a path naming no `Dense`/`EinsumDense`, `ValueError` if a
-    layer is not built or the optimizer is (it would miss the variables).
+    Raises `UserInputError` for a path naming no `Dense`/`EinsumDense` or where the optimizer
+    is built (`check_optimizer_unbuilt`), `ValueError` if a layer is not built.
     """
     layers = {entry.path: entry.layer for entry in iter_layer_paths(model)}
     paths = list(dict.fromkeys(paths))
@@ -155,12 +168,7 @@ def to_float8(
     for path in chosen:
         if not layers[path].built:
             raise ValueError(f"layer '{path}' is not built: build the model before to_float8")
-    optimizer = getattr(model, "optimizer", None)
-    if chosen and optimizer is not None and optimizer.built:
-        raise ValueError(
-            f"model '{model.name}': its optimizer is built, and would not know the float8 "
-            "variables: call to_float8 before the first step"
-        )
+    check_optimizer_unbuilt(model, chosen)
     for path in chosen:
         layers[path].quantize("float8")
     for path in paths:

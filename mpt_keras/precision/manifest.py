@@ -45,7 +45,7 @@ from mpt_keras.keras_bridge.layer_paths import LayerPath, iter_layer_paths
 from mpt_keras.keras_bridge.traced_functions import forget_traced_functions
 from mpt_keras.precision.application import Application, units
 from mpt_keras.precision.decisions import Decider
-from mpt_keras.precision.float8 import to_float8
+from mpt_keras.precision.float8 import check_optimizer_unbuilt, is_float8, to_float8
 from mpt_keras.precision.names import FLOAT8, check_policy_name
 from mpt_keras.precision.report import PrecisionReport, precision_report
 from mpt_keras.precision.rules import Rule, check_keys, parse_rule, rule_label
@@ -119,7 +119,8 @@ class PrecisionManifest:
 
         Returns the precision report with the decisions and unmatched and shadowed rules.
         Raises `UserInputError`, changing nothing, if the model has float16 or bfloat16
-        variables or a float8 rule cannot be honoured.
+        variables, a float8 rule cannot be honoured, or a compiled model would compute in
+        float16 under an optimizer that does not scale the loss.
         """
         for variable in model.weights:
             if variable.dtype in ("float16", "bfloat16"):
@@ -133,6 +134,11 @@ class PrecisionManifest:
         application = Application(decider, self.default)
         if any(rule.policy == FLOAT8 for rule in self.rules):
             decider.check_float8(entries)
+            turning: dict[int, str] = {}  # By layer: a shared one is found at several paths.
+            for entry in entries:
+                if decider.decide(entry).policy == FLOAT8 and not is_float8(entry.layer):
+                    turning.setdefault(id(entry.layer), entry.path)
+            check_optimizer_unbuilt(model, list(turning.values()))
         _check_loss_scaled(model, entries, application)
         model_units = list(units(entries))
         decisions = {}

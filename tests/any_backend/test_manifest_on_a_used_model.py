@@ -103,6 +103,29 @@ def test_after_compile_float16_under_a_loss_scale_and_bfloat16_under_any_optimiz
     assert unscaled.get_layer("hidden").dtype_policy.name == "mixed_bfloat16"
 
 
+def test_float8_after_a_train_step_is_refused_changing_nothing_and_applies_after_compile():
+    x, y = _batch()
+    model = _model()
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(x, y, batch_size=16, verbose=0)
+
+    with pytest.raises(mpt_keras.UserInputError) as raised:
+        FLOAT8_CURRENT.apply(model)
+
+    assert str(raised.value) == (
+        "model 'functional': its optimizer is built (it has trained, or was loaded with its "
+        "state), and would not know the float8 variables of the layers turning float8 (1, "
+        "'hidden' first). Allowed: float8 layers before the first train step, or after "
+        "compiling with a new optimizer"
+    )
+    assert [layer.dtype_policy.name for layer in model.layers[1:]] == ["float32", "float32"]
+    model.compile(optimizer="adam", loss="mse")
+    FLOAT8_CURRENT.apply(model)
+    model.fit(x, y, batch_size=16, verbose=0)
+    assert model.get_layer("hidden").dtype_policy.name == "float8_from_mixed_bfloat16"
+    assert float(model.get_layer("hidden").inputs_scale.numpy()) != 1.0  # Written by the step.
+
+
 def test_a_loaded_float8_model_runs_the_manifests_recipe_though_it_predicted_before(tmp_path):
     x, y = _batch()
     model = _model()
