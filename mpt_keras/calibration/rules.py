@@ -63,14 +63,14 @@ def _uncaught(
 
     A rule for the model's own `dense` also matches a nested `backbone/dense`: the added rules
     prefix the model's name, a path form no other layer has. Float8 layers (their rules go first
-    and match them alone) are skipped: `apply` would turn them to float8.
+    and match them alone) are skipped.
     """
     decided = [*safe_defaults.items()] + [
         (path, exact_rule(decision.policy, path, decision.reason))
         for path, decision in decisions.items()
         if path not in safe_defaults
     ]
-    policies = manifest.apply(model).policies
+    policies = manifest.decide(model)
     model_name = first_instance_name(model)
     caught = tuple(
         dataclasses.replace(rule, path=re.escape(f"{model_name}/{path}"))

@@ -110,6 +110,13 @@ class PrecisionManifest:
         """The manifest as indented JSON text."""
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
+    def decide(self, model: keras.Model, inputs: Any = None) -> dict[str, str]:
+        """`{layer path: policy name}` as `apply` would decide each (`float8` for a float8
+        rule's layers), setting nothing: a model in use (compiled, trained) is left as it is."""
+        entries = list(iter_layer_paths(model))
+        decider = Decider(self.rules, self.default, self.safe_defaults, model, entries, inputs)
+        return {entry.path: decider.decide(entry).policy for entry in entries}
+
     def apply(self, model: keras.Model, inputs: Any = None) -> PrecisionReport:
         """Sets the dtype policy of every layer of `model` (built or not), nested ones included.
 

@@ -3,7 +3,7 @@
 Keras traces a model's predict, test and train functions once and keeps them: applied after
 them, a manifest changed nothing that `predict` or `fit` ran, silently, on either backend.
 A compiled model keeps its optimizer: made float16 after `compile`, it trained without loss
-scaling, silently.
+scaling, silently. Calibration, which decides a manifest for such a model, leaves it as it was.
 """
 
 import keras
@@ -124,6 +124,21 @@ def test_float8_after_a_train_step_is_refused_changing_nothing_and_applies_after
     model.fit(x, y, batch_size=16, verbose=0)
     assert model.get_layer("hidden").dtype_policy.name == "float8_from_mixed_bfloat16"
     assert float(model.get_layer("hidden").inputs_scale.numpy()) != 1.0  # Written by the step.
+
+
+def test_calibrating_a_compiled_and_trained_model_leaves_it_as_it_was():
+    x, y = _batch()
+    model = _model()
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(x, y, batch_size=16, shuffle=False, verbose=0)
+    predicted = model.predict(x, verbose=0)
+
+    result = mpt_keras.calibrate(model, (x, y), keras.losses.MeanSquaredError(), batch_size=16)
+
+    assert result.manifest.default == "mixed_float16"  # Refused if applied to this model.
+    assert [layer.dtype_policy.name for layer in model.layers[1:]] == ["float32", "float32"]
+    assert type(model.optimizer) is keras.optimizers.Adam
+    np.testing.assert_array_equal(model.predict(x, verbose=0), predicted)
 
 
 def test_a_loaded_float8_model_runs_the_manifests_recipe_though_it_predicted_before(tmp_path):
