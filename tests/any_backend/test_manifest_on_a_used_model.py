@@ -37,6 +37,14 @@ def _batch() -> tuple[np.ndarray, np.ndarray]:
     return rng.normal(size=(16, 8)).astype("float32"), rng.normal(size=(16, 4)).astype("float32")
 
 
+def _refusal(manifest: mpt_keras.PrecisionManifest, model: keras.Model) -> str:
+    """The one-line error of applying `manifest` to `model`, after checking it changed nothing."""
+    with pytest.raises(mpt_keras.UserInputError) as raised:
+        manifest.apply(model)
+    assert [layer.dtype_policy.name for layer in model.layers[1:]] == ["float32", "float32"]
+    return str(raised.value)
+
+
 def test_predict_after_the_manifest_runs_its_policies_though_predict_ran_before():
     x, _ = _batch()
     used, fresh = _model(), _model()
@@ -78,17 +86,15 @@ def test_float16_after_compile_without_loss_scaling_is_refused_changing_nothing(
     model = _model()
     model.compile(optimizer="adam", loss="mse")
 
-    with pytest.raises(mpt_keras.UserInputError) as raised:
-        FLOAT16.apply(model)
+    message = _refusal(FLOAT16, model)
 
-    assert str(raised.value) == (
+    assert message == (
         "model 'functional': compiled with Adam, which does not scale the loss, and this "
         "manifest makes 1 of its layers compute in float16 ('hidden' first), whose small "
         "gradients would underflow to zero. Allowed: apply the manifest before compile (which "
         "then wraps the optimizer in mpt_keras.LossScaleOptimizer), or compile with "
         "mpt_keras.LossScaleOptimizer"
     )
-    assert [layer.dtype_policy.name for layer in model.layers[1:]] == ["float32", "float32"]
 
 
 def test_after_compile_float16_under_a_loss_scale_and_bfloat16_under_any_optimizer_apply():
@@ -109,16 +115,14 @@ def test_float8_after_a_train_step_is_refused_changing_nothing_and_applies_after
     model.compile(optimizer="adam", loss="mse")
     model.fit(x, y, batch_size=16, verbose=0)
 
-    with pytest.raises(mpt_keras.UserInputError) as raised:
-        FLOAT8_CURRENT.apply(model)
+    message = _refusal(FLOAT8_CURRENT, model)
 
-    assert str(raised.value) == (
+    assert message == (
         "model 'functional': its optimizer is built (it has trained, or was loaded with its "
         "state), and would not know the float8 variables of the layers turning float8 (1, "
         "'hidden' first). Allowed: float8 layers before the first train step, or after "
         "compiling with a new optimizer"
     )
-    assert [layer.dtype_policy.name for layer in model.layers[1:]] == ["float32", "float32"]
     model.compile(optimizer="adam", loss="mse")
     FLOAT8_CURRENT.apply(model)
     model.fit(x, y, batch_size=16, verbose=0)
