@@ -8,7 +8,13 @@ that reason; a manifest applied, or a layer promoted, forgets them here.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 import keras
+
+_STEPS = ("train_step", "test_step", "predict_step")
 
 
 def forget_traced_functions(model: keras.Model) -> None:
@@ -16,7 +22,25 @@ def forget_traced_functions(model: keras.Model) -> None:
 
     The train function is made again at once rather than dropped: inside `fit` (a promotion
     from a callback) Keras calls `model.train_function` each step without making it first.
+    A step set on the instance (the compile hook's, or the user's) is replaced by a copy: JAX
+    keeps a trace by the function jitted, and a new `jax.jit` of the same step object would
+    run the old trace (a class's step is a new bound method at each access, traced afresh).
     """
+    for name in _STEPS:
+        step = vars(model).get(name)
+        if step is not None:
+            setattr(model, name, _copy(step))
     if model.train_function is not None:
         model.make_train_function(force=True)
     model.test_function = model.predict_function = None
+
+
+def _copy(step: Callable[..., Any]) -> functools.partial:
+    """A new object calling what `step` calls, with its attributes (marks set on it); a copy
+    of a copy is as flat as the first."""
+    if isinstance(step, functools.partial):
+        copy = functools.partial(step.func, *step.args, **step.keywords)
+    else:
+        copy = functools.partial(step)
+    copy.__dict__.update(getattr(step, "__dict__", {}))
+    return copy

@@ -1,4 +1,9 @@
-"""Tests of mpt_keras.reliability.auto_promote.AutoPromote."""
+"""Tests of mpt_keras.reliability.auto_promote.AutoPromote, on either backend.
+
+A promotion mid-fit reaches the next step compiled or not: on JAX the step jitted before it
+kept float16 (a new `jax.jit` of the same step object ran its old trace), so the promoted
+layers went on overflowing, silently.
+"""
 
 import json
 import logging
@@ -14,7 +19,7 @@ from mpt_keras.reliability.auto_promote import AutoPromote
 STEPS = 12
 
 
-def _overflowing_model():
+def _overflowing_model(jit_compile="auto"):
     """first sums the inputs; big multiplies by 4e5: beyond float16's 65504."""
     keras.utils.set_random_seed(0)
     inputs = keras.Input((8,))
@@ -26,6 +31,7 @@ def _overflowing_model():
     model.compile(
         optimizer=LossScaleOptimizer(keras.optimizers.Adam(1e-3), initial_scale=4.0, min_scale=1.0),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=jit_compile,
     )
     return model, manifest
 
@@ -44,8 +50,11 @@ def test_without_it_every_step_overflows():
     assert (model.optimizer.skipped_steps, model.optimizer.loss_scale) == (STEPS, 1.0)
 
 
-def test_the_overflowing_layers_are_promoted_mid_fit_and_training_goes_on(tmp_path, caplog):
-    model, manifest = _overflowing_model()
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_the_overflowing_layers_are_promoted_mid_fit_and_training_goes_on(
+    tmp_path, caplog, jit_compile
+):
+    model, manifest = _overflowing_model(jit_compile)
     manifest_path = str(tmp_path / "promoted.json")
     promote = AutoPromote(
         manifest, k=3, check_every=2, manifest_path=manifest_path, log_dir=str(tmp_path / "logs")
