@@ -247,6 +247,24 @@ def test_auto_promote_moves_layers_that_keep_overflowing_out_of_float16_on_jax(t
     ]
 
 
+def test_a_diverging_run_rolls_back_promotes_and_stops_on_jax(tmp_path):
+    # As tests/test_reliability.py on TensorFlow: SGD at 30 diverges whatever the precision;
+    # the rollback promotes every layer to float32, which does not help.
+    config = tiny_config(
+        None,
+        precision="mixed_bfloat16",
+        checkpoint_every=2,
+        eval_every=2,
+        log_every=1,
+        optimizer={"name": "sgd", "learning_rate": 30.0},
+        divergence={"patience": 2, "max_loss": 5.0, "action": "promote", "max_rollbacks": 1},
+    )
+    with pytest.raises(mpt_keras.RunStoppedError, match="after 1 rollbacks"):
+        _run(config, tmp_path)
+    promoted = json.loads((tmp_path / "promoted_manifest.json").read_text())
+    assert {rule["policy"] for rule in promoted["rules"]} == {"float32"}
+
+
 def test_the_canary_runs_before_the_run_on_jax(tmp_path):
     config = tiny_config(None, precision="mixed_bfloat16")
     runtime = mpt_keras.Runtime(str(tmp_path), verbose=0)
