@@ -23,9 +23,11 @@ def forget_traced_functions(model: keras.Model) -> None:
     The train function is made again at once rather than dropped: inside `fit` (a promotion
     from a callback) Keras calls `model.train_function` each step without making it first.
     A step set on the instance (the compile hook's, or the user's) is replaced by a copy: JAX
-    keeps a trace by the function jitted, and a new `jax.jit` of the same step object would
-    run the old trace (a class's step is a new bound method at each access, traced afresh;
-    the float8 census meets the same in `backend/jax/compiled.py`).
+    keeps a trace by the function jitted, and a new `jax.jit` of the same step object ran the
+    old trace. A class's step is a new bound method at each access, which JAX finds equal to
+    the last one while the function jitted from that one lives: Keras drops its only
+    reference here, as it makes the function again. (The float8 census meets the same in
+    `backend/jax/compiled.py`.)
     """
     for name in _STEPS:
         step = vars(model).get(name)

@@ -193,12 +193,12 @@ def _check_loss_scaled(
     an optimizer that does not scale its loss: the compile hook scales only at `compile`, and
     the small float16 gradients would underflow to zero. A model computing in float16 already
     was compiled so: a missing loss scale there is the user's choice (`auto_scale_loss=False`,
-    which the hook warned about)."""
+    which the hook warned about). `keras.saving.load_model` compiles a model by default."""
     optimizer = model.optimizer if model.compiled else None
     if optimizer is None or isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return
     layers = [model, *(entry.layer for entry in entries)]
-    if any(layer.dtype_policy.compute_dtype == "float16" for layer in layers):
+    if any(layer.compute_dtype == "float16" for layer in layers):  # Through a policy map.
         return
     made = [
         entry.path
@@ -211,5 +211,6 @@ def _check_loss_scaled(
             f"scale the loss, and this manifest makes {len(made)} of its layers compute in "
             f"float16 ('{made[0]}' first), whose small gradients would underflow to zero. "
             "Allowed: apply the manifest before compile (which then wraps the optimizer in "
-            "mpt_keras.LossScaleOptimizer), or compile with mpt_keras.LossScaleOptimizer"
+            "mpt_keras.LossScaleOptimizer), compile with mpt_keras.LossScaleOptimizer before "
+            "applying it, or load the model with compile=False"
         )

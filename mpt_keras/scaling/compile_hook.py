@@ -204,7 +204,9 @@ def _float16_layers(model: keras.Model) -> list[str]:
 
 
 def _computes_in_float16(layer: keras.layers.Layer) -> bool:
-    return layer.dtype_policy.compute_dtype == "float16"
+    # Not `dtype_policy.compute_dtype`: a loaded layer holds its block's DTypePolicyMap, whose
+    # own compute dtype is the map's default; Keras computes with the layer's entry.
+    return layer.compute_dtype == "float16"
 
 
 install()

@@ -9,6 +9,7 @@ scaling, silently. Calibration, which decides a manifest for such a model, leave
 import keras
 import numpy as np
 import pytest
+from toy_layers import PostNormBlock
 
 import mpt_keras
 
@@ -19,6 +20,15 @@ FLOAT8_CURRENT = mpt_keras.PrecisionManifest.from_dict(
         "version": 1,
         "default": "mixed_bfloat16",
         "rules": [{"match": {"path": "hidden"}, "policy": "float8", "scaling": "current"}],
+    }
+)
+
+
+FLOAT16_IN_A_BLOCK = mpt_keras.PrecisionManifest.from_dict(
+    {
+        "version": 1,
+        "default": "mixed_bfloat16",
+        "rules": [{"match": {"path": "block/(norm|inner)"}, "policy": "mixed_float16"}],
     }
 )
 
@@ -39,10 +49,19 @@ def _batch() -> tuple[np.ndarray, np.ndarray]:
 
 def _refusal(manifest: mpt_keras.PrecisionManifest, model: keras.Model) -> str:
     """The one-line error of applying `manifest` to `model`, after checking it changed nothing."""
+    kept = _in_use(model)
     with pytest.raises(mpt_keras.UserInputError) as raised:
         manifest.apply(model)
     assert [layer.dtype_policy.name for layer in model.layers[1:]] == ["float32", "float32"]
+    assert all(now is then for now, then in zip(_in_use(model), kept, strict=True))
     return str(raised.value)
+
+
+def _in_use(model: keras.Model) -> tuple[object, ...]:
+    """What a model in use holds that `apply` may replace."""
+    steps = (vars(model).get(name) for name in ("train_step", "test_step", "predict_step"))
+    functions = (model.train_function, model.test_function, model.predict_function)
+    return (*steps, *functions, model.optimizer)
 
 
 def test_predict_after_the_manifest_runs_its_policies_though_predict_ran_before():
@@ -92,8 +111,8 @@ def test_float16_after_compile_without_loss_scaling_is_refused_changing_nothing(
         "model 'functional': compiled with Adam, which does not scale the loss, and this "
         "manifest makes 1 of its layers compute in float16 ('hidden' first), whose small "
         "gradients would underflow to zero. Allowed: apply the manifest before compile (which "
-        "then wraps the optimizer in mpt_keras.LossScaleOptimizer), or compile with "
-        "mpt_keras.LossScaleOptimizer"
+        "then wraps the optimizer in mpt_keras.LossScaleOptimizer), compile with "
+        "mpt_keras.LossScaleOptimizer before applying it, or load the model with compile=False"
     )
 
 
@@ -160,3 +179,22 @@ def test_a_loaded_float8_model_runs_the_manifests_recipe_though_it_predicted_bef
     ours = model.predict(x, verbose=0)
     np.testing.assert_array_equal(loaded.predict(x, verbose=0), ours)
     assert not np.array_equal(keras_own, ours)
+
+
+def test_a_loaded_models_float16_layer_inside_a_block_gets_a_loss_scale_at_compile(tmp_path):
+    # Saved, the block holds a DTypePolicyMap; loaded, its layers hold the map too, whose own
+    # compute dtype is its default (bfloat16): compile read that, and kept Adam unscaled.
+    inputs = keras.Input((4,))
+    block = PostNormBlock(name="block")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2, name="logits")(block))
+    FLOAT16_IN_A_BLOCK.apply(model)
+    model.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(
+        tmp_path / "model.keras", custom_objects={"PostNormBlock": PostNormBlock}, compile=False
+    )
+
+    loaded.compile(optimizer="adam", loss="mse")
+
+    inner = loaded.get_layer("block").inner
+    assert (inner.dtype_policy.compute_dtype, inner.compute_dtype) == ("bfloat16", "float16")
+    assert type(loaded.optimizer) is mpt_keras.LossScaleOptimizer
