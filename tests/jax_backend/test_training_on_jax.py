@@ -249,7 +249,8 @@ def test_auto_promote_moves_layers_that_keep_overflowing_out_of_float16_on_jax(t
 
 def test_a_diverging_run_rolls_back_promotes_and_stops_on_jax(tmp_path):
     # As tests/test_reliability.py on TensorFlow: SGD at 30 diverges whatever the precision;
-    # the rollback promotes every layer to float32, which does not help.
+    # the rollback promotes every layer to float32, which does not help. (That the promoted
+    # step is traced again: AutoPromote's tests, in tests/any_backend.)
     config = tiny_config(
         None,
         precision="mixed_bfloat16",
