@@ -26,21 +26,21 @@ def forget_traced_functions(model: keras.Model) -> None:
     keeps a trace by the function jitted, and a new `jax.jit` of the same step object ran the
     old trace. A class's step is a new bound method at each access, which JAX finds equal to
     the last one while the function jitted from that one lives: Keras drops its only
-    reference here, as it makes the function again. (The float8 census meets the same in
+    reference here, as it makes the function again. (The float8 census lowers a copy too:
     `backend/jax/compiled.py`.)
     """
     for name in _STEPS:
         step = vars(model).get(name)
         if step is not None:
-            setattr(model, name, _copy(step))
+            setattr(model, name, fresh_copy(step))
     if model.train_function is not None:
         model.make_train_function(force=True)
     model.test_function = model.predict_function = None
 
 
-def _copy(step: Callable[..., Any]) -> functools.partial:
-    """A new object calling what `step` calls, with its attributes (marks set on it); a copy
-    of a copy is as flat as the first."""
+def fresh_copy(step: Callable[..., Any]) -> functools.partial:
+    """A new object calling what `step` calls, with its attributes (marks set on it), which JAX
+    has never traced; a copy of a copy is as flat as the first."""
     if isinstance(step, functools.partial):
         copy = functools.partial(step.func, *step.args, **step.keywords)
     else:

@@ -22,8 +22,6 @@ FLOAT8_CURRENT = mpt_keras.PrecisionManifest.from_dict(
         "rules": [{"match": {"path": "hidden"}, "policy": "float8", "scaling": "current"}],
     }
 )
-
-
 FLOAT16_IN_A_BLOCK = mpt_keras.PrecisionManifest.from_dict(
     {
         "version": 1,

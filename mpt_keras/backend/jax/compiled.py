@@ -13,6 +13,7 @@ import keras
 
 from mpt_keras.backend.jax import gpu_targets
 from mpt_keras.errors import first_line
+from mpt_keras.keras_bridge.traced_functions import fresh_copy
 
 
 def train_step_hlo(model: keras.Model, batch: Any, target: str | None = None) -> str:
@@ -20,22 +21,13 @@ def train_step_hlo(model: keras.Model, batch: Any, target: str | None = None) ->
     (one step, the model's state as its argument), for this machine's device or compiled for
     the GPU `target` (`backend.names.GPU_TARGETS`). The model, loss, metrics and optimizer are
     built; nothing is run or assigned."""
-    step = _traced_afresh(model.train_step)
+    # A copy JAX never traced: after `fit` jitted `model.train_step` on such a batch, lowering
+    # it again gave that trace back, made before the census scoped each float8 layer's calls,
+    # and no GEMM was found (`tests/any_backend/test_float8_census.py`).
+    step = fresh_copy(model.train_step)
     if target is not None:
         return gpu_targets.optimized_hlo(step, (_state(model), batch), target)
     return jax.jit(step).lower(_state(model), batch).compile().as_text()
-
-
-def _traced_afresh(method: Callable[..., Any]) -> Callable[..., Any]:
-    """`method` as a function JAX has never traced. JAX reuses a function's trace for arguments
-    of the same types and shapes: after `fit` jitted `model.train_step` on such a batch,
-    lowering it again gave that trace back, made before the census scoped each float8 layer's
-    calls, and no GEMM was found (`tests/any_backend/test_float8_census.py`)."""
-
-    def fresh(*args: Any) -> Any:
-        return method(*args)
-
-    return fresh
 
 
 # JAX's CPU lowering refuses a dot of float16 operands summed in float32 (JAX 0.10).
