@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from tiny_runs import Crash, CrashAtStep, manifest_file, tiny_config
+from tiny_runs import Crash, CrashAtStep, manifest_file, overflowing_config, tiny_config
 
 from mpt_keras.config import TrainConfig
 from mpt_keras.errors import UserInputError
@@ -301,25 +301,10 @@ def test_loss_scale_errors_name_the_config_section_when_the_config_is_read(tfds_
 
 
 def test_auto_promote_moves_layers_that_keep_overflowing_out_of_float16(tfds_dir, tmp_path):
-    # dense_0 computes in float16 with the loss scale pinned at 2**24 (its
-    # floor): every step overflows until AutoPromote moves dense_0 to bfloat16. Under XLA
-    # (execution/xla.py), whose step the promotion makes again.
-    manifest = manifest_file(
-        tmp_path / "manifest.json",
-        "mixed_bfloat16",
-        {"match": {"path": "dense_0"}, "policy": "mixed_float16"},
-    )
+    # Under XLA (execution/xla.py), whose step the promotion makes again.
     model_dir = str(tmp_path / "run")
-    pinned = {"initial_scale": 2.0**24, "min_scale": 2.0**24, "max_scale": 2.0**24}
-    config = tiny_config(
-        tfds_dir,
-        manifest=manifest,
-        steps=12,
-        checkpoint_every=6,
-        eval_every=6,
-        auto_promote=True,
-        loss_scale=pinned,
-        jit_compile="true",
+    config = overflowing_config(
+        tfds_dir, tmp_path, checkpoint_every=6, eval_every=6, jit_compile="true"
     )
     metrics = run_training(config, Runtime(model_dir, verbose=0))
     assert (metrics["step"], metrics["skipped_steps"]) == (12, 4)

@@ -1,5 +1,6 @@
-"""A tiny `run_training` config, the bundled configs' models shrunk, and a callback that
-crashes a run at a step, for tests."""
+"""A tiny `run_training` config (and one whose float16 layer overflows until AutoPromote moves
+it), the bundled configs' models shrunk, and a callback that crashes a run at a step, for
+tests."""
 
 from __future__ import annotations
 
@@ -39,6 +40,23 @@ def manifest_file(path: str | os.PathLike, default: str, *rules: dict[str, Any])
     with open(path, "w", encoding="utf-8") as file:
         json.dump({"version": 1, "default": default, "rules": list(rules)}, file)
     return str(path)
+
+
+def overflowing_config(
+    tfds_dir: str | None, directory: str | os.PathLike, **changes: Any
+) -> TrainConfig:
+    """`tiny_config` for 12 steps with AutoPromote, dense_0 in float16 under a loss scale pinned
+    at 2**24 (its floor): every step overflows until AutoPromote moves dense_0 to bfloat16,
+    after 4 steps. Its manifest is written to `directory`."""
+    manifest = manifest_file(
+        os.path.join(directory, "manifest.json"),
+        "mixed_bfloat16",
+        {"match": {"path": "dense_0"}, "policy": "mixed_float16"},
+    )
+    pinned = {"initial_scale": 2.0**24, "min_scale": 2.0**24, "max_scale": 2.0**24}
+    return tiny_config(
+        tfds_dir, manifest=manifest, steps=12, auto_promote=True, loss_scale=pinned, **changes
+    )
 
 
 def small_model(config_name: str) -> dict[str, Any]:

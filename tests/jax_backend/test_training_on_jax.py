@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import pytest
 from launchers import launch_in_process
-from tiny_runs import Crash, CrashAtStep, manifest_file, tiny_config
+from tiny_runs import Crash, CrashAtStep, manifest_file, overflowing_config, tiny_config
 
 import mpt_keras
 from mpt_keras.errors import UserInputError
@@ -226,19 +226,9 @@ def test_a_data_factorys_arrays_train_on_jax(tmp_path):
 
 
 def test_auto_promote_moves_layers_that_keep_overflowing_out_of_float16_on_jax(tmp_path):
-    # As tests/test_runs_training.py on TensorFlow: dense_0 in float16 under a loss scale
-    # pinned at 2**24 overflows every step until promoted. The step JAX jitted before the
-    # promotion kept float16 (a new jit of the same step object ran its old trace).
-    manifest = manifest_file(
-        tmp_path / "manifest.json",
-        "mixed_bfloat16",
-        {"match": {"path": "dense_0"}, "policy": "mixed_float16"},
-    )
-    pinned = {"initial_scale": 2.0**24, "min_scale": 2.0**24, "max_scale": 2.0**24}
-    config = tiny_config(
-        None, manifest=manifest, steps=12, log_every=2, auto_promote=True, loss_scale=pinned
-    )
-    metrics = _run(config, tmp_path / "run")
+    # As tests/test_runs_training.py on TensorFlow. The step JAX jitted before the promotion
+    # kept float16 (a new jit of the same step object ran its old trace).
+    metrics = _run(overflowing_config(None, tmp_path), tmp_path / "run")
     assert (metrics["step"], metrics["skipped_steps"]) == (12, 4)
     promoted = mpt_keras.PrecisionManifest.from_json(tmp_path / "run" / "promoted_manifest.json")
     assert [(rule.path, rule.policy) for rule in promoted.rules] == [
