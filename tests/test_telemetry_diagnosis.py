@@ -146,6 +146,7 @@ def test_non_finite_inputs_are_said_to_be_passed_on():
         input_max=0.5,
         output_max=None,  # 0.5 x 1 + NaN x 0 is NaN too.
         inputs_finite=False,
+        weight_max=1.0,  # Not shown: the cause lies upstream.
     )
     assert str(report) == (
         "first non-finite output: dense (float16), input max 0.5, its inputs already non-finite"
@@ -156,8 +157,13 @@ def test_the_models_own_code_is_named_by_the_models_name():
     keras.config.set_dtype_policy("mixed_float16")
     report = diagnose_nonfinite(SubclassedNet(with_boom=False, name="net"), OVERFLOWING)
     assert report == NonfiniteReport(
-        first_layer="net", compute_dtype="float16", input_max=8.0, output_max=5000.0
+        first_layer="net",
+        compute_dtype="float16",
+        input_max=8.0,
+        output_max=5000.0,
+        weight_max=1.0,  # Its weights: the identity kernel of its Dense.
     )
+    assert str(report) == "first non-finite output: net (float16), input max 8, weight max 1"
 
 
 def _root_model(**compile_arguments):
@@ -276,8 +282,10 @@ def test_a_keras_hub_backbones_attention_is_named_by_its_path(tiny_gpt2):
     assert report.compute_dtype == "float16"
     assert report.inputs_finite
     assert report.input_max * 6e4 > 65504
-    assert str(report).startswith(
-        "first non-finite output: transformer_layer_1/self_attention/query (float16), input max "
+    assert report.weight_max == 6e4
+    assert str(report) == (
+        "first non-finite output: transformer_layer_1/self_attention/query (float16), "
+        f"input max {report.input_max:.2g}, weight max 6e+04"
     )
 
 

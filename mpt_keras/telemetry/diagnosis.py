@@ -8,7 +8,7 @@ value too large for float16 names the float16 layer it feeds.
 Example:
 
     print(diagnose_nonfinite(model, features, labels))
-    # first non-finite output: block_1/mlp/dense (float16), input max 7.1e+04
+    # first non-finite output: block_1/mlp/dense (float16), input max 7.1e+04, weight max 0.31
 """
 
 from __future__ import annotations
@@ -34,8 +34,10 @@ class NonfiniteReport:
     """Where a batch first stops being finite; None fields: nothing to say.
 
     `first_layer`: the first, in forward order, with a non-finite output; `input_max`,
-    `output_max`: its inputs' (before the cast) and outputs' largest finite magnitude;
-    `inputs_finite`: False when it passed a non-finite input on. `first_nonfinite_gradient`:
+    `output_max`, `weight_max`: its inputs' (before the cast; None for integer ids alone),
+    outputs' and weights' largest finite magnitude, so that one reads which of them overflowed
+    (an Embedding's ids say nothing, its table all); `inputs_finite`: False when it passed a
+    non-finite input on. `first_nonfinite_gradient`:
     the first variable (`trainable_variables` order) with one, taken only after a finite
     forward pass. `loss`: scaled as a train step does.
     """
@@ -45,6 +47,7 @@ class NonfiniteReport:
     input_max: float | None = None
     output_max: float | None = None
     inputs_finite: bool = True
+    weight_max: float | None = None
     first_nonfinite_gradient: str | None = None
     loss: float | None = None
 
@@ -58,14 +61,18 @@ class NonfiniteReport:
         )
 
     def summary(self) -> str:
-        """One line: `first non-finite output: <path> (<dtype>), input max <x>`, `first
+        """One line: `first non-finite output: <path> (<dtype>), input max <x>, weight max <w>`
+        (`no float input` for ids; no weights when the inputs were already non-finite), `first
         non-finite gradient: <path>` or `all outputs [and gradients] finite`, `, loss inf`."""
         if self.first_layer is not None:
             line = f"first non-finite output: {self.first_layer} ({self.compute_dtype}), "
-            line += (
-                "no finite input" if self.input_max is None else f"input max {self.input_max:.2g}"
-            )
-            return line + ("" if self.inputs_finite else ", its inputs already non-finite")
+            if self.input_max is not None:
+                line += f"input max {self.input_max:.2g}"
+            else:
+                line += "no float input" if self.inputs_finite else "no finite input"
+            if not self.inputs_finite:  # The cause lies upstream, not in its weights.
+                return line + ", its inputs already non-finite"
+            return line if self.weight_max is None else f"{line}, weight max {self.weight_max:.2g}"
         if self.first_nonfinite_gradient is not None:
             line = f"first non-finite gradient: {self.first_nonfinite_gradient}"
         elif self.loss is not None and self.finite:
@@ -114,6 +121,7 @@ def diagnose_nonfinite(
                 input_max=call.inputs.max,
                 output_max=call.outputs.max,
                 inputs_finite=call.inputs.finite,
+                weight_max=_largest_finite_weight(call.layer),
             )
     if y is None:
         return NonfiniteReport()
@@ -166,6 +174,19 @@ class _Range:
                 magnitude = float(np.max(np.abs(value[is_finite])))
                 largest = magnitude if largest is None else max(largest, magnitude)
         return cls(largest, finite)
+
+
+def _largest_finite_weight(layer: keras.layers.Layer) -> float | None:
+    """The largest finite magnitude of `layer`'s float weights, reduced where they live: the
+    layer may be a whole backbone, whose weights should not all travel to the host."""
+    maxima = [
+        keras.ops.max(keras.ops.where(keras.ops.isfinite(value), keras.ops.abs(value), -1.0))
+        for value in (weight.value for weight in layer.weights)
+        if keras.backend.is_float_dtype(keras.backend.standardize_dtype(value.dtype))
+        and math.prod(value.shape)
+    ]
+    finite = [magnitude for magnitude in map(float, maxima) if magnitude >= 0]
+    return max(finite) if finite else None
 
 
 @dataclasses.dataclass(frozen=True)
