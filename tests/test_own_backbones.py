@@ -119,6 +119,48 @@ def test_a_post_norm_bert_trains_under_the_safe_defaults(tmp_path):
     assert report["output_dtype_mismatches"] == []
 
 
+def gpt2_lm_with_a_preprocessor(vocab_size: int, sequence_length: int):
+    """A keras_hub task holding its preprocessor (a tokenizer of a made-up vocabulary)."""
+    import keras_hub
+
+    vocabulary = {"<|endoftext|>": 0, "a": 1, "b": 2, "Ġ": 3, "Ġa": 4, "Ġb": 5}
+    tokenizer = keras_hub.models.GPT2Tokenizer(vocabulary=vocabulary, merges=["Ġ a", "Ġ b"])
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=vocab_size,
+        max_sequence_length=sequence_length,
+        **{**TINY, "num_heads": 1, "intermediate_dim": 32},
+    )
+    return keras_hub.models.GPT2CausalLM(
+        backbone=backbone,
+        preprocessor=keras_hub.models.GPT2CausalLMPreprocessor(
+            tokenizer=tokenizer, sequence_length=sequence_length
+        ),
+    )
+
+
+def test_a_keras_hub_task_with_a_preprocessor_is_refused_before_anything_is_written(tmp_path):
+    # It stopped in the middle of its first step (a TypeError from its preprocessor, mapped
+    # over the run's batches of token ids); the run makes the model's inputs itself.
+    override = json.loads(_override("llama_with_head"))
+    override["model"] = {"factory": "test_own_backbones:gpt2_lm_with_a_preprocessor"}
+    model_dir = tmp_path / "run"
+    trained = launch_in_process(
+        "mpt-train",
+        f"--config={LLAMA}",
+        f"--config_override={json.dumps(override)}",
+        f"--model_dir={model_dir}",
+        "--steps=2",
+    )
+    assert trained.status == 2
+    assert trained.stderr.splitlines()[-1] == (
+        "mpt-train: error: the model factory returned a keras_hub GPT2CausalLM with a "
+        "preprocessor (GPT2CausalLMPreprocessor), but the run feeds the model its inputs "
+        "itself, batched from the data's. Allowed: the task built with preprocessor=None, its "
+        "inputs (token ids, masks) made by the data factory"
+    )
+    assert not model_dir.exists()
+
+
 def _text_inputs(length: int = 8, **names: str) -> dict:
     tokens = np.random.default_rng(0).integers(1, 60, (2, length)).astype("int32")
     return {

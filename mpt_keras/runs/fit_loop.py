@@ -20,6 +20,7 @@ from mpt_keras.config import TrainConfig
 from mpt_keras.data import RunData
 from mpt_keras.errors import RunStoppedError
 from mpt_keras.files import write_text_atomic
+from mpt_keras.keras_bridge import task_models
 from mpt_keras.keras_bridge.callbacks import IntervalProgbar, SaveCheckpoints, StopAtStep
 from mpt_keras.precision.manifest import PrecisionManifest
 from mpt_keras.precision.promote import promote
@@ -139,7 +140,8 @@ def _fit_from(state: Fit, step: int, guard: DivergenceGuard | None) -> None:
         f"manifest {config.manifest}" if config.manifest else config.precision,
         current.name(),
     )
-    state.model.fit(
+    task_models.fit(
+        state.model,
         train,
         initial_epoch=first_epoch,
         epochs=first_epoch + math.ceil((config.steps - step) / interval),

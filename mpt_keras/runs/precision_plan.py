@@ -11,6 +11,7 @@ import keras
 from mpt_keras.config import TrainConfig
 from mpt_keras.data import RunData
 from mpt_keras.errors import UserInputError, describe_error
+from mpt_keras.keras_bridge import task_models
 from mpt_keras.precision.hardware import resolve_auto_policy
 from mpt_keras.precision.manifest import PrecisionManifest
 from mpt_keras.precision.policies import global_policy
@@ -55,6 +56,7 @@ def build_model(
             raise UserInputError(
                 f"the model factory returned {type(model).__name__}. Allowed: a keras.Model"
             )
+        task_models.check_no_preprocessor(model, "the model factory")
         # Before the manifest and the optimizer, which need every variable.
         example = build_on_data(model, data)
         applied = manifest.apply(model, inputs=example)

@@ -13,6 +13,7 @@ import keras
 from mpt_keras.checks import check_number
 from mpt_keras.config import TrainConfig
 from mpt_keras.data import RunData
+from mpt_keras.keras_bridge import task_models
 from mpt_keras.runs.assembly import assemble
 from mpt_keras.runs.resolution import Components, resolve
 from mpt_keras.validation.thresholds import BASELINE
@@ -58,9 +59,11 @@ def train_steps(config: TrainConfig, components: Components, run_data: RunData) 
         config.data.batch_size, config.seed, shuffle_buffer=config.data.shuffle_buffer
     )
     # One step per Keras epoch: the logged loss is that step's, not a running mean.
-    history = run.model.fit(train, epochs=config.steps, steps_per_epoch=1, shuffle=False, verbose=0)
+    history = task_models.fit(
+        run.model, train, epochs=config.steps, steps_per_epoch=1, shuffle=False, verbose=0
+    )
     validation = run_data.eval_batches(config.data.eval_batch_size)
-    metrics = run.model.evaluate(validation, return_dict=True, verbose=0)
+    metrics = task_models.evaluate(run.model, validation, return_dict=True, verbose=0)
     return TrainingRun(
         losses=tuple(float(loss) for loss in history.history["loss"]),
         metrics={f"val_{name}": float(value) for name, value in metrics.items()},

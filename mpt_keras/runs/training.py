@@ -19,6 +19,7 @@ from mpt_keras import models
 from mpt_keras.backend import current
 from mpt_keras.config import TrainConfig
 from mpt_keras.files import write_json_atomic
+from mpt_keras.keras_bridge import task_models
 from mpt_keras.precision.manifest import PrecisionManifest
 from mpt_keras.precision.report import PrecisionReport
 from mpt_keras.runs import fit_loop, placement, serving
@@ -163,7 +164,7 @@ def _save_for_users(model: keras.Model, write_dir: str, *, saved_model: bool) ->
 def _final_metrics(
     model: keras.Model, validation, task: str | None, report: PrecisionReport
 ) -> dict[str, Any]:
-    results = model.evaluate(validation, return_dict=True, verbose=0)
+    results = task_models.evaluate(model, validation, return_dict=True, verbose=0)
     optimizer = model.optimizer
     health = optimizer.health()
     metrics: dict[str, Any] = {

@@ -1,7 +1,8 @@
-"""A keras_hub backbone under a head of the user's own, on Keras' JAX backend: its dict of
-inputs (`token_ids`, `padding_mask`) comes as arrays (`data/example_arrays.py`), the only
-kind of data there, and a float8 manifest of the user's own reaches the backbone's
-EinsumDense projections, each compared with float32 (`validation/forward_parity.py`).
+"""A keras_hub backbone under a head of the user's own, and keras_hub's own GPT-2 task model,
+on Keras' JAX backend: their dict of inputs (`token_ids`, `padding_mask`) comes as arrays
+(`data/example_arrays.py`), the only kind of data there, and a float8 manifest of the user's
+own reaches the backbone's EinsumDense projections, each compared with float32
+(`validation/forward_parity.py`).
 
 `examples/user_data.py:python_bytes` returns the arrays on JAX; tests/test_own_backbones.py
 runs the same models through every launcher on TensorFlow.
@@ -11,6 +12,7 @@ import json
 import os
 import sys
 
+import pytest
 from launchers import launch_in_process
 from tiny_runs import manifest_file
 
@@ -27,7 +29,18 @@ FLOAT8_RULE = {
 }
 
 
-def test_a_gpt2_backbone_with_a_head_trains_and_validates_float8_from_dict_arrays(tmp_path):
+@pytest.mark.parametrize(
+    "factory",
+    [
+        "gpt2_with_head",
+        # keras_hub's GPT2CausalLM (preprocessor=None), whose own fit and evaluate took no
+        # iterator of batches: trained by Keras' (`keras_bridge/task_models.py`).
+        "gpt2_lm",
+    ],
+)
+def test_a_gpt2_backbone_with_a_head_trains_and_validates_float8_from_dict_arrays(
+    factory, tmp_path
+):
     override = json.dumps(
         {
             "precision": "mixed_bfloat16",
@@ -35,7 +48,7 @@ def test_a_gpt2_backbone_with_a_head_trains_and_validates_float8_from_dict_array
             "checkpoint_every": 2,
             "eval_every": 2,
             "model": {
-                "factory": "examples.user_models:gpt2_with_head",
+                "factory": f"examples.user_models:{factory}",
                 "options": {"num_layers": 1, "hidden_dim": 16, "intermediate_dim": 32},
             },
             "data": {"batch_size": 4, "eval_examples": 8, "options": {"sequence_length": 8}},
