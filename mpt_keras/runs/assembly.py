@@ -18,7 +18,7 @@ from mpt_keras import compat
 from mpt_keras.backend import current
 from mpt_keras.config import OptimizerConfig, TrainConfig
 from mpt_keras.data import RunData
-from mpt_keras.errors import UserInputError
+from mpt_keras.errors import UserInputError, first_line
 from mpt_keras.keras_bridge.layer_paths import iter_layers
 from mpt_keras.precision.float8 import is_float8
 from mpt_keras.precision.float8_census import take_census
@@ -53,7 +53,9 @@ def assemble(
     the run's strategy scope, if any (`jit_compile` resolves for it)."""
     model, manifest, report = build_model(config, components, data, manifest_file)
     optimizer, report = _compile(model, config, components, report, data.labels)
-    _check_lowers(model, report, config, data)
+    batch = data.batch_of_step(config.data.batch_size, config.seed, step=1)
+    _check_loss_fits(model, batch)
+    _check_lowers(model, report, batch)
     return Run(model, manifest, report, optimizer, report.jit_compile)
 
 
@@ -118,17 +120,52 @@ def _compile(
     return optimizer, report
 
 
-def _check_lowers(
-    model: keras.Model, report: PrecisionReport, config: TrainConfig, data: RunData
-) -> None:
+def _check_loss_fits(model: keras.Model, batch: tuple[Any, ...]) -> None:
+    """Refuses, before anything is written, a loss or metric that cannot take the model's
+    outputs and the data's labels (`mse` on class ids): it failed at the first step, after
+    the run had written its config, which then held a rerun on that model_dir to the bad loss.
+
+    Builds the loss and metrics from the first batch's shapes, as `fit` would at its start
+    (no device work). A model whose forward pass cannot be built so is left to its first step.
+    """
+    try:
+        compat.symbolic_build(model, batch)
+    except Exception as error:  # The user's loss, metrics or model: which, told below.
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(batch)
+        try:
+            outputs = model.compute_output_spec(_specs(x))
+        except Exception:
+            return  # The forward pass: the first step builds it, as Keras would.
+        raise UserInputError(
+            f"the loss or a metric cannot take the model's outputs {_shapes(outputs)} and the "
+            f"labels {_shapes(y)} of the data's first batch ({type(error).__name__}: "
+            f"{first_line(error).rstrip('.')}). Allowed: a loss and metrics for those outputs "
+            "and labels"
+        ) from None
+
+
+def _specs(nest: Any) -> Any:
+    return keras.tree.map_structure(
+        lambda value: keras.KerasTensor(value.shape, keras.backend.standardize_dtype(value.dtype)),
+        nest,
+    )
+
+
+def _shapes(nest: Any) -> str:
+    """`float32 (64, 10)`, or a dict or list of them, for a message."""
+    described = keras.tree.map_structure(
+        lambda value: f"{keras.backend.standardize_dtype(value.dtype)} {tuple(value.shape)}", nest
+    )
+    return str(described).replace("'", "")
+
+
+def _check_lowers(model: keras.Model, report: PrecisionReport, batch: tuple[Any, ...]) -> None:
     """Refuses, before anything is written, a float16 step that Keras' JAX backend cannot
     compile on this device (`unlowerable_float16_dot`: a CPU's, for float16 attention)."""
     if not (report.jit_compile and _may_not_lower(report)):
         return
     from mpt_keras.backend.jax.compiled import unlowerable_float16_dot
 
-    batch = data.batch_of_step(config.data.batch_size, config.seed, step=1)
-    compat.symbolic_build(model, batch)  # Else the traced step builds the loss and metrics.
     reason = unlowerable_float16_dot(model, batch)
     if reason is None:
         return
