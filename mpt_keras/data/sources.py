@@ -81,6 +81,13 @@ class RunData:
 
         return batches.eval_batches(x, y, batch_size, **weights)
 
+    def first_batch(self, batch_size: int) -> tuple[Any, ...]:
+        """The train split's first `batch_size` examples in stored order, batched as a step's:
+        a step's shapes and dtypes without filling a shuffle buffer (what checks build from)."""
+        return tuple(
+            next(iter(dataclasses.replace(self, eval=self.train).eval_batches(batch_size)))
+        )
+
     def batch_of_step(
         self, batch_size: int, seed: int, step: int, shuffle_buffer: int = 10_000
     ) -> tuple[Any, ...]:

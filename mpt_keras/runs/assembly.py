@@ -53,7 +53,7 @@ def assemble(
     the run's strategy scope, if any (`jit_compile` resolves for it)."""
     model, manifest, report = build_model(config, components, data, manifest_file)
     optimizer, report = _compile(model, config, components, report, data.labels)
-    batch = data.batch_of_step(config.data.batch_size, config.seed, step=1)
+    batch = data.first_batch(config.data.batch_size)
     _check_loss_fits(model, batch)
     _check_lowers(model, report, batch)
     return Run(model, manifest, report, optimizer, report.jit_compile)
@@ -75,7 +75,7 @@ def plan_precision(config: TrainConfig, census_target: str | None = None) -> Pre
         return report
     _, report = _compile(model, config, components, report, data.labels)
     if lowering:
-        _check_lowers(model, report, config, data)
+        _check_lowers(model, report, data.first_batch(config.data.batch_size))
     if not float8:
         return report
     batch = data.batch_of_step(config.data.batch_size, config.seed, step=1)
@@ -125,7 +125,7 @@ def _check_loss_fits(model: keras.Model, batch: tuple[Any, ...]) -> None:
     outputs and the data's labels (`mse` on class ids): it failed at the first step, after
     the run had written its config, which then held a rerun on that model_dir to the bad loss.
 
-    Builds the loss and metrics from the first batch's shapes, as `fit` would at its start
+    Builds the loss and metrics from a batch's shapes, as `fit` would at its start
     (no device work). A model whose forward pass cannot be built so is left to its first step.
     """
     try:
@@ -138,7 +138,7 @@ def _check_loss_fits(model: keras.Model, batch: tuple[Any, ...]) -> None:
             return  # The forward pass: the first step builds it, as Keras would.
         raise UserInputError(
             f"the loss or a metric cannot take the model's outputs {_shapes(outputs)} and the "
-            f"labels {_shapes(y)} of the data's first batch ({type(error).__name__}: "
+            f"labels {_shapes(y)} of the data's first examples ({type(error).__name__}: "
             f"{first_line(error).rstrip('.')}). Allowed: a loss and metrics for those outputs "
             "and labels"
         ) from None

@@ -39,7 +39,7 @@ def test_a_loss_for_other_labels_is_one_line_and_the_model_dir_stays_free(tmp_pa
     line = refused.stderr.splitlines()[-1]
     assert line.startswith(
         "mpt-train: error: the loss or a metric cannot take the model's outputs float32 "
-        "(64, 10) and the labels int32 (64,) of the data's first batch ("
+        "(64, 10) and the labels int32 (64,) of the data's first examples ("
         + BACKENDS_OWN[keras.backend.backend()]
     )
     assert line.endswith("). Allowed: a loss and metrics for those outputs and labels")
