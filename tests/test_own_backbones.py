@@ -19,6 +19,7 @@ import os
 import numpy as np
 import pytest
 from launchers import launch_in_process
+from replicas import on_two_cpus, run_on_two_cpus
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LLAMA = os.path.join(REPO, "examples", "configs", "llama_python_source.json")
@@ -159,6 +160,32 @@ def test_a_keras_hub_task_with_a_preprocessor_is_refused_before_anything_is_writ
         "inputs (token ids, masks) made by the data factory"
     )
     assert not model_dir.exists()
+
+
+@on_two_cpus
+def test_a_keras_hub_task_trains_mirrored_on_its_bool_padding_mask(tmp_path):
+    # Keras summed a batch over the replicas to build the model at each fit, and
+    # TensorFlow sums no bool: the task's padding_mask (as the data makes it) stopped it.
+    model_dir = tmp_path / "run"
+    status, stderr = run_on_two_cpus("test_own_backbones", "_mirrored_task_run", str(model_dir))
+    assert status == 0, stderr
+    assert _read(model_dir / "metrics.json")["step"] == 2
+
+
+def _mirrored_task_run(model_dir: str) -> tuple[int | str, str]:
+    """In the two-CPU host: 2 steps of keras_hub's GPT2CausalLM on two replicas."""
+    override = json.loads(_override("gpt2_with_head"))
+    override["model"]["factory"] = "examples.user_models:gpt2_lm"
+    run = launch_in_process(
+        "mpt-train",
+        f"--config={LLAMA}",
+        f"--config_override={json.dumps(override)}",
+        f"--model_dir={model_dir}",
+        "--strategy=mirrored",
+        "--virtual_cpus=2",
+        "--steps=2",
+    )
+    return run.status, run.stderr
 
 
 def _text_inputs(length: int = 8, **names: str) -> dict:

@@ -65,10 +65,13 @@ def run_training(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
         UserInputError: For a bad config, manifest, dataset or `model_dir`.
         RunStoppedError: When a guard stops the run (bad batches, divergence).
     """
+    # Splitting the CPU into virtual devices must precede any backend operation: on JAX before
+    # the user's modules are imported (keras_hub runs JAX as it is imported). TensorFlow's
+    # strategy may wait for its peers: after the config is checked.
+    first = placement.make_placement(config) if current.is_jax() else None
     components = resolve_components(config)
     check_model_dir(runtime.model_dir, config)
-    # Splitting the CPU into virtual devices must precede any backend operation.
-    where = placement.make_placement(config)
+    where = first or placement.make_placement(config)
     exporter = None
     if runtime.metrics_port is not None and where.chief:
         exporter = PrometheusExporter(

@@ -14,7 +14,7 @@ import jax
 import keras
 import numpy as np
 import pytest
-from launchers import launch_in_process
+from launchers import launch_console_script, launch_in_process
 from tiny_runs import Crash, CrashAtStep, manifest_file, overflowing_config, tiny_config
 
 import mpt_keras
@@ -215,6 +215,27 @@ def _float16_attention_runs_eagerly_not_compiled() -> None:
     )
     with pytest.raises(Exception, match="'F16_F16_F32' is not supported by dot_general on CPU"):
         jax.jit(jax.value_and_grad(loss))(query)
+
+
+def test_virtual_cpus_split_though_the_config_names_a_metric(tmp_path, monkeypatch):
+    """Checking a metric's name makes the metric, and JAX starts as it does: the CPU could no
+    longer be split ("JAX is already initialized with 1 CPU device(s)"). The strategy now comes
+    first. A process of its own (this one's JAX runs), with one CPU device to split."""
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    unsplit = [flag for flag in flags if "xla_force_host_platform_device_count" not in flag]
+    monkeypatch.setenv("XLA_FLAGS", " ".join(unsplit))
+    launched = launch_console_script(
+        "mpt-train",
+        f"--config={os.path.join(REPO, 'configs', 'digits_mlp.json')}",
+        '--config_override={"metrics": ["accuracy"]}',
+        "--backend=jax",
+        "--strategy=data_parallel",
+        "--virtual_cpus=2",
+        f"--model_dir={tmp_path / 'run'}",
+        "--steps=2",
+    )
+    assert launched.status == 0, launched.stderr
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["step"] == 2
 
 
 def test_a_data_factorys_arrays_train_on_jax(tmp_path):

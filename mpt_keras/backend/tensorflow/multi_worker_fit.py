@@ -1,6 +1,10 @@
-"""Keras 3's `fit` and `evaluate` under a multi-worker strategy, where they fail unpatched:
-Keras 3.15 (keras-team/keras#20585) `strategy.reduce`s a whole batch to build the model, and
-each scalar step output with `axis=0`.
+"""Keras 3's `fit` and `evaluate` under a tf.distribute strategy, where they fail unpatched.
+
+Keras 3.15 `strategy.reduce`s a whole batch to build the model (keras-team/keras#20585), at
+every `fit` even when all is built: a bool input, as keras_hub's `padding_mask`, cannot be
+summed (TensorFlow's AddN refuses bool, under MirroredStrategy too), and multi-worker
+reductions fail outright. Under a multi-worker strategy it also reduces each scalar step output
+with `axis=0`.
 """
 
 from __future__ import annotations
@@ -15,14 +19,16 @@ from mpt_keras.backend.tensorflow.multi_worker import in_multi_worker_mode
 
 
 def support_multi_worker_fit(model: keras.Model) -> None:
-    """Lets `fit` and `evaluate` run under a multi-worker strategy; call after compiling.
+    """Lets `fit` and `evaluate` run under a tf.distribute strategy; call after compiling,
+    inside the strategy's scope.
 
-    Builds from the first replica's batch, and gives the steps' scalar outputs a length-1 axis
-    the reduction averages back to a scalar. A no-op under other strategies.
+    Builds from the first replica's batch; under a multi-worker strategy also gives the steps'
+    scalar outputs a length-1 axis the reduction averages back to a scalar. A no-op without a
+    strategy, where Keras builds as the step is traced.
     """
-    strategy = model.distribute_strategy
-    if not in_multi_worker_mode(strategy):
+    if not tf.distribute.has_strategy():
         return
+    strategy = model.distribute_strategy
 
     def first_replica(value: Any) -> Any:
         if isinstance(value, tf.distribute.DistributedValues):
@@ -47,5 +53,7 @@ def support_multi_worker_fit(model: keras.Model) -> None:
         return step_with_replica_axis
 
     compat.replace_maybe_symbolic_build(model, maybe_symbolic_build)
+    if not in_multi_worker_mode(strategy):
+        return
     model.train_step = with_replica_axis(model.train_step)
     model.test_step = with_replica_axis(model.test_step)
