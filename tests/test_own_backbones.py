@@ -49,6 +49,20 @@ def _override(factory: str) -> str:
     )
 
 
+def _train(model: dict, model_dir, *flags: str):
+    """2 steps of `mpt-train` on the Llama example's config, its model section `model`."""
+    override = json.loads(_override("llama_with_head"))
+    override["model"] = model
+    return launch_in_process(
+        "mpt-train",
+        f"--config={LLAMA}",
+        f"--config_override={json.dumps(override)}",
+        f"--model_dir={model_dir}",
+        "--steps=2",
+        *flags,
+    )
+
+
 def _read(path):
     with open(path) as file:
         return json.load(file)
@@ -94,16 +108,8 @@ def test_every_launcher_runs_on_a_backbone_of_the_users_own(factory, tmp_path):
 def test_a_post_norm_bert_trains_under_the_safe_defaults(tmp_path):
     # BERT's blocks add a layer norm's output to the residual with `+`: with the norm float32
     # (the safe default) and the block float16, TensorFlow refused that `+` at the first step.
-    override = json.loads(_override("llama_with_head"))
-    override["model"] = {"factory": "examples.user_models:bert_with_head", "options": TINY}
     model_dir = str(tmp_path / "run")
-    trained = launch_in_process(
-        "mpt-train",
-        f"--config={LLAMA}",
-        f"--config_override={json.dumps(override)}",
-        f"--model_dir={model_dir}",
-        "--steps=2",
-    )
+    trained = _train({"factory": "examples.user_models:bert_with_head", "options": TINY}, model_dir)
     assert trained.status == 0, trained.stderr
     assert _read(os.path.join(model_dir, "metrics.json"))["step"] == 2
     report = _read(os.path.join(model_dir, "precision_report.json"))
@@ -142,16 +148,8 @@ def gpt2_lm_with_a_preprocessor(vocab_size: int, sequence_length: int):
 def test_a_keras_hub_task_with_a_preprocessor_is_refused_before_anything_is_written(tmp_path):
     # It stopped in the middle of its first step (a TypeError from its preprocessor, mapped
     # over the run's batches of token ids); the run makes the model's inputs itself.
-    override = json.loads(_override("llama_with_head"))
-    override["model"] = {"factory": "test_own_backbones:gpt2_lm_with_a_preprocessor"}
     model_dir = tmp_path / "run"
-    trained = launch_in_process(
-        "mpt-train",
-        f"--config={LLAMA}",
-        f"--config_override={json.dumps(override)}",
-        f"--model_dir={model_dir}",
-        "--steps=2",
-    )
+    trained = _train({"factory": "test_own_backbones:gpt2_lm_with_a_preprocessor"}, model_dir)
     assert trained.status == 2
     assert trained.stderr.splitlines()[-1] == (
         "mpt-train: error: the model factory returned a keras_hub GPT2CausalLM with a "
@@ -174,17 +172,8 @@ def test_a_keras_hub_task_trains_mirrored_on_its_bool_padding_mask(tmp_path):
 
 def _mirrored_task_run(model_dir: str) -> tuple[int | str, str]:
     """In the two-CPU host: 2 steps of keras_hub's GPT2CausalLM on two replicas."""
-    override = json.loads(_override("gpt2_with_head"))
-    override["model"]["factory"] = "examples.user_models:gpt2_lm"
-    run = launch_in_process(
-        "mpt-train",
-        f"--config={LLAMA}",
-        f"--config_override={json.dumps(override)}",
-        f"--model_dir={model_dir}",
-        "--strategy=mirrored",
-        "--virtual_cpus=2",
-        "--steps=2",
-    )
+    model = {"factory": "examples.user_models:gpt2_lm", "options": MODELS["gpt2_with_head"]}
+    run = _train(model, model_dir, "--strategy=mirrored", "--virtual_cpus=2")
     return run.status, run.stderr
 
 

@@ -66,8 +66,9 @@ def run_training(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
         RunStoppedError: When a guard stops the run (bad batches, divergence).
     """
     # Splitting the CPU into virtual devices must precede any backend operation: on JAX before
-    # the user's modules are imported (keras_hub runs JAX as it is imported). TensorFlow's
-    # strategy may wait for its peers: after the config is checked.
+    # the config's components (checking a metric's name makes one, which starts JAX; a user's
+    # module may run JAX as it is imported). TensorFlow's strategy may wait for its peers:
+    # after the config is checked.
     first = placement.make_placement(config) if current.is_jax() else None
     components = resolve_components(config)
     check_model_dir(runtime.model_dir, config)
