@@ -74,11 +74,11 @@ def plan_precision(config: TrainConfig, census_target: str | None = None) -> Pre
     if not float8 and not lowering:
         return report
     _, report = _compile(model, config, components, report, data.labels)
+    batch = data.first_batch(config.data.batch_size)  # The step's shapes: compiled, never run.
     if lowering:
-        _check_lowers(model, report, data.first_batch(config.data.batch_size))
+        _check_lowers(model, report, batch)
     if not float8:
         return report
-    batch = data.batch_of_step(config.data.batch_size, config.seed, step=1)
     census = take_census(model, batch, xla=bool(report.jit_compile), target=census_target)
     return dataclasses.replace(report, float8_census=census)
 
