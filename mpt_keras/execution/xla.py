@@ -15,12 +15,12 @@ from mpt_keras import compat
 from mpt_keras.backend.tensorflow import train_function
 from mpt_keras.backend.tensorflow.compiled import xla_function
 from mpt_keras.backend.tensorflow.distribute import on_one_device
-from mpt_keras.backend.tensorflow.multi_worker_fit import support_multi_worker_fit
+from mpt_keras.backend.tensorflow.distributed_fit import support_distributed_fit
 from mpt_keras.checks import refusal
 from mpt_keras.errors import UserInputError
 from mpt_keras.execution.replica_step import make_forward_backward, make_step
 
-# What compile_model sets on a model, removed (with `support_multi_worker_fit`'s) on re-compile.
+# What compile_model sets on a model, removed (with `support_distributed_fit`'s) on re-compile.
 _INSTALLED_ATTRIBUTES = ("train_step", "test_step")
 
 
@@ -57,7 +57,7 @@ def compile_model(
     compat.restore_maybe_symbolic_build(model)
     model.train_step = _replica_train_step(model, jit_compile)
     train_function.install(model)
-    support_multi_worker_fit(model)
+    support_distributed_fit(model)
 
 
 def _replica_train_step(model: keras.Model, jit_compile: bool) -> Callable[[Any], dict[str, Any]]:

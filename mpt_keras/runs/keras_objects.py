@@ -101,7 +101,8 @@ def fresh_metric(metric: Any) -> Any:
 
 def _no_runtime_started() -> Any:
     """On TensorFlow, a graph of its own: checking a name must not start TF's runtime (which
-    would fix the CPU's devices before a strategy splits them); JAX starts nothing here."""
+    would fix the CPU's devices before a strategy splits them). On JAX the metric made here
+    starts JAX: `run_training` splits its CPU before (`placement.make_placement`)."""
     if current.is_jax():
         return contextlib.nullcontext()
     from mpt_keras.backend.tensorflow.devices import graph_of_its_own

@@ -4,7 +4,7 @@ tf.summary, tf.data and TFDS.
 distribute.py        strategies by name
 tpu_connection.py    the `tpu` strategy's connection, with bounded waits
 multi_worker.py      a `multi_worker` cluster: TF_CONFIG checked, a dead peer reported
-multi_worker_fit.py  Keras' `fit` and `evaluate` across workers
+distributed_fit.py   Keras' `fit` and `evaluate` under a strategy (across workers too)
 workers.py           which worker writes files (`is_chief`, `worker_write_dir`)
 tf_errors.py         TF error messages cut to their first sentence
 values.py            dense, ragged and sparse tensors' values

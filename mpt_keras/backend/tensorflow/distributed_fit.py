@@ -18,7 +18,7 @@ from mpt_keras import compat
 from mpt_keras.backend.tensorflow.multi_worker import in_multi_worker_mode
 
 
-def support_multi_worker_fit(model: keras.Model) -> None:
+def support_distributed_fit(model: keras.Model) -> None:
     """Lets `fit` and `evaluate` run under a tf.distribute strategy; call after compiling,
     inside the strategy's scope.
 
