@@ -8,11 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import tensorflow as tf
-
 from benchmarks import harness, workloads
 from benchmarks.suite_settings import Settings, Variant
-from mpt_keras.execution import jit_rule
+from mpt_keras.backend import current
 
 AUTO_TOLERANCE = 1.05
 
@@ -28,12 +26,11 @@ def auto_choices(
     are compared only when both XLA settings were measured (else None).
     """
     stack = "ours" if "ours" in settings.stacks else settings.stacks[0]
-    strategy = tf.distribute.get_strategy()
     choices = {}
     for model, workload in measured_models.items():
         built = workload.build()
         for precision in settings.precisions:
-            jit_compile, reason = jit_rule.resolve_jit_compile("auto", strategy, precision, built)
+            jit_compile, reason = _auto(precision, built)
             times = {
                 setting: step_seconds[Variant(model, precision, setting, stack).name]
                 for setting in settings.xla
@@ -55,3 +52,16 @@ def auto_choices(
                 entry["within_tolerance"] = entry["step_time_over_best"] <= AUTO_TOLERANCE
             choices[f"{model}/{precision}"] = entry
     return choices
+
+
+def _auto(precision: str, model: Any) -> tuple[bool, str]:
+    """What `jit_compile="auto"` picks for `model` in `precision`, and why: the run's rule."""
+    if current.is_jax():
+        from mpt_keras.runs.assembly import jax_jit_compile
+
+        return jax_jit_compile("auto")
+    import tensorflow as tf
+
+    from mpt_keras.execution import jit_rule
+
+    return jit_rule.resolve_jit_compile("auto", tf.distribute.get_strategy(), precision, model)

@@ -1,6 +1,6 @@
 """The suite's plot: achieved FLOP/s per variant against the measured matmul peaks.
 
-Drawn with numpy and `tf.io.encode_png` in a built-in 3x5 pixel font (as
+Drawn with numpy and `mpt_keras.images.encode_png` in a built-in 3x5 pixel font (as
 `mpt_keras.validation.loss_curves` draws), so the benchmarks need no plotting library.
 """
 
@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-import tensorflow as tf
+
+from mpt_keras.images import encode_png
 
 # Each glyph: 5 rows of 3 pixels, a row as 3 binary digits.
 _GLYPHS = {
@@ -114,7 +115,7 @@ def plot_throughput(
             f"{dtype} {value:.0f}",
             _PEAK_COLORS.get(dtype, _TEXT),
         )
-    return tf.io.encode_png(image).numpy()
+    return encode_png(image)
 
 
 def _text(

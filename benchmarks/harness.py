@@ -8,6 +8,7 @@ adjacent in time, so the latter is the least disturbed by other load.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import platform
@@ -20,10 +21,11 @@ from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from benchmarks import result_files
-from mpt_keras import models
+from mpt_keras import compat, models
+from mpt_keras.backend import current
+from mpt_keras.compat import jax_trainer
 from mpt_keras.precision.hardware import PROC_CPUINFO, probe_hardware
 
 VOCAB_SIZE = 256
@@ -31,28 +33,71 @@ IMAGE_SHAPE = (8, 8, 1)
 NUM_CLASSES = 10
 
 
-def token_batches(batch_size: int, sequence_length: int) -> tf.data.Dataset:
+def token_batches(batch_size: int, sequence_length: int) -> Any:
     """Endless (tokens, next tokens) batches of random bytes."""
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 256, size=(batch_size * 8, sequence_length + 1), dtype=np.int32)
+    return endless_batches(tokens[:, :-1], tokens[:, 1:], batch_size)
+
+
+def image_batches(batch_size: int) -> Any:
+    """Endless (8x8 image, label) batches of random values."""
+    rng = np.random.default_rng(0)
+    images = rng.normal(size=(batch_size * 8, *IMAGE_SHAPE)).astype(np.float32)
+    labels = rng.integers(0, NUM_CLASSES, size=batch_size * 8, dtype=np.int32)
+    return endless_batches(images, labels, batch_size)
+
+
+def endless_batches(x: np.ndarray, y: np.ndarray, batch_size: int) -> Any:
+    """`(x, y)` in full batches, repeated without end: a `tf.data.Dataset`, or on JAX an
+    iterable of NumPy batches (each step's copied to the device as `fit` copies it)."""
+    if current.is_jax():
+        return _Cycle(
+            [
+                (x[start : start + batch_size], y[start : start + batch_size])
+                for start in range(0, len(x) - batch_size + 1, batch_size)
+            ]
+        )
+    import tensorflow as tf
+
     return (
-        tf.data.Dataset.from_tensor_slices((tokens[:, :-1], tokens[:, 1:]))
+        tf.data.Dataset.from_tensor_slices((x, y))
         .batch(batch_size, drop_remainder=True)
         .repeat()
         .prefetch(tf.data.AUTOTUNE)
     )
 
 
-def image_batches(batch_size: int) -> tf.data.Dataset:
-    """Endless (8x8 image, label) batches of random values."""
-    rng = np.random.default_rng(0)
-    images = rng.normal(size=(batch_size * 8, *IMAGE_SHAPE)).astype(np.float32)
-    labels = rng.integers(0, NUM_CLASSES, size=batch_size * 8, dtype=np.int32)
-    return (
-        tf.data.Dataset.from_tensor_slices((images, labels))
-        .batch(batch_size, drop_remainder=True)
-        .repeat()
-        .prefetch(tf.data.AUTOTUNE)
+class _Cycle:
+    """Its batches, in order, without end, at each `iter`."""
+
+    def __init__(self, batches: Sequence[Any]):
+        self._batches = batches
+
+    def __iter__(self) -> Any:
+        return itertools.cycle(self._batches)
+
+
+def step_iterator(batches: Any) -> Any:
+    """The iterator a train step takes its batch from: a dataset's, or on JAX each batch put on
+    the device first, as Keras' JAX `fit` does."""
+    if not current.is_jax():
+        return iter(batches)
+    import jax
+
+    return map(jax.device_put, iter(batches))
+
+
+def input_spec(batches: Any) -> Any:
+    """The inputs' spec of a batch of `batches`: a dataset's `tf.TensorSpec`s, or on JAX
+    `jax.ShapeDtypeStruct`s of its first batch (nested as the inputs are)."""
+    if not current.is_jax():
+        return keras.utils.unpack_x_y_sample_weight(batches.element_spec)[0]
+    import jax
+
+    inputs = keras.utils.unpack_x_y_sample_weight(next(iter(batches)))[0]
+    return keras.tree.map_structure(
+        lambda array: jax.ShapeDtypeStruct(np.shape(array), array.dtype), inputs
     )
 
 
@@ -80,7 +125,7 @@ def reference_model(name: str, sequence_length: int, num_layers: int, d_model: i
     return build_cnn() if name == "cnn" else build_mlp()
 
 
-def reference_batches(name: str, batch_size: int, sequence_length: int) -> tf.data.Dataset:
+def reference_batches(name: str, batch_size: int, sequence_length: int) -> Any:
     """Endless batches for the reference model `name`."""
     if name == "transformer_lm":
         return token_batches(batch_size, sequence_length)
@@ -106,12 +151,20 @@ class FitLoop:
     Each call runs more steps of one endless epoch, the callbacks' batch hooks
     around each, through a `CallbackList` made as `fit` makes it (so hooks are
     dispatched as in `fit`). Unlike a `fit` per round, the start and end of
-    training are paid once (here and in `end`), as in a real run.
+    training are paid once (here and in `end`), as in a real run. On JAX the
+    state stays on the device between steps, as in `fit`: `sync` puts it back in
+    the variables before they are read.
     """
 
     def __init__(self, model: keras.Model, iterator: Any, callbacks: Sequence[Any] = ()):
         self._model = model
         self._iterator = iterator
+        if current.is_jax() and not model.optimizer.built:
+            # As JAX's `fit` builds (its step needs a built optimizer): from the first batch's
+            # specs, which the first step then takes.
+            first = next(iterator)
+            compat.symbolic_build(model, first)
+            self._iterator = itertools.chain([first], iterator)
         model.make_train_function()
         self._callbacks = keras.callbacks.CallbackList(
             list(callbacks), add_history=True, model=model, verbose=0, epochs=1, steps=None
@@ -119,22 +172,36 @@ class FitLoop:
         self._callbacks.on_train_begin()
         self._callbacks.on_epoch_begin(0)
         self._step = 0
+        self._state = None  # JAX's, between steps.
 
     def __call__(self, steps: int) -> float:
         """Runs `steps` steps; returns their seconds, the last one finished."""
         start = time.perf_counter()
         for _ in range(steps):
             self._callbacks.on_train_batch_begin(self._step)
-            logs = self._model.train_function(self._iterator)
+            logs = self._train_step()
             self._callbacks.on_train_batch_end(self._step, logs)
             self._step += 1
         float(logs["loss"])  # Waits for the last step.
         return time.perf_counter() - start
 
+    def _train_step(self) -> dict[str, Any]:
+        if current.is_jax():
+            logs, self._state = jax_trainer.fit_train_step(self._model, self._state, self._iterator)
+            return logs
+        return self._model.train_function(self._iterator)
+
+    def sync(self) -> None:
+        """Puts the trained state back in the model's variables (on JAX; on TensorFlow they
+        hold it)."""
+        if current.is_jax():
+            self._model.jax_state_sync()
+
     def end(self) -> None:
         """Ends training for the callbacks (a monitor writes its last interval)."""
         self._callbacks.on_epoch_end(0, {})
         self._callbacks.on_train_end()
+        self.sync()
 
 
 def interleave(
@@ -174,20 +241,33 @@ def report(result: Mapping[str, Any], lines: list[str], output: str | None) -> N
 
 
 def devices() -> list[str]:
+    """The backend's devices, by name."""
+    if current.is_jax():
+        return result_files.jax_machine()["devices"]
+    import tensorflow as tf
+
     return [device.name for device in tf.config.list_logical_devices()]
 
 
 def machine() -> dict[str, Any]:
     """The machine and software measured on, for a result's JSON."""
     cpu_flags = probe_hardware(PROC_CPUINFO).cpu_flags  # The machine's, whatever `auto` reads.
-    return {
+    described = {
         "cpu": result_files.cpu_model(),
         "cpu_count": os.cpu_count(),
         "cpu_flags": sorted(result_files.LOW_PRECISION_CPU_FLAGS.intersection(cpu_flags)),
         "platform": platform.platform(),
-        "tensorflow": tf.__version__,
+    }
+    if current.is_jax():
+        described["jax"] = result_files.jax_machine()["jax"]
+    else:
+        import tensorflow as tf
+
+        described["tensorflow"] = tf.__version__
+        described["onednn"] = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default")
+    return {
+        **described,
         "keras": keras.__version__,
-        "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default"),
         "devices": devices(),
         "process_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }

@@ -163,14 +163,15 @@ def _prepare(
             loss=workload.loss,
             float8_layers=float8_layers,
         )
-        iterator = iter(dataset)
+        iterator = harness.step_iterator(dataset)
         loop = harness.FitLoop(model, iterator, callbacks)
         loop(1)
     memory = variant_memory.step_memory(
         model, iterator, settings.memory_steps, memory_device, memory_before
     )
+    loop.sync()  # What follows reads the variables.
     memory["variable_bytes"] = variant_memory.variable_bytes(model)
-    input_spec = keras.utils.unpack_x_y_sample_weight(dataset.element_spec)[0]
+    input_spec = harness.input_spec(dataset)
     census = None
     if variant.float8:  # After the memory reading: the census compiles the step again.
         census = take_census(model, next(iter(dataset)), xla=variant.xla == "on")

@@ -3,7 +3,8 @@
 Op time is summed over the executor's threads (it can exceed a step's wall
 time; its fractions say where the work is). An XLA-compiled step is one
 opaque cluster: profile with XLA off. `speedup_with_peak_matmuls` says what
-faster matmuls alone could gain: below a goal, they cannot reach it.
+faster matmuls alone could gain: below a goal, they cannot reach it. TensorFlow only: on
+Keras' JAX backend `profile_steps` is refused (`suite.measure`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,6 @@ import glob
 import os
 import re
 from collections.abc import Callable, Mapping
-
-import tensorflow as tf
-from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 CATEGORIES = ("matmul", "cast", "other")
 # Matrix products (oneDNN's `_Mkl*` rewrites and gradients included).
@@ -37,6 +35,8 @@ def capture(run_steps: Callable[[int], object], steps: int, log_dir: str) -> str
     The trace (under `log_dir`, TensorBoard's `plugins/profile` layout) opens
     in TensorBoard's Profile tab (`tensorboard-plugin-profile`).
     """
+    import tensorflow as tf
+
     tf.profiler.experimental.start(log_dir)
     try:
         run_steps(steps)
@@ -51,6 +51,8 @@ def capture(run_steps: Callable[[int], object], steps: int, log_dir: str) -> str
 def op_seconds(trace_path: str, steps: int) -> dict[str, float]:
     """Seconds per step of each op type the executor ran (read from the `.xplane.pb`
     trace), most first."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
     space = xplane_pb2.XSpace()
     with open(trace_path, "rb") as file:
         space.ParseFromString(file.read())

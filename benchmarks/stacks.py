@@ -2,7 +2,9 @@
 
     stock                   the global policy; `keras.optimizers.LossScaleOptimizer` in
                             `mixed_float16`, else the plain optimizer; `model.compile`
-    train_step              `xla.compile_model`: the toolkit's train step
+    train_step              `xla.compile_model`: the toolkit's train step (TensorFlow's; on
+                            Keras' JAX backend `model.compile` gives our step with our
+                            optimizer: `scaling.compile_hook`)
     loss_scale_optimizer    `mpt_keras.LossScaleOptimizer`: dynamic in `mixed_float16`,
                             else a fixed scale of 1 that still skips non-finite steps
     manifest                `PrecisionManifest(default=precision)`: the safe defaults
@@ -19,8 +21,8 @@ from typing import Any
 
 import keras
 
+from mpt_keras.backend import current
 from mpt_keras.checks import refusal
-from mpt_keras.execution import xla
 from mpt_keras.precision.float8 import to_float8
 from mpt_keras.precision.manifest import PrecisionManifest
 from mpt_keras.scaling.optimizer import LossScaleOptimizer
@@ -72,7 +74,9 @@ def compile_stack(
         optimizer = keras.optimizers.LossScaleOptimizer(inner)
     else:
         optimizer = inner
-    if "train_step" in pieces:
+    if "train_step" in pieces and not current.is_jax():
+        from mpt_keras.execution import xla
+
         xla.compile_model(model, optimizer=optimizer, loss=loss, jit_compile=jit_compile)
     else:
         model.compile(optimizer=optimizer, loss=loss, jit_compile=jit_compile)

@@ -33,6 +33,8 @@ from benchmarks import (
     workloads,
 )
 from benchmarks.suite_settings import Settings, variants
+from mpt_keras.backend import current
+from mpt_keras.errors import UserInputError
 from mpt_keras.files import check_writable_dir
 from mpt_keras.precision.hardware import probe_hardware
 
@@ -48,8 +50,14 @@ def measure(settings: Settings, profile_dir: str | None = None) -> dict[str, Any
 
     Raises:
         UserInputError: For a config whose model, data or loss cannot be
-            resolved, loaded or built (before anything is measured).
+            resolved, loaded or built, or `profile_steps` on JAX (before anything is
+            measured).
     """
+    if settings.profile_steps and current.is_jax():
+        raise UserInputError(
+            f"profile_steps {settings.profile_steps}: the op profile reads TensorFlow's "
+            "profiler, and this is Keras' JAX backend. Allowed here: 0 (no profile)"
+        )
     measured_models = workloads_of(settings)
     peak = matmul_peak.measure_matmul_peak(settings.matmul_size, settings.matmul_rounds)
     measured = measuring.measure_variants(settings, measured_models, profile_dir)

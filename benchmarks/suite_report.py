@@ -57,8 +57,9 @@ def table(result: dict[str, Any]) -> str:
     machine = result["machine"]
     lines.append(
         f"machine: {machine['cpu']}, {machine['cpu_count']} cores, "
-        f"flags {' '.join(machine['cpu_flags']) or 'none'}; TensorFlow {machine['tensorflow']}, "
-        f"Keras {machine['keras']}"
+        f"flags {' '.join(machine['cpu_flags']) or 'none'}; "
+        + (f"JAX {machine['jax']}" if "jax" in machine else f"TensorFlow {machine['tensorflow']}")
+        + f", Keras {machine['keras']}"
     )
     return "\n".join(lines) + "\n"
 

@@ -1,6 +1,8 @@
 """A variant's memory, from TensorFlow's allocator statistics around its first train steps.
 
 Its own module: which allocator keeps statistics, and what they count, is a concern apart.
+On Keras' JAX backend the peak is not read: JAX cannot reset a device's peak between variants
+(a GPU's `peak_bytes_in_use` is the process's), and a CPU device keeps no statistics.
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ import os
 from typing import Any
 
 import keras
-import tensorflow as tf
+
+from mpt_keras.backend import current
 
 _METHOD = (
     "tf.config.experimental.get_memory_info('{device}'), one variant at a time after its "
@@ -23,6 +26,12 @@ _METHOD = (
 
 def method(device: str | None, steps: int) -> str:
     """How the memory figures were read, for the result's `methods`."""
+    if current.is_jax():
+        return (
+            "peak_memory_bytes, step_memory_bytes not measured: JAX cannot reset a device's "
+            "peak between variants. variable_bytes: exact bytes of the model's and optimizer's "
+            "variables"
+        )
     if not device:
         return "not measured: TensorFlow tracks no device's memory here"
     bfc = os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "unset")
@@ -30,7 +39,12 @@ def method(device: str | None, steps: int) -> str:
 
 
 def memory_device() -> str | None:
-    """The device whose allocator statistics the suite reads; None if it tracks none."""
+    """The device whose allocator statistics the suite reads; None if it tracks none (or on
+    JAX)."""
+    if current.is_jax():
+        return None
+    import tensorflow as tf
+
     device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
     try:
         tf.config.experimental.get_memory_info(device)
@@ -41,7 +55,11 @@ def memory_device() -> str | None:
 
 def current_bytes(device: str | None) -> int:
     """What the allocator of `device` holds now (0 without statistics)."""
-    return tf.config.experimental.get_memory_info(device)["current"] if device else 0
+    if not device:
+        return 0
+    import tensorflow as tf
+
+    return tf.config.experimental.get_memory_info(device)["current"]
 
 
 def step_memory(
@@ -52,6 +70,8 @@ def step_memory(
     allocated when the steps began; both None without statistics."""
     if device is None:
         return {"peak_bytes": None, "step_bytes": None}
+    import tensorflow as tf
+
     resident = current_bytes(device)
     tf.config.experimental.reset_memory_stats(device)
     for _ in range(steps):

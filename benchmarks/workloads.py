@@ -18,7 +18,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import keras
-import tensorflow as tf
 
 from benchmarks import harness
 from mpt_keras import models
@@ -37,15 +36,15 @@ class Workload:
         name: Its name in the variants' names.
         build: Returns the model, in the current global dtype policy, with the
             same initial weights at every call.
-        batches: Returns its endless dataset of full train batches, the same
-            at every call.
+        batches: Returns its endless stream of full train batches, the same at every
+            call: a `tf.data.Dataset`, or on JAX an iterable of NumPy batches.
         tokens_per_example: Of a sequence model (for tokens per second), else `None`.
         description: What the result's `models` says about it (JSON-ready).
     """
 
     name: str
     build: Callable[[], keras.Model]
-    batches: Callable[[], tf.data.Dataset]
+    batches: Callable[[], Any]
     loss: Any
     batch_size: int
     tokens_per_example: int | None
@@ -113,7 +112,7 @@ def from_config(config: TrainConfig, name: str) -> Workload:
         config.seed,
         shuffle_buffer=config.data.shuffle_buffer,
     )
-    inputs = keras.utils.unpack_x_y_sample_weight(batches().element_spec)[0]
+    inputs = harness.input_spec(batches())
     source = {key: value for key, value in dataclasses.asdict(config.model).items() if value}
     return Workload(
         name=name,
@@ -135,11 +134,16 @@ def from_config(config: TrainConfig, name: str) -> Workload:
 
 
 def describe_inputs(spec: Any) -> Any:
-    """`{"shape": [...], "dtype": ...}` in place of each `tf.TensorSpec` of a batch's
-    input spec (nested as it is); `None` for a spec of another kind."""
+    """`{"shape": [...], "dtype": ...}` in place of each leaf of a batch's input spec (a
+    `tf.TensorSpec`, or anything with a shape and dtype), nested as it is; `None` for a spec
+    of another kind."""
     try:
-        return tf.nest.map_structure(
-            lambda leaf: {"shape": leaf.shape.as_list(), "dtype": leaf.dtype.name}, spec
+        return keras.tree.map_structure(
+            lambda leaf: {
+                "shape": list(leaf.shape),
+                "dtype": keras.backend.standardize_dtype(leaf.dtype),
+            },
+            spec,
         )
     except (AttributeError, TypeError, ValueError):
         return None

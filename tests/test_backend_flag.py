@@ -47,11 +47,12 @@ def test_a_backend_keras_no_longer_can_have_is_one_line():
     )
 
 
-def test_mpt_bench_lists_only_tensorflow():
+def test_mpt_bench_takes_either_backend_and_refuses_one_keras_no_longer_can_have():
     result = launch_in_process("mpt-bench", "--backend=jax")
     assert (result.status, result.stderr.strip()) == (
         2,
-        "mpt-bench: error: flag --backend=jax: value should be one of <tensorflow>",
+        "mpt-bench: error: --backend=jax: Keras is already loaded with backend tensorflow in "
+        "this process. Allowed: --backend=tensorflow, or a new process",
     )
 
 

@@ -17,9 +17,6 @@ from absl import flags
 from mpt_keras.backend.names import BACKENDS
 from mpt_keras.errors import UserInputError
 
-# mpt-bench's (its suite measures TensorFlow's steps): docs/backends.md.
-TENSORFLOW_ONLY = ("tensorflow",)
-
 
 def select(argv: Sequence[str] | None = None) -> None:
     """Sets `KERAS_BACKEND` from `--backend` in `argv` (the command line) while Keras is not

@@ -28,6 +28,10 @@ twin with every Dense and EinsumDense layer in float8
 without float8, and `emulated` after its name unless float8 matmuls run on
 float8 units (XLA on GPUs of compute capability 8.9 or newer): on a CPU
 float8 is emulated, and slower (`benchmarks.float8_variants`).
+
+On Keras' JAX backend (`--backend=jax`, the only one on a machine without TensorFlow) the
+same suite runs the steps as JAX's `fit` does, with XLA on unless `--xla` says otherwise;
+memory peaks and `--profile_steps` are TensorFlow's: docs/backends.md.
 """
 
 from __future__ import annotations
@@ -45,12 +49,11 @@ from mpt_keras.precision.names import POLICY_NAMES
 from trainers import backend_flag, cli, field_flags
 from trainers.field_flags import FieldFlag
 
-# The suite's flags take their defaults from it, which imports TensorFlow: quietly.
-try:
-    cli.import_tensorflow()
-    from benchmarks import result_files, suite, suite_settings
-except ModuleNotFoundError as missing:  # A JAX-only machine: benchmarks/gpu_check.py is its.
-    sys.exit(f"mpt-bench: error: it needs {missing.name}, which cannot be imported here")
+# The suite's flags take their defaults from it, which imports Keras (and TensorFlow on its
+# backend): quietly.
+cli.import_tensorflow()
+from benchmarks import result_files, suite, suite_settings  # noqa: E402
+from mpt_keras.backend import current  # noqa: E402
 
 _CONFIG = flags.DEFINE_string(
     "config",
@@ -68,7 +71,10 @@ _SETTINGS = field_flags.define(
             default=suite_settings.MODELS,
         ),
         "precisions": FieldFlag(f"Precisions, of {', '.join(POLICY_NAMES)}."),
-        "xla": FieldFlag(f"XLA settings, of {', '.join(suite_settings.XLA_SETTINGS)}."),
+        "xla": FieldFlag(
+            f"XLA settings, of {', '.join(suite_settings.XLA_SETTINGS)}; on Keras' JAX backend "
+            "the default is on alone (off runs the step op by op)."
+        ),
         "stacks": FieldFlag(
             "ours (manifest + mpt_keras.LossScaleOptimizer + monitor) and/or stock (Keras alone)."
         ),
@@ -92,7 +98,8 @@ _SETTINGS = field_flags.define(
         ),
         "profile_steps": FieldFlag(
             "Steps per XLA-off variant under the TensorFlow profiler, after the timed rounds; "
-            "0 profiles nothing. Traces go to <output>/profile.",
+            "0 profiles nothing (and only 0 on Keras' JAX backend). Traces go to "
+            "<output>/profile.",
             lower_bound=0,
         ),
     },
@@ -114,12 +121,15 @@ _CONFIG_DECIDES = {
 }
 
 
-_BACKEND = backend_flag.define(__name__, backend_flag.TENSORFLOW_ONLY)
+_BACKEND = backend_flag.define(__name__)
+# On Keras' JAX backend `--xla=off` runs the step op by op in Python (`jit_compile=False`):
+# measured only when asked.
+_JAX_XLA = ("on",)
 
 
 def main(argv: Sequence[str]) -> None:
     del argv  # Checked by cli.run.
-    backend_flag.check("mpt-bench", _BACKEND.value, backend_flag.TENSORFLOW_ONLY)
+    backend_flag.check("mpt-bench", _BACKEND.value)
     config = None
     if _CONFIG.value is not None:
         for name, key in _CONFIG_DECIDES.items():
@@ -132,6 +142,8 @@ def main(argv: Sequence[str]) -> None:
     elif _CONFIG_OVERRIDE.value is not None:
         raise UserInputError("--config_override: received without --config. Allowed: with --config")
     values = field_flags.values(_SETTINGS)
+    if current.is_jax() and not flags.FLAGS["xla"].present:
+        values["xla"] = _JAX_XLA
     if config:
         values["models"] = None  # The config's own model.
     settings = suite_settings.Settings(

@@ -1,5 +1,6 @@
-"""Touches of Keras' JAX trainer: the metric update the loss-scaling train step reuses, and
-the stateless scope a JAX train step reads its variables through."""
+"""Touches of Keras' JAX trainer: the metric update the loss-scaling train step reuses, the
+stateless scope a JAX train step reads its variables through, and `fit`'s step loop
+(`mpt-bench` times steps as `fit` runs them)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,31 @@ def stateless_value(variable: keras.Variable) -> Any:
 
     scope = get_stateless_scope()
     return None if scope is None else scope.get_current_value(variable)
+
+
+_STATE_PARTS = (
+    "trainable_variables",
+    "non_trainable_variables",
+    "optimizer_variables",
+    "metrics_variables",
+)
+
+
+def fit_train_step(model: keras.Model, state: Any, iterator: Any) -> tuple[dict[str, Any], Any]:
+    """One train step on `next(iterator)` as Keras' JAX `fit` runs it: `(logs, state)`.
+
+    The state passes from step to step on the device (`state` None at the first step). It is
+    taken from the variables (which give up their values, as in `fit`) only when they hold
+    it: at the first step, or after a callback synced it (`model.jax_state_sync()`, which
+    puts it back). Call `make_train_function` first, and `jax_state_sync` before reading a
+    variable.
+    """
+    if state is None or model._jax_state_synced:
+        state = model._get_jax_state(
+            **dict.fromkeys(_STATE_PARTS, True), purge_model_variables=True
+        )
+        model._jax_state_synced = False
+    logs, state = model.train_function(state, iterator)
+    # Where callbacks sync it from (Keras keeps its own copy: it tracks the attribute's lists).
+    model._jax_state = dict(zip(_STATE_PARTS, state, strict=True))
+    return logs, state

@@ -100,7 +100,7 @@ def _compile(
         "metrics": _metrics_per_output(model, components.metrics, labels),
     }
     if current.is_jax():
-        jit_compile, jit_reason = _jax_jit_compile(config.jit_compile)
+        jit_compile, jit_reason = jax_jit_compile(config.jit_compile)
         model.compile(**compiled, jit_compile=jit_compile)  # Our step: scaling.compile_hook.
     else:
         from mpt_keras.backend.tensorflow.distribute import current_strategy
@@ -236,7 +236,7 @@ def make_optimizer(config: TrainConfig, report: PrecisionReport) -> LossScaleOpt
     return LossScaleOptimizer(inner, **scaling)  # The config checked the settings.
 
 
-def _jax_jit_compile(setting: str) -> tuple[bool, str]:
+def jax_jit_compile(setting: str) -> tuple[bool, str]:
     """`(jit_compile, reason)` on JAX, where Keras compiles each step with XLA unless told not."""
     if setting == "auto":
         return True, "jit_compile=auto: on Keras' jax backend XLA compiles every step"
