@@ -159,9 +159,9 @@ class FitLoop:
     def __init__(self, model: keras.Model, iterator: Any, callbacks: Sequence[Any] = ()):
         self._model = model
         self._iterator = iterator
-        if current.is_jax() and not model.optimizer.built:
-            # As JAX's `fit` builds (its step needs a built optimizer): from the first batch's
-            # specs, which the first step then takes.
+        if current.is_jax():
+            # As JAX's `fit` builds what is not (its step needs a built optimizer): from the
+            # first batch's specs, which the first step then takes.
             first = next(iterator)
             compat.symbolic_build(model, first)
             self._iterator = itertools.chain([first], iterator)

@@ -1,10 +1,12 @@
 """`--backend` (trainers/backend_flag.py): Keras' backend chosen before Keras is imported."""
 
 import os
+import shutil
+import subprocess
 import sys
 
 import pytest
-from launchers import launch_console_script, launch_in_process
+from launchers import launch_console_script, launch_in_process, without_tensorflow
 
 from trainers import backend_flag
 
@@ -75,3 +77,30 @@ def _unset_keras_backend(monkeypatch):
     left set would give the worker's later processes the JAX backend)."""
     monkeypatch.setenv("KERAS_BACKEND", "")
     monkeypatch.delenv("KERAS_BACKEND")
+
+
+@pytest.mark.parametrize("program", ["mpt-train", "mpt-bench"])
+def test_a_backend_keras_cannot_load_is_one_line(tmp_path, program):
+    """As on a machine without TensorFlow (the lent GPUs) when no backend is chosen: Keras'
+    default is TensorFlow. A process of its own, whose Keras has not loaded yet."""
+    env = without_tensorflow()
+    env.pop("KERAS_BACKEND", None)
+    env["KERAS_HOME"] = str(tmp_path)  # No keras.json choosing another backend.
+    script = shutil.which(program) or os.path.join(os.path.dirname(sys.executable), program)
+    argv = (
+        [f"--config={CONFIG}", f"--model_dir={tmp_path / 'run'}"] if program == "mpt-train" else []
+    )
+    done = subprocess.run(
+        [script, *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (done.returncode, done.stderr.strip()) == (
+        2,
+        f"{program}: error: Keras cannot load its backend (its default or "
+        "~/.keras/keras.json's) here: no module named 'tensorflow'. Allowed: --backend=jax or "
+        "--backend=tensorflow, whichever is installed",
+    )
+    assert not (tmp_path / "run").exists()

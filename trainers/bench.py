@@ -50,8 +50,12 @@ from trainers import backend_flag, cli, field_flags
 from trainers.field_flags import FieldFlag
 
 # The suite's flags take their defaults from it, which imports Keras (and TensorFlow on its
-# backend): quietly.
-cli.import_tensorflow()
+# backend): quietly, before the flags are read, so a backend that cannot load is said here.
+try:
+    cli.import_tensorflow()
+except UserInputError as error:
+    print(f"mpt-bench: error: {error}", file=sys.stderr)
+    sys.exit(2)
 from benchmarks import result_files, suite, suite_settings  # noqa: E402
 from mpt_keras.backend import current  # noqa: E402
 

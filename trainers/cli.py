@@ -118,18 +118,26 @@ def import_tensorflow() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     # Else only oneDNN's allocator (AVX512 CPUs) keeps statistics, of allocations >= 256 KiB.
     os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
-    if "keras" in sys.modules or os.environ.get("MPT_SHOW_TF_STARTUP") == "1":
-        import keras  # noqa: F401  (already loaded, or loaded with its lines shown)
+    try:
+        if "keras" in sys.modules or os.environ.get("MPT_SHOW_TF_STARTUP") == "1":
+            import keras  # noqa: F401  (already loaded, or loaded with its lines shown)
 
-        return
-    with _native_stderr_silenced():
-        import keras
+            return
+        with _native_stderr_silenced():
+            import keras
 
-        if keras.backend.backend() == "tensorflow":
-            import tensorflow as tf
+            if keras.backend.backend() == "tensorflow":
+                import tensorflow as tf
 
-            # The CUDA start-up lines; logical devices stay configurable after it.
-            tf.config.list_physical_devices()
+                # The CUDA start-up lines; logical devices stay configurable after it.
+                tf.config.list_physical_devices()
+    except ModuleNotFoundError as missing:  # A machine without TensorFlow, its backend not set.
+        backend = os.environ.get("KERAS_BACKEND") or "its default or ~/.keras/keras.json's"
+        raise UserInputError(
+            f"Keras cannot load its backend ({backend}) here: no module named "
+            f"'{missing.name}'. Allowed: --backend=jax or --backend=tensorflow, whichever is "
+            "installed"
+        ) from None
 
 
 @contextlib.contextmanager
