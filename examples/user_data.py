@@ -47,9 +47,10 @@ def digits_rgb(image_size: int = 32, eval_fraction: float = 0.2, seed: int = 0):
         seed: Seed of the split (the run passes its own).
 
     Returns:
-        `(train, eval, {"num_classes": 10})`.
+        `(train, eval, {"num_classes": 10})`: on Keras' JAX backend arrays, its only kind of
+        data; on TensorFlow, `tf.data.Dataset`s of the same elements.
     """
-    import tensorflow as tf
+    import keras
     from sklearn.datasets import load_digits
 
     digits = load_digits()
@@ -59,8 +60,13 @@ def digits_rgb(image_size: int = 32, eval_fraction: float = 0.2, seed: int = 0):
     held_out = int(len(labels) * eval_fraction)
 
     def split(indices: np.ndarray) -> Any:
-        resized = tf.image.resize(images[indices], (image_size, image_size))
-        return tf.data.Dataset.from_tensor_slices((tf.repeat(resized, 3, axis=-1), labels[indices]))
+        resized = keras.ops.image.resize(images[indices], (image_size, image_size))
+        rgb = np.repeat(keras.ops.convert_to_numpy(resized), 3, axis=-1)
+        if keras.backend.backend() == "jax":
+            return rgb, labels[indices]
+        import tensorflow as tf
+
+        return tf.data.Dataset.from_tensor_slices((rgb, labels[indices]))
 
     return split(order[held_out:]), split(order[:held_out]), {"num_classes": 10}
 

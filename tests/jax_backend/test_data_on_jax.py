@@ -4,6 +4,7 @@ import sys
 
 import numpy as np
 
+from examples.user_data import digits_rgb
 from mpt_keras.config import DataConfig
 from mpt_keras.data import array_batches, load_run_data
 
@@ -32,4 +33,18 @@ def test_the_embedded_python_source_windows_without_tensorflow():
     assert inputs.shape[1] == 32 and inputs.dtype == np.int32
     np.testing.assert_array_equal(inputs[:, 1:], targets[:, :-1])  # Next-token targets.
     assert dict(data.dimensions) == {"vocab_size": 256, "sequence_length": 32}
+    assert "tensorflow" not in sys.modules
+
+
+def test_the_keras_applications_examples_digits_are_arrays_without_tensorflow():
+    """examples/configs/mobilenet_digits.json's data factory, as a user's runs on JAX."""
+    (train_x, train_y), (eval_x, _), dimensions = digits_rgb(image_size=16)
+    assert (train_x.shape, eval_x.shape, train_x.dtype, train_y.shape) == (
+        (1438, 16, 16, 3),
+        (359, 16, 16, 3),
+        np.float32,
+        (1438,),
+    )
+    np.testing.assert_array_equal(train_x[..., 0], train_x[..., 2])  # Grey, in 3 channels.
+    assert dimensions == {"num_classes": 10}
     assert "tensorflow" not in sys.modules
