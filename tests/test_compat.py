@@ -14,6 +14,7 @@ import tensorflow as tf
 from replicas import on_two_cpus, run_on_two_cpus, two_cpu_strategy
 
 from mpt_keras import compat
+from mpt_keras.compat import jax_trainer
 
 # Its two-replica cases run in the two-CPU host (tests/replicas.py).
 pytestmark = on_two_cpus
@@ -28,7 +29,9 @@ def test_every_touched_name_is_there():
 def test_check_names_each_missing_touch(monkeypatch):
     monkeypatch.delattr(tf.distribute.StrategyExtended, "_in_multi_worker_mode")
     monkeypatch.delattr(compat.keras_trainer_class(), "_symbolic_build")
+    monkeypatch.delattr(jax_trainer.jax_trainer_class(), "_get_jax_state")
     assert compat.check() == [
+        "keras.src.backend.jax.trainer.JAXTrainer._get_jax_state",
         "tf.distribute.StrategyExtended._in_multi_worker_mode",
         "keras.Model._symbolic_build",
     ]

@@ -17,7 +17,7 @@ names this Keras no longer has.
                       `producing_node`, `runs_graph`, `graph_calls`,
                       `call_records_restored`
     jax_trainer.py    `update_metrics_variables` (the JAX loss-scaling train step),
-                      `stateless_value`
+                      `stateless_value`, `fit_train_step` (`fit`'s step, for mpt-bench)
     data.py           `dataset_inputs`: the chain of a tf.data pipeline
     inventory.py      `check`: the touched names this Keras or TensorFlow lacks
     tf_distribute.py  TensorFlow's coordination service (multi-worker heartbeats)

@@ -8,6 +8,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from mpt_keras.compat.jax_trainer import jax_trainer_class
 from mpt_keras.compat.optimizers import tf_optimizer_class
 from mpt_keras.compat.trainer import keras_loss_module, keras_trainer_class, tf_trainer_module
 
@@ -41,6 +42,16 @@ def check() -> list[str]:
             require(load(), label, methods)
         except ImportError as error:
             problems.append(f"{label}: {error}")
+    try:
+        jax_trainer = jax_trainer_class()
+    except ImportError:  # No JAX here: its trainer is touched on its backend only.
+        jax_trainer = None
+    if jax_trainer is not None:
+        require(
+            jax_trainer,
+            "keras.src.backend.jax.trainer.JAXTrainer",
+            ["_update_metrics_variables", "_get_jax_state", "jax_state_sync"],
+        )
     interim = getattr(getattr(tf.__internal__, "distribute", None), "interim", None)
     require(interim, "tf.__internal__.distribute.interim", ["maybe_merge_call"])
     extended = tf.distribute.StrategyExtended

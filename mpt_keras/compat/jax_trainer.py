@@ -33,6 +33,13 @@ def stateless_value(variable: keras.Variable) -> Any:
     return None if scope is None else scope.get_current_value(variable)
 
 
+def jax_trainer_class() -> type:
+    """Keras' JAX trainer class, whose private methods this module calls (imports JAX)."""
+    from keras.src.backend.jax.trainer import JAXTrainer
+
+    return JAXTrainer
+
+
 _STATE_PARTS = (
     "trainable_variables",
     "non_trainable_variables",
