@@ -94,7 +94,9 @@ def test_non_finite_numbers_are_written_as_the_toolkit_writes_them():
 
 
 def test_the_table_writes_nonfinite_and_a_dash_for_errors_not_measured():
-    table = format_calibration_table(_statistics().to_json()).splitlines()
+    result = CalibrationResult(_statistics().to_json(), PrecisionManifest("mixed_float16"))
+    table = format_calibration_table(result.statistics).splitlines()
+    assert str(result) == result.table() == "\n".join(table) + "\n"  # print(result) shows it.
 
     assert table == [
         "path  class    act_max  fp16_err   bf16_err  policy          reason",

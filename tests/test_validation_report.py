@@ -68,4 +68,5 @@ def test_the_table_aligns_layers_and_training_indented():
         "  mixed_bfloat16  2.0000      1.5000     1.5000    0.2500\n"
         "candidate skipped steps: 0\n"
     )
+    assert str(report) == report.table()  # print(report) shows it.
     assert report.to_dict()["drift_entry"] == "logits"

@@ -64,8 +64,6 @@ def main(argv: Sequence[str]) -> None:
     config = config_lib.resolve_config(_CONFIG.value, _CONFIG_OVERRIDE.value)
     cli.import_tensorflow()
     backend_flag.check("mpt-calibrate", _BACKEND.value)
-    from mpt_keras.calibration import result as calibration
-
     result = mpt_keras.run_calibration(
         config,
         _OUTPUT.value,
@@ -74,7 +72,7 @@ def main(argv: Sequence[str]) -> None:
         float8=_FLOAT8.value,
         float8_speed=_FLOAT8_SPEED.value,
     )
-    print(calibration.format_calibration_table(result.statistics), end="")
+    print(result.table(), end="")
 
 
 def run() -> None:

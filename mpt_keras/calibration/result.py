@@ -100,6 +100,14 @@ class CalibrationResult:
     def to_json(self) -> str:
         return json.dumps(self.statistics, indent=2, allow_nan=False) + "\n"
 
+    def table(self) -> str:
+        """A row per layer and what decided its policy (`format_calibration_table`)."""
+        return format_calibration_table(self.statistics)
+
+    def __str__(self) -> str:
+        """The table (`print(result)`); `repr` keeps every field."""
+        return self.table()
+
 
 def format_calibration_table(statistics: dict[str, Any]) -> str:
     """`CalibrationResult.statistics` as a table: a row per layer; if float8 rules were asked

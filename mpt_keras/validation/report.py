@@ -59,6 +59,10 @@ class ValidationReport:
         values["drift_entry"] = self.drift_entry()
         return json_safe(values)
 
+    def __str__(self) -> str:
+        """The table (`print(report)`); `repr` keeps every field."""
+        return self.table()
+
     def table(self) -> str:
         lines = [f"candidate {self.candidate} vs {BASELINE}: {'PASS' if self.passed else 'FAIL'}"]
         lines += ["", "checks:"] + [f"  {check.describe()}" for check in self.checks]
