@@ -50,14 +50,10 @@ def image_batches(batch_size: int) -> Any:
 
 def endless_batches(x: np.ndarray, y: np.ndarray, batch_size: int) -> Any:
     """`(x, y)` in full batches, repeated without end: a `tf.data.Dataset`, or on JAX an
-    iterable of NumPy batches (each step's copied to the device as `fit` copies it)."""
+    endless iterator of NumPy batches (each step's copied to the device as `fit` copies it)."""
     if current.is_jax():
-        return _Cycle(
-            [
-                (x[start : start + batch_size], y[start : start + batch_size])
-                for start in range(0, len(x) - batch_size + 1, batch_size)
-            ]
-        )
+        starts = range(0, len(x) - batch_size + 1, batch_size)
+        return itertools.cycle([(x[i : i + batch_size], y[i : i + batch_size]) for i in starts])
     import tensorflow as tf
 
     return (
@@ -66,16 +62,6 @@ def endless_batches(x: np.ndarray, y: np.ndarray, batch_size: int) -> Any:
         .repeat()
         .prefetch(tf.data.AUTOTUNE)
     )
-
-
-class _Cycle:
-    """Its batches, in order, without end, at each `iter`."""
-
-    def __init__(self, batches: Sequence[Any]):
-        self._batches = batches
-
-    def __iter__(self) -> Any:
-        return itertools.cycle(self._batches)
 
 
 def step_iterator(batches: Any) -> Any:

@@ -124,9 +124,15 @@ def describe(result: Mapping[str, Any], source: str) -> str:
     return (
         f"{machine['cpu']}, {machine['cpu_count']} cores, CPU flags {flags}, "
         + (f"devices {' '.join(accelerators)}, " if accelerators else "")
-        + (f"JAX {machine['jax']}" if "jax" in machine else f"TensorFlow {machine['tensorflow']}")
-        + f", Keras {machine['keras']}"
+        + f"{backend_version(machine)}, Keras {machine['keras']}"
     )
+
+
+def backend_version(machine: Mapping[str, Any]) -> str:
+    """`JAX 0.10.2` or `TensorFlow 2.21.0`: the backend a result's `machine` ran on."""
+    if "jax" in machine:
+        return f"JAX {machine['jax']}"
+    return f"TensorFlow {machine['tensorflow']}"
 
 
 def one_machine(results: Sequence[Mapping[str, Any]], source: str) -> str:

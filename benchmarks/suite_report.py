@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from benchmarks import result_files
+
 
 def table(result: dict[str, Any]) -> str:
     """The result as a text table: one row per variant, then the float8, peak and `auto` lines."""
@@ -58,8 +60,7 @@ def table(result: dict[str, Any]) -> str:
     lines.append(
         f"machine: {machine['cpu']}, {machine['cpu_count']} cores, "
         f"flags {' '.join(machine['cpu_flags']) or 'none'}; "
-        + (f"JAX {machine['jax']}" if "jax" in machine else f"TensorFlow {machine['tensorflow']}")
-        + f", Keras {machine['keras']}"
+        f"{result_files.backend_version(machine)}, Keras {machine['keras']}"
     )
     return "\n".join(lines) + "\n"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,13 +43,9 @@ def check() -> list[str]:
             require(load(), label, methods)
         except ImportError as error:
             problems.append(f"{label}: {error}")
-    try:
-        jax_trainer = jax_trainer_class()
-    except ImportError:  # No JAX here: its trainer is touched on its backend only.
-        jax_trainer = None
-    if jax_trainer is not None:
+    with contextlib.suppress(ImportError):  # No JAX here: its trainer is touched on JAX only.
         require(
-            jax_trainer,
+            jax_trainer_class(),
             "keras.src.backend.jax.trainer.JAXTrainer",
             ["_update_metrics_variables", "_get_jax_state", "jax_state_sync"],
         )
