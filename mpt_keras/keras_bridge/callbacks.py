@@ -8,6 +8,7 @@ callback syncs with the device per step.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +46,84 @@ class GlobalStepCallback(keras.callbacks.Callback):
         """Whether `batch` ends no later than the steps counted already: a callback run on
         worker threads (`async_safe`) may get a batch's hook after a later batch's."""
         return self._epoch_start_step + batch + 1 <= self.global_step
+
+
+class WorkerHookCallback(GlobalStepCallback):
+    """A `GlobalStepCallback` whose batch hook may run on Keras' worker thread, behind the
+    steps, on every backend (`async_safe`), while its reads of the model run on the thread
+    running `fit`: on JAX, reading the model syncs its state (`jax_state_sync`), which on a
+    worker would race the next step's donated buffers; a hook run in step pays a wait for the
+    device every step.
+
+    Subclasses set `read_every` and implement `after_batch` (each step's work on its logs, on
+    any thread, no reads of the model) and `read_model` (on `fit`'s thread once a multiple of
+    `read_every` steps is done, after the worker handled that step, before the next one
+    runs: the model's state and the last logs are that step's; and at training's end after
+    the steps since the last read). Keras runs hooks on a worker where its backend is thread
+    safe (JAX, not TensorFlow) and every callback with a batch hook is `async_safe`.
+    """
+
+    async_safe = True
+    read_every = 1
+
+    def __init__(self):
+        super().__init__()
+        self._lock = threading.Lock()  # Keras' workers may run two batch hooks at once.
+        self._handled = threading.Condition()
+        self._handled_step = 0  # The last step whose batch hook is done.
+        self._read_step = 0  # The step the model was last read at (or training began).
+        self._fit_thread: int | None = None
+
+    def after_batch(self, previous_step: int, logs: dict[str, Any]) -> None:
+        """A batch's work on its logs, maybe on a worker: `self.global_step` is the batch's
+        last step, `previous_step` the one before its first."""
+
+    def read_model(self) -> None:
+        """Reads of the model, on `fit`'s thread: see the class."""
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        self._fit_thread = threading.get_ident()
+        self._handled_step = self._read_step = self.global_step
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._catch_up(self._epoch_start_step + batch)
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self._epoch_start_step + batch + 1
+        try:
+            with self._lock:
+                if self.is_older_batch(batch):  # A later batch's hook ran first.
+                    return
+                previous_step = self.global_step
+                super().on_train_batch_end(batch, logs)
+                self.after_batch(previous_step, logs or {})
+        finally:
+            with self._handled:
+                self._handled_step = max(self._handled_step, step)
+                self._handled.notify_all()
+        if threading.get_ident() == self._fit_thread:  # Keras runs the hooks in step.
+            self._catch_up(step)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._catch_up(self.global_step)
+
+    def on_train_end(self, logs=None):
+        if self.global_step > self._read_step:  # The steps since the last read.
+            self._read_step = self.global_step
+            with self._lock:
+                self.read_model()
+
+    def _catch_up(self, step: int) -> None:
+        """`read_model` if a multiple of `read_every` lies in the steps since the last read;
+        `step`: the steps done so far (on `fit`'s thread)."""
+        if not crossed(self._read_step, step, self.read_every):
+            return
+        with self._handled:
+            self._handled.wait_for(lambda: self._handled_step >= step)
+        self._read_step = step
+        with self._lock:
+            self.read_model()
 
 
 class StopAtStep(GlobalStepCallback):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +18,7 @@ import numpy as np
 
 from mpt_keras.backend import current
 from mpt_keras.checks import check_number, refusal
-from mpt_keras.keras_bridge.callbacks import GlobalStepCallback, crossed
+from mpt_keras.keras_bridge.callbacks import WorkerHookCallback, crossed
 from mpt_keras.precision.float8 import float8_statistics, float8_variables
 from mpt_keras.scaling.optimizer import LossScaleOptimizer
 from mpt_keras.telemetry import layout as tags
@@ -29,12 +28,14 @@ from mpt_keras.telemetry.overflow_report import describe_overflow, new_nonfinite
 _LOGGER = logging.getLogger("mpt_keras.telemetry.monitor")
 
 
-class MixedPrecisionMonitor(GlobalStepCallback):
+class MixedPrecisionMonitor(WorkerHookCallback):
     """A Keras callback writing mixed-precision telemetry for TensorBoard (see the module).
 
-    `async_safe`: it reads optimizer and device state only at a write (Keras may run its batch
-    hook on a thread, behind the steps); a step's values are what it logged. Step time leaves
-    out each epoch's first batch (tracing) and between-epoch time. Only the chief writes.
+    No wait for the device per step: Keras may run its batch hook on a worker thread, behind
+    the steps (`WorkerHookCallback`); the model is read at a write, on `fit`'s thread, and a
+    step's values are what it logged. Not so with `diagnosis_data` on JAX: the diagnosis
+    runs the model when a step's logs say so. Step time leaves out each epoch's first batch
+    (tracing) and between-epoch time. Only the chief writes.
 
     Args:
         histogram_freq: Steps between histograms; 0: none.
@@ -51,10 +52,6 @@ class MixedPrecisionMonitor(GlobalStepCallback):
 
     Example: `model.fit(x, y, callbacks=[MixedPrecisionMonitor("/tmp/logs", update_freq=2)])`.
     """
-
-    # Keras runs batch hooks on a thread when all callbacks with one say so. Not on JAX:
-    # reading the model's state there syncs it while the next step may have donated it.
-    async_safe = not current.is_jax()
 
     def __init__(
         self,
@@ -86,7 +83,9 @@ class MixedPrecisionMonitor(GlobalStepCallback):
                 "(docs/backends.md)",
             )
         self.log_dir = log_dir
-        self.update_freq = update_freq
+        self.update_freq = self.read_every = update_freq
+        # On JAX a worker may not read the model (`WorkerHookCallback`); a diagnosis does.
+        self.async_safe = diagnosis_data is None or not current.is_jax()
         self.histogram_freq = histogram_freq
         self.histogram_data = histogram_data
         self.examples_per_step = examples_per_step
@@ -101,7 +100,6 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         self._add_optimizer_scalars: Any = None  # For the model's optimizer, made on first use.
         self._memory_devices: list[str] = []
         self._last_logs: dict[str, Any] = {}
-        self._lock = threading.Lock()
         self._last_batch_end: float | None = None
         # What the current interval started from.
         self._interval_start_step = 0
@@ -136,35 +134,29 @@ class MixedPrecisionMonitor(GlobalStepCallback):
         super().on_epoch_begin(epoch, logs)
         self._last_batch_end = None  # The time between epochs (validation) is not a step's.
 
-    def on_train_batch_end(self, batch, logs=None):
-        # Maybe on a thread, two calls at once (`async_safe`): a lock; a batch arriving after a
-        # later one is dropped (older values).
-        with self._lock:
-            if self.is_older_batch(batch):
-                return
-            previous_step = self.global_step
-            super().on_train_batch_end(batch, logs)
-            if not self._is_writer:
-                return
-            now = time.perf_counter()
-            if self._last_batch_end is not None:
-                self._timed_seconds += now - self._last_batch_end
-                self._timed_steps += self.global_step - previous_step
-            self._last_batch_end = now
-            previous_logs, self._last_logs = self._last_logs, logs or {}
-            if self.diagnosis_data is not None and self._went_wrong(previous_logs):
-                self._diagnose()
-            if crossed(previous_step, self.global_step, self.update_freq):
-                self._write_interval()
-            if self.histogram_freq and crossed(
-                previous_step, self.global_step, self.histogram_freq
-            ):
-                from mpt_keras.telemetry.sample_statistics import write_sample_statistics
+    def after_batch(self, previous_step, logs):
+        if not self._is_writer:
+            return
+        now = time.perf_counter()
+        if self._last_batch_end is not None:
+            self._timed_seconds += now - self._last_batch_end
+            self._timed_steps += self.global_step - previous_step
+        self._last_batch_end = now
+        previous_logs, self._last_logs = self._last_logs, logs
+        if self.diagnosis_data is not None and self._went_wrong(previous_logs):
+            self._diagnose()
+        if self.histogram_freq and crossed(previous_step, self.global_step, self.histogram_freq):
+            from mpt_keras.telemetry.sample_statistics import write_sample_statistics
 
-                activations, gradients = self._sample_pass(*self.histogram_data)
-                write_sample_statistics(self._summaries, self.global_step, activations, gradients)
+            activations, gradients = self._sample_pass(*self.histogram_data)
+            write_sample_statistics(self._summaries, self.global_step, activations, gradients)
+
+    def read_model(self):
+        if self._is_writer:
+            self._write_interval()
 
     def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
         validation = {
             name.removeprefix("val_"): value
             for name, value in (logs or {}).items()
@@ -174,12 +166,9 @@ class MixedPrecisionMonitor(GlobalStepCallback):
             self._summaries.write_scalars("validation", self.global_step, validation)
 
     def on_train_end(self, logs=None):
-        if not self._is_writer:
-            return
-        # Steps since the last write: no overflow goes unreported.
-        if self.global_step > self._interval_start_step:
-            self._write_interval()
-        self._summaries.flush()
+        super().on_train_end(logs)  # Writes the steps since the last write: all overflows.
+        if self._is_writer:
+            self._summaries.flush()
 
     def _went_wrong(self, previous_logs: dict[str, Any]) -> bool:
         """Whether the step skipped (bad batch, scale's floor) or its loss went non-finite."""

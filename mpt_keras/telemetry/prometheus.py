@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import socket
-import threading
 import time
 from typing import Any
 
@@ -18,7 +17,7 @@ import prometheus_client
 from mpt_keras.backend import current
 from mpt_keras.checks import check_number
 from mpt_keras.errors import UserInputError
-from mpt_keras.keras_bridge.callbacks import GlobalStepCallback
+from mpt_keras.keras_bridge.callbacks import WorkerHookCallback
 from mpt_keras.precision.float8 import float8_statistics, float8_variables
 from mpt_keras.scaling.optimizer import LossScaleOptimizer
 from mpt_keras.telemetry import layout as tags
@@ -53,19 +52,16 @@ def check_port(port: int, address: str = "0.0.0.0") -> None:
             ) from None
 
 
-class PrometheusExporter(GlobalStepCallback):
+class PrometheusExporter(WorkerHookCallback):
     """A Keras callback serving the run's metrics to Prometheus (see the module).
 
     Served from `on_train_begin`, chief only, until `close()`. `port` is checked here
     (`check_port`); `update_every`: steps between reads of the per-variable counts, float8
-    statistics and throughput.
+    statistics and throughput. Its batch hook may run on Keras' worker thread, behind the
+    steps; the model is read on `fit`'s thread (`WorkerHookCallback`).
 
     Example: `model.fit(x, y, callbacks=[PrometheusExporter(9464, run_name="digits")])`.
     """
-
-    # On a worker thread under TensorFlow. Not on JAX: reading the model's state syncs it
-    # (`jax_state_sync`) while the next step may have donated those buffers.
-    async_safe = not current.is_jax()
 
     def __init__(
         self,
@@ -81,7 +77,7 @@ class PrometheusExporter(GlobalStepCallback):
         self.address = address
         self.run_name = run_name
         self.examples_per_step = examples_per_step
-        self.update_every = update_every
+        self.update_every = self.read_every = update_every
         self.registry = prometheus_client.CollectorRegistry()
         self._gauges = {
             name: prometheus_client.Gauge(name, text, ["run"], registry=self.registry).labels(
@@ -104,7 +100,6 @@ class PrometheusExporter(GlobalStepCallback):
         )
         self._float8 = False  # Read float8 statistics: the chief, of a float8 model.
         self._counted = dict.fromkeys(COUNTERS, 0.0)
-        self._lock = threading.Lock()
         self._server: Any = None
         self._interval_start: tuple[int, float] | None = None
 
@@ -119,41 +114,30 @@ class PrometheusExporter(GlobalStepCallback):
         self._count("mpt_train_steps", self.global_step)
         self._interval_start = None
 
-    def on_train_batch_end(self, batch, logs=None):
-        with self._lock:
-            if self.is_older_batch(batch):
-                return
-            super().on_train_batch_end(batch, logs)
-            logs = logs or {}
-            self._count("mpt_train_steps", self.global_step)
-            for name, tag in (
-                ("mpt_skipped_steps", tags.SKIPPED_STEPS),
-                ("mpt_bad_batches", tags.BAD_BATCHES),
-            ):
-                if tag in logs:
-                    self._count(name, float(logs[tag]))
-            if tags.LOSS_SCALE in logs:
-                self._gauges["mpt_loss_scale"].set(float(logs[tags.LOSS_SCALE]))
-            if "loss" in logs:
-                self._gauges["mpt_train_loss"].set(float(logs["loss"]))
-            now = time.perf_counter()
-            if self._interval_start is None:
-                self._interval_start = (self.global_step, now)  # The first batch compiles.
-            elif self.global_step - self._interval_start[0] >= self.update_every:
-                self._update_interval(now)
+    def after_batch(self, previous_step, logs):
+        self._count("mpt_train_steps", self.global_step)
+        for name, tag in (
+            ("mpt_skipped_steps", tags.SKIPPED_STEPS),
+            ("mpt_bad_batches", tags.BAD_BATCHES),
+        ):
+            if tag in logs:
+                self._count(name, float(logs[tag]))
+        if tags.LOSS_SCALE in logs:
+            self._gauges["mpt_loss_scale"].set(float(logs[tags.LOSS_SCALE]))
+        if "loss" in logs:
+            self._gauges["mpt_train_loss"].set(float(logs["loss"]))
+        now = time.perf_counter()
+        if self._interval_start is None:
+            self._interval_start = (self.global_step, now)  # The first batch compiles.
+        elif self.global_step - self._interval_start[0] >= self.update_every:
+            start_step, start_time = self._interval_start
+            if self.examples_per_step and now > start_time:
+                steps = self.global_step - start_step
+                rate = self.examples_per_step * steps / (now - start_time)
+                self._gauges["mpt_examples_per_second"].set(rate)
+            self._interval_start = (self.global_step, now)
 
-    def close(self) -> None:
-        """Stops serving (the endpoint outlives `fit`, for a last scrape)."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def _update_interval(self, now: float) -> None:
-        start_step, start_time = self._interval_start
-        if self.examples_per_step and now > start_time:
-            rate = self.examples_per_step * (self.global_step - start_step) / (now - start_time)
-            self._gauges["mpt_examples_per_second"].set(rate)
+    def read_model(self):
         optimizer = self.model.optimizer
         if isinstance(optimizer, LossScaleOptimizer):
             self._count("mpt_nonfinite_events", sum(optimizer.nonfinite_counts().values()))
@@ -162,7 +146,13 @@ class PrometheusExporter(GlobalStepCallback):
                 for name, value in statistics.scalars().items():
                     tensor, stat = name.split("/")
                     self._float8_gauge.labels(self.run_name, path, tensor, stat).set(value)
-        self._interval_start = (self.global_step, now)
+
+    def close(self) -> None:
+        """Stops serving (the endpoint outlives `fit`, for a last scrape)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
 
     def _count(self, name: str, total: float) -> None:
         """Advances counter `name` to `total` (counters only go up)."""
