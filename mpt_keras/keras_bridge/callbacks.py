@@ -59,12 +59,14 @@ class WorkerHookCallback(GlobalStepCallback):
     any thread, no reads of the model) and `read_model` (on `fit`'s thread once a multiple of
     `read_every` steps is done, after the worker handled that step, before the next one
     runs: the model's state and the last logs are that step's; and at training's end after
-    the steps since the last read). Keras runs hooks on a worker where its backend is thread
-    safe (JAX, not TensorFlow) and every callback with a batch hook is `async_safe`.
+    the steps since the last read, unless `read_at_end` is False). Keras runs hooks on a
+    worker where its backend is thread safe (JAX, not TensorFlow) and every callback with a
+    batch hook is `async_safe`.
     """
 
     async_safe = True
     read_every = 1
+    read_at_end = True
 
     def __init__(self):
         super().__init__()
@@ -109,7 +111,7 @@ class WorkerHookCallback(GlobalStepCallback):
         self._catch_up(self.global_step)
 
     def on_train_end(self, logs=None):
-        if self.global_step > self._read_step:  # The steps since the last read.
+        if self.read_at_end and self.global_step > self._read_step:  # Steps since the last.
             self._read_step = self.global_step
             with self._lock:
                 self.read_model()

@@ -14,38 +14,43 @@ from typing import Any
 from mpt_keras.backend import current
 from mpt_keras.checks import check_number
 from mpt_keras.files import write_text_atomic
-from mpt_keras.keras_bridge.callbacks import GlobalStepCallback, crossed
+from mpt_keras.keras_bridge.callbacks import WorkerHookCallback
 
 STEP = "step"
 
 
-class MetricsCsv(GlobalStepCallback):
+class MetricsCsv(WorkerHookCallback):
     """A Keras callback writing the run's figures to `path` (chief only), a row per `every`.
 
-    Rows up to the step training starts from are kept. `UserInputError`: `every` not an
-    integer >= 1.
+    Rows up to the step training starts from are kept. Its batch hook may run on Keras'
+    worker thread, behind the steps; a row is added on `fit`'s thread, with its step's logs
+    (`WorkerHookCallback`). `UserInputError`: `every` not an integer >= 1.
     """
+
+    read_at_end = False  # Rows at every `every` steps only.
 
     def __init__(self, path: str, every: int):
         super().__init__()
         check_number("every", every, minimum=1, integer=True)
         self.path = path
-        self.every = every
+        self.every = self.read_every = every
         self._rows: list[dict[str, Any]] = []
         self._writes = True
+        self._last_logs: dict[str, Any] = {}
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
         self._writes = current.is_chief(self.model)
         self._rows = [row for row in _read(self.path) if int(row[STEP]) <= self.global_step]
 
-    def on_train_batch_end(self, batch, logs=None):
-        previous = self.global_step
-        super().on_train_batch_end(batch, logs)
-        if crossed(previous, self.global_step, self.every):
-            self._add({STEP: self.global_step, **_numbers(logs)})
+    def after_batch(self, previous_step, logs):
+        self._last_logs = logs
+
+    def read_model(self):
+        self._add({STEP: self.global_step, **_numbers(self._last_logs)})
 
     def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
         validation = {k: v for k, v in _numbers(logs).items() if k.startswith("val_")}
         if validation:
             self._add({STEP: self.global_step, **validation})

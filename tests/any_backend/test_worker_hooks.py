@@ -10,7 +10,7 @@ import threading
 import keras
 import numpy as np
 
-from mpt_keras import LossScaleOptimizer, MixedPrecisionMonitor, PrometheusExporter
+from mpt_keras import LossScaleOptimizer, MetricsCsv, MixedPrecisionMonitor, PrometheusExporter
 from mpt_keras.backend import current
 from mpt_keras.keras_bridge.callbacks import WorkerHookCallback
 
@@ -89,9 +89,17 @@ def test_reads_follow_their_step_when_another_callback_makes_keras_run_hooks_in_
     assert [read[3] for read in reads.reads] == [reference.kernels[i - 1] for i in (2, 4, 6, 7)]
 
 
+def test_without_read_at_end_the_last_steps_are_not_read():
+    reads = _Reads(every=2)
+    reads.read_at_end = False
+    _fit([reads])
+    assert [read[1] for read in reads.reads] == [2, 4, 6]
+
+
 def test_the_telemetry_callbacks_let_keras_run_their_hooks_behind_the_steps(tmp_path):
     assert MixedPrecisionMonitor(str(tmp_path)).async_safe
     diagnosing = MixedPrecisionMonitor(str(tmp_path), diagnosis_data=(np.ones((1, 3)),) * 2)
     # A diagnosis runs the model when a step's logs say so: on JAX, in step.
     assert diagnosing.async_safe == (not current.is_jax())
     assert PrometheusExporter.async_safe
+    assert MetricsCsv(str(tmp_path / "metrics.csv"), every=2).async_safe
