@@ -51,7 +51,7 @@ class RunData:
         return self.train.element_spec[1] if _is_dataset(self.train) else self.train[1]
 
     def train_batches(
-        self, batch_size: int, seed: int, start_step: int = 0, shuffle_buffer: int = 10_000
+        self, batch_size: int, seed: int, start_step: int = 0, shuffle_buffer: int = DataConfig.shuffle_buffer
     ) -> Any:
         """The endless stream of full train batches from `start_step` on: a `tf.data.Dataset`,
         or on JAX a generator of NumPy batches."""
@@ -89,7 +89,7 @@ class RunData:
         )
 
     def batch_of_step(
-        self, batch_size: int, seed: int, step: int, shuffle_buffer: int = 10_000
+        self, batch_size: int, seed: int, step: int, shuffle_buffer: int = DataConfig.shuffle_buffer
     ) -> tuple[Any, ...]:
         """The global batch of (1-based) `step`: the data is a function of the step."""
         batches = self.train_batches(batch_size, seed, step - 1, shuffle_buffer)
