@@ -69,10 +69,11 @@ def run_training(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
     # the config's components (checking a metric's name makes one, which starts JAX; a user's
     # module may run JAX as it is imported). TensorFlow's strategy may wait for its peers:
     # after the config is checked.
-    first = placement.make_placement(config) if current.is_jax() else None
+    where = placement.make_placement(config) if current.is_jax() else None
     components = resolve_components(config)
     check_model_dir(runtime.model_dir, config)
-    where = first or placement.make_placement(config)
+    if where is None:
+        where = placement.make_placement(config)
     exporter = None
     if runtime.metrics_port is not None and where.chief:
         exporter = PrometheusExporter(
