@@ -51,7 +51,11 @@ class RunData:
         return self.train.element_spec[1] if _is_dataset(self.train) else self.train[1]
 
     def train_batches(
-        self, batch_size: int, seed: int, start_step: int = 0, shuffle_buffer: int = DataConfig.shuffle_buffer
+        self,
+        batch_size: int,
+        seed: int,
+        start_step: int = 0,
+        shuffle_buffer: int = DataConfig.shuffle_buffer,
     ) -> Any:
         """The endless stream of full train batches from `start_step` on: a `tf.data.Dataset`,
         or on JAX a generator of NumPy batches."""
