@@ -407,6 +407,18 @@ def test_the_users_own_objects_need_data_and_loss():
     )
 
 
+def test_arrays_given_as_data_rather_than_splits_are_one_line():
+    # calibrate takes data=(x, y); validate, run_canary and train_with_canary take splits.
+    x, y = np.zeros((4, 3), "float32"), np.zeros(4, "int32")
+    with pytest.raises(UserInputError) as raised:
+        resolution.resolve(lambda: None, data=(x, y), loss="mse")
+    assert str(raised.value) == (
+        "data: received (ndarray, ndarray), arrays (x, y) rather than splits. Allowed: a tuple "
+        "(train, eval) of tf.data.Datasets or of (x, y) or (x, y, sample_weight) array tuples: "
+        "data=((x, y), (x_eval, y_eval))"
+    )
+
+
 def test_a_functional_model_of_ones_own_is_cloned_with_its_weights():
     inputs = keras.Input((3,))
     model = keras.Model(inputs, keras.layers.Dense(2)(inputs))

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
+import numpy as np
 
 from mpt_keras import data as data_lib
 from mpt_keras import models
@@ -108,10 +109,16 @@ def components_from_objects(
             f"model: received {type(model).__name__}. Allowed: a keras.Model or a function "
             "returning one"
         )
+    allowed = (
+        "Allowed: a tuple (train, eval) of tf.data.Datasets or of (x, y) or (x, y, "
+        "sample_weight) array tuples"
+    )
     if not (isinstance(data, tuple) and len(data) == 2):
+        raise UserInputError(f"data: received {type(data).__name__}. {allowed}")
+    if isinstance(data[0], (np.ndarray, dict, list)):  # Arrays, not a split: (x, y).
         raise UserInputError(
-            f"data: received {type(data).__name__}. Allowed: a tuple (train, eval) of "
-            "tf.data.Datasets or of (x, y) or (x, y, sample_weight) array tuples"
+            f"data: received ({type(data[0]).__name__}, {type(data[1]).__name__}), arrays "
+            f"(x, y) rather than splits. {allowed}: data=((x, y), (x_eval, y_eval))"
         )
     run_data = RunData(
         data_lib.checked_split(data[0], "data[0]", batching),
