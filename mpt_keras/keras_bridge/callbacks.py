@@ -80,8 +80,9 @@ class WorkerHookCallback(GlobalStepCallback):
         """A batch's work on its logs, maybe on a worker: `self.global_step` is the batch's
         last step, `previous_step` the one before its first."""
 
-    def read_model(self) -> None:
-        """Reads of the model, on `fit`'s thread: see the class."""
+    def read_model(self, previous_read_step: int) -> None:
+        """Reads of the model, on `fit`'s thread (see the class): `self.global_step` is the
+        step read at, `previous_read_step` the last read's (or training's start)."""
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
@@ -112,9 +113,7 @@ class WorkerHookCallback(GlobalStepCallback):
 
     def on_train_end(self, logs=None):
         if self.read_at_end and self.global_step > self._read_step:  # Steps since the last.
-            self._read_step = self.global_step
-            with self._lock:
-                self.read_model()
+            self._read(self.global_step)
 
     def _catch_up(self, step: int) -> None:
         """`read_model` if a multiple of `read_every` lies in the steps since the last read;
@@ -123,9 +122,12 @@ class WorkerHookCallback(GlobalStepCallback):
             return
         with self._handled:
             self._handled.wait_for(lambda: self._handled_step >= step)
-        self._read_step = step
+        self._read(step)
+
+    def _read(self, step: int) -> None:
+        previous, self._read_step = self._read_step, step
         with self._lock:
-            self.read_model()
+            self.read_model(previous)
 
 
 class StopAtStep(GlobalStepCallback):

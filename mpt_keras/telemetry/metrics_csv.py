@@ -46,7 +46,8 @@ class MetricsCsv(WorkerHookCallback):
     def after_batch(self, previous_step, logs):
         self._last_logs = logs
 
-    def read_model(self):
+    def read_model(self, previous_read_step):
+        del previous_read_step  # A row is the step's.
         self._add({STEP: self.global_step, **_numbers(self._last_logs)})
 
     def on_epoch_end(self, epoch, logs=None):

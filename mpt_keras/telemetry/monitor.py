@@ -102,7 +102,6 @@ class MixedPrecisionMonitor(WorkerHookCallback):
         self._last_logs: dict[str, Any] = {}
         self._last_batch_end: float | None = None
         # What the current interval started from.
-        self._interval_start_step = 0
         self._skipped_steps = 0
         self._bad_batches = 0
         self._nonfinite_counts: dict[str, int] = {}
@@ -151,9 +150,9 @@ class MixedPrecisionMonitor(WorkerHookCallback):
             activations, gradients = self._sample_pass(*self.histogram_data)
             write_sample_statistics(self._summaries, self.global_step, activations, gradients)
 
-    def read_model(self):
+    def read_model(self, previous_read_step):
         if self._is_writer:
-            self._write_interval()
+            self._write_interval(previous_read_step)
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, logs)
@@ -196,7 +195,6 @@ class MixedPrecisionMonitor(WorkerHookCallback):
         self._summaries.text("train", step, tags.NONFINITE_DIAGNOSIS, line)
 
     def _start_interval(self) -> None:
-        self._interval_start_step = self.global_step
         self._timed_seconds = 0.0
         self._timed_steps = 0
         if self._memory_devices:
@@ -204,7 +202,8 @@ class MixedPrecisionMonitor(WorkerHookCallback):
 
             memory.reset_peaks(self._memory_devices)
 
-    def _write_interval(self) -> None:
+    def _write_interval(self, start_step: int) -> None:
+        """Writes the steps after `start_step` up to this one."""
         scalars = dict(self._last_logs)
         if self._timed_steps:
             step_time = self._timed_seconds / self._timed_steps
@@ -221,7 +220,7 @@ class MixedPrecisionMonitor(WorkerHookCallback):
                 for name, value in statistics.scalars().items():
                     scalars[tags.float8_tag(path, name)] = value
         optimizer = self.model.optimizer
-        interval = (self._skipped_steps, self.global_step - self._interval_start_step)
+        interval = (self._skipped_steps, self.global_step - start_step)
         skipped = self._summaries.write_scalars(
             "train", self.global_step, scalars, self._optimizer_scalars(optimizer), interval
         )
@@ -231,7 +230,7 @@ class MixedPrecisionMonitor(WorkerHookCallback):
             bad = int(float(self._last_logs.get(tags.BAD_BATCHES, self._bad_batches)))
             overflows = skipped - self._skipped_steps - (bad - self._bad_batches)
             if overflows > 0:
-                self._report_overflow(optimizer, overflows)
+                self._report_overflow(optimizer, overflows, start_step)
             self._skipped_steps, self._bad_batches = skipped, bad
         self._start_interval()
 
@@ -244,13 +243,13 @@ class MixedPrecisionMonitor(WorkerHookCallback):
             self._add_optimizer_scalars = made
         return made
 
-    def _report_overflow(self, optimizer: LossScaleOptimizer, skipped: int) -> None:
+    def _report_overflow(
+        self, optimizer: LossScaleOptimizer, skipped: int, start_step: int
+    ) -> None:
         counts = optimizer.nonfinite_counts()
         new = new_nonfinite(self._nonfinite_counts, counts)
         self._nonfinite_counts = counts
-        line, report = describe_overflow(
-            new, counts, skipped, self._interval_start_step + 1, self.global_step
-        )
+        line, report = describe_overflow(new, counts, skipped, start_step + 1, self.global_step)
         _LOGGER.warning("%s", line)
         # Eagerly: the set of tags changes from one event to the next.
         self._summaries.text("train", self.global_step, tags.NONFINITE_TEXT, report)

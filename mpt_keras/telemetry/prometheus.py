@@ -137,7 +137,8 @@ class PrometheusExporter(WorkerHookCallback):
                 self._gauges["mpt_examples_per_second"].set(rate)
             self._interval_start = (self.global_step, now)
 
-    def read_model(self):
+    def read_model(self, previous_read_step):
+        del previous_read_step  # Counters and gauges: the totals now.
         optimizer = self.model.optimizer
         if isinstance(optimizer, LossScaleOptimizer):
             self._count("mpt_nonfinite_events", sum(optimizer.nonfinite_counts().values()))

@@ -24,12 +24,14 @@ class _Reads(WorkerHookCallback):
         self.hook_threads: set[int] = set()
         self.steps: list[int] = []
         self.reads: list[tuple[int, int, int, float]] = []
+        self.previous_reads: list[int] = []
 
     def after_batch(self, previous_step, logs):
         self.hook_threads.add(threading.get_ident())
         self.steps.append(self.global_step)
 
-    def read_model(self):
+    def read_model(self, previous_read_step):
+        self.previous_reads.append(previous_read_step)
         iterations = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
         kernel = float(self.model.layers[0].kernel.numpy()[0, 0])
         self.reads.append((threading.get_ident(), self.global_step, iterations, kernel))
@@ -75,6 +77,7 @@ def test_hooks_run_behind_the_steps_and_reads_see_their_steps_state_on_fits_thre
         (14, 14),
     ]
     assert {read[0] for read in reads.reads} == {threading.get_ident()}
+    assert reads.previous_reads == [0, 3, 6, 9, 12]
     assert [read[3] for read in reads.reads] == [
         reference.kernels[step - 1] for step in (3, 6, 9, 12, 14)
     ]
