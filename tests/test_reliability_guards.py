@@ -26,13 +26,14 @@ class _Optimizer:
 
 def _guard(patience, max_loss=None):
     guard = DivergenceGuard(patience, max_loss)
-    guard.set_model(types.SimpleNamespace(optimizer=_Optimizer()))
+    guard.set_model(types.SimpleNamespace(optimizer=_Optimizer(), steps_per_execution=1))
     guard.on_train_begin()
-    guard.on_epoch_begin(0)
     return guard
 
 
 def _steps(guard, losses, bad_at=()):
+    """Runs `losses` as an epoch's steps, after those already run."""
+    guard.on_epoch_begin(0)
     for batch, loss in enumerate(losses):
         optimizer = guard.model.optimizer
         optimizer.last_loss = loss
@@ -47,7 +48,7 @@ def test_divergence_needs_patience_bad_steps_in_a_row():
     assert guard.healthy() is False
     with pytest.raises(Diverged) as diverged:
         _steps(guard, [float("nan")])
-    assert diverged.value.step == 1
+    assert diverged.value.step == 6
     assert diverged.value.reason == (
         "the loss was non-finite or above 10 for 3 steps in a row (last: nan)"
     )

@@ -33,10 +33,15 @@ class AutoPromote(GlobalStepCallback):
     `manifest`: the model's (promotions go before its rules). `k`: see the module. `inputs`:
     example inputs, for a subclassed model of several heads (`PrecisionManifest.apply`).
 
+    Its batch hook runs in step (it reads the optimizer and may retrace the step), so Keras
+    runs every batch hook in step.
+
     Raises:
         UserInputError: `k` or `check_every` not an integer >= 1; at `fit`, an optimizer
             not a `mpt_keras.LossScaleOptimizer`.
     """
+
+    async_safe = False
 
     def __init__(
         self,

@@ -20,7 +20,7 @@ import keras
 
 from mpt_keras.checks import refusal
 from mpt_keras.errors import RunStoppedError
-from mpt_keras.keras_bridge.callbacks import GlobalStepCallback
+from mpt_keras.keras_bridge.callbacks import GlobalStepCallback, WorkerHookCallback
 from mpt_keras.scaling.optimizer import LossScaleOptimizer
 
 _LOGGER = logging.getLogger(__name__)
@@ -45,38 +45,33 @@ class Diverged(Exception):
         self.reason = reason
 
 
-class BadBatchLimit(GlobalStepCallback):
+class BadBatchLimit(WorkerHookCallback):
     """Reports skipped bad batches by step; stops the run past `max_bad_batches`.
 
     `max_bad_batches`: batches with NaN or Inf in inputs, labels or weights a run may skip;
-    one more raises `RunStoppedError`. Checks every `check_every` steps and each epoch's end.
+    one more raises `RunStoppedError`. Checks at multiples of `check_every` steps and at each
+    epoch's end, on `fit`'s thread (its batch hook may run behind the steps).
     """
+
+    read_at_epoch_end = True
 
     def __init__(self, max_bad_batches: int, check_every: int = 10):
         super().__init__()
         self.max_bad_batches = max_bad_batches
-        self.check_every = check_every
+        self.check_every = self.read_every = check_every
         self.reported: list[int] = []
         self._known = 0
-        self._last_check = 0
 
     def on_train_begin(self, logs=None):
-        super().on_train_begin(logs)
         optimizer = loss_scale_optimizer(self.model, "BadBatchLimit")
+        super().on_train_begin(logs)
         # Bad batches before a restart were reported by the run that met them.
         self._known = optimizer.bad_batches
-        self._last_check = self.global_step
 
-    def on_train_batch_end(self, batch, logs=None):
-        super().on_train_batch_end(batch, logs)
-        if self.global_step >= self._last_check + self.check_every:
-            self._check()
-
-    def on_epoch_end(self, epoch, logs=None):
+    def read_model(self, previous_read_step):
         self._check()
 
     def _check(self) -> None:
-        self._last_check = self.global_step
         health = self.model.optimizer.health()
         count = health.bad_batches
         if count == self._known:
@@ -104,8 +99,11 @@ class DivergenceGuard(GlobalStepCallback):
     """Raises `Diverged` after `patience` steps in a row with a bad loss.
 
     A loss (`LossScaleOptimizer.last_loss`) is bad if non-finite or above `max_loss` (None: no
-    limit); bad-data skips count neither way.
+    limit); bad-data skips count neither way. It reads the loss each step, in step (so Keras
+    runs every batch hook in step).
     """
+
+    async_safe = False
 
     def __init__(self, patience: int, max_loss: float | None = None):
         super().__init__()

@@ -33,9 +33,10 @@ class MixedPrecisionMonitor(WorkerHookCallback):
 
     No wait for the device per step: Keras may run its batch hook on a worker thread, behind
     the steps (`WorkerHookCallback`); the model is read at a write, on `fit`'s thread, and a
-    step's values are what it logged. Not so with `diagnosis_data` on JAX: the diagnosis
-    runs the model when a step's logs say so. Step time leaves out each epoch's first batch
-    (tracing) and between-epoch time. Only the chief writes.
+    step's values are what it logged. A diagnosis runs on `fit`'s thread too, before the
+    next step when the hook ran behind (the weights then those of the steps since, the same
+    unless they applied an update). Step time leaves out each epoch's first batch (tracing)
+    and between-epoch time. Only the chief writes.
 
     Args:
         histogram_freq: Steps between histograms; 0: none.
@@ -84,8 +85,6 @@ class MixedPrecisionMonitor(WorkerHookCallback):
             )
         self.log_dir = log_dir
         self.update_freq = self.read_every = update_freq
-        # On JAX a worker may not read the model (`WorkerHookCallback`); a diagnosis does.
-        self.async_safe = diagnosis_data is None or not current.is_jax()
         self.histogram_freq = histogram_freq
         self.histogram_data = histogram_data
         self.examples_per_step = examples_per_step
@@ -100,6 +99,7 @@ class MixedPrecisionMonitor(WorkerHookCallback):
         self._add_optimizer_scalars: Any = None  # For the model's optimizer, made on first use.
         self._memory_devices: list[str] = []
         self._last_logs: dict[str, Any] = {}
+        self._min_scale: float | None = None  # The loss scale's floor, if ours scales.
         self._last_batch_end: float | None = None
         # What the current interval started from.
         self._skipped_steps = 0
@@ -124,6 +124,7 @@ class MixedPrecisionMonitor(WorkerHookCallback):
         self._memory_devices = _memory_tracking_devices()
         optimizer = self.model.optimizer
         if isinstance(optimizer, LossScaleOptimizer):
+            self._min_scale = optimizer.min_scale
             self._skipped_steps = optimizer.skipped_steps
             self._bad_batches = optimizer.bad_batches
             self._nonfinite_counts = optimizer.nonfinite_counts()
@@ -143,12 +144,9 @@ class MixedPrecisionMonitor(WorkerHookCallback):
         self._last_batch_end = now
         previous_logs, self._last_logs = self._last_logs, logs
         if self.diagnosis_data is not None and self._went_wrong(previous_logs):
-            self._diagnose()
+            self._diagnosis_due()
         if self.histogram_freq and crossed(previous_step, self.global_step, self.histogram_freq):
-            from mpt_keras.telemetry.sample_statistics import write_sample_statistics
-
-            activations, gradients = self._sample_pass(*self.histogram_data)
-            write_sample_statistics(self._summaries, self.global_step, activations, gradients)
+            self.on_fit_thread(functools.partial(self._write_histograms, self.global_step))
 
     def read_model(self, previous_read_step):
         if self._is_writer:
@@ -171,21 +169,31 @@ class MixedPrecisionMonitor(WorkerHookCallback):
 
     def _went_wrong(self, previous_logs: dict[str, Any]) -> bool:
         """Whether the step skipped (bad batch, scale's floor) or its loss went non-finite."""
-        logs, optimizer = self._last_logs, self.model.optimizer
+        logs = self._last_logs  # Not the model: this may run on a worker.
         if "loss" in logs and not math.isfinite(float(logs["loss"])):
             if math.isfinite(float(previous_logs.get("loss", 0.0))):
                 return True
         skipped = logs.get(tags.SKIPPED_STEPS, 0.0) > previous_logs.get(tags.SKIPPED_STEPS, 0.0)
-        if not skipped or not isinstance(optimizer, LossScaleOptimizer):
+        if not skipped or self._min_scale is None:
             return False
         bad_batch = logs.get(tags.BAD_BATCHES, 0.0) > previous_logs.get(tags.BAD_BATCHES, 0.0)
-        return bad_batch or logs.get(tags.LOSS_SCALE, math.inf) <= optimizer.min_scale
+        return bad_batch or logs.get(tags.LOSS_SCALE, math.inf) <= self._min_scale
 
-    def _diagnose(self) -> None:
+    def _write_histograms(self, step: int) -> None:
+        from mpt_keras.telemetry.sample_statistics import write_sample_statistics
+
+        activations, gradients = self._sample_pass(*self.histogram_data)
+        write_sample_statistics(self._summaries, step, activations, gradients)
+
+    def _diagnosis_due(self) -> None:
+        """Diagnoses this step's batch on `fit`'s thread, at most once per `diagnosis_every`."""
         step = self.global_step
         if self._last_diagnosis is not None and step - self._last_diagnosis < self.diagnosis_every:
             return
         self._last_diagnosis = step
+        self.on_fit_thread(functools.partial(self._diagnose, step))
+
+    def _diagnose(self, step: int) -> None:
         data = self.diagnosis_data
         batch = tuple(data(step) if callable(data) else data)
         from mpt_keras.telemetry.diagnosis import describe_for_log, diagnose_nonfinite

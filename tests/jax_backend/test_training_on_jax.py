@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 
 import jax
 import keras
@@ -31,9 +32,25 @@ def _run(config, model_dir, **runtime):
     return mpt_keras.run_training(config, mpt_keras.Runtime(str(model_dir), verbose=0, **runtime))
 
 
+class _HookThreads(keras.callbacks.Callback):
+    """The threads `fit` ran batch hooks on (`async_safe`: Keras' choice is the others')."""
+
+    async_safe = True
+
+    def __init__(self):
+        super().__init__()
+        self.threads: set[int] = set()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.threads.add(threading.get_ident())
+
+
 def test_a_run_writes_its_files_checkpoints_as_numpy_and_no_saved_model(tmp_path):
-    metrics = _run(tiny_config(None), tmp_path)
+    hooks = _HookThreads()
+    metrics = _run(tiny_config(None), tmp_path, callbacks=(hooks,))
     assert (metrics["step"], metrics["precision"], metrics["skipped_steps"]) == (6, "float32", 0)
+    # The run's own callbacks let Keras run batch hooks behind the steps, no wait per step.
+    assert threading.get_ident() not in hooks.threads
     assert sorted(os.listdir(tmp_path)) == [
         "checkpoints",
         "config.json",
@@ -271,8 +288,11 @@ def test_a_diverging_run_rolls_back_promotes_and_stops_on_jax(tmp_path):
         optimizer={"name": "sgd", "learning_rate": 30.0},
         divergence={"patience": 2, "max_loss": 5.0, "action": "promote", "max_rollbacks": 1},
     )
+    hooks = _HookThreads()
     with pytest.raises(mpt_keras.RunStoppedError, match="after 1 rollbacks"):
-        _run(config, tmp_path)
+        _run(config, tmp_path, callbacks=(hooks,))
+    # The divergence guard reads each step's loss: batch hooks run in step (docs/training.md).
+    assert hooks.threads == {threading.get_ident()}
     promoted = json.loads((tmp_path / "promoted_manifest.json").read_text())
     assert {rule["policy"] for rule in promoted["rules"]} == {"float32"}
 
