@@ -6,7 +6,9 @@ has two replicas. Each run is the digits MLP of `tiny_runs.tiny_config` for 6 st
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import sys
 import threading
@@ -68,6 +70,48 @@ def test_a_run_writes_its_files_checkpoints_as_numpy_and_no_saved_model(tmp_path
         "jit_compile=auto: on Keras' jax backend XLA compiles every step",
     )
     assert "tensorflow" not in sys.modules
+
+
+def test_nan_batches_are_reported_diagnosed_and_stop_the_run_past_the_limit(
+    tmp_path, monkeypatch, caplog
+):
+    # As tests/test_reliability.py on TensorFlow, with the hooks behind the steps: the
+    # bad-batch count is read on `fit`'s thread every `log_every` (2) steps, the diagnosis
+    # runs there on its step's batch.
+    from mpt_keras import data
+
+    original = data.load_run_data
+
+    def poisoned(source, seed, *args):
+        loaded = original(source, seed, *args)
+        x, y = loaded.train
+        order = dataclasses.replace(loaded, train=(np.arange(len(y), dtype="float32")[:, None], y))
+        x = x.copy()
+        for step in (2, 4):  # A NaN in one example of each.
+            x[int(order.batch_of_step(16, seed, step)[0][0, 0])].flat[0] = np.nan
+        return dataclasses.replace(loaded, train=(x, y))
+
+    monkeypatch.setattr(data, "load_run_data", poisoned)
+    hooks = _HookThreads()
+    config = tiny_config(None, precision="mixed_float16", data={"max_bad_batches": 1})
+    with caplog.at_level(logging.WARNING), pytest.raises(mpt_keras.RunStoppedError) as stopped:
+        _run(config, tmp_path, callbacks=(hooks,))
+    assert str(stopped.value).startswith(
+        "2 train batches held NaN or Inf values (the latest at step 4), more than "
+        "data.max_bad_batches=1"
+    )
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert [w for w in warnings if "Skipped" in w] == [
+        "Skipped 1 batch(es) with NaN or Inf inputs, labels or weights at step(s) 2 (1 in the "
+        "run).",
+        "Skipped 1 batch(es) with NaN or Inf inputs, labels or weights at step(s) 4 (2 in the "
+        "run).",
+    ]
+    [diagnosis] = [w for w in warnings if "first non-finite" in w]
+    assert diagnosis.startswith("step 2: first non-finite output: ")
+    assert diagnosis.endswith(", its inputs already non-finite")
+    assert threading.get_ident() not in hooks.threads
+    assert not os.path.exists(tmp_path / "model.keras")
 
 
 def test_a_crashed_data_parallel_float16_run_resumes_to_the_uninterrupted_weights(tmp_path):
