@@ -21,6 +21,13 @@ def test_defaults_round_trip_through_json():
     assert TrainConfig.from_dict(json.loads(config.to_json())) == config
 
 
+def test_to_json_writes_the_file_from_json_reads(tmp_path):
+    config = TrainConfig().merged({"steps": 7})
+    text = config.to_json(tmp_path / "run.json")
+    assert (tmp_path / "run.json").read_text() == text == config.to_json()
+    assert TrainConfig.from_json(tmp_path / "run.json") == config
+
+
 def test_file_values_override_defaults(tmp_path):
     path = _write(tmp_path, {"steps": 7, "data": {"batch_size": 16}})
     config = TrainConfig.from_json(path)

@@ -791,7 +791,7 @@ def test_bundled_manifests_apply_cleanly(name, model_name, options, dimensions, 
 # Parsing -------------------------------------------------------------------------
 
 
-def test_round_trip():
+def test_round_trip(tmp_path):
     values = {
         "version": 1,
         "default": "mixed_bfloat16",
@@ -804,6 +804,9 @@ def test_round_trip():
     manifest = PrecisionManifest.from_dict(values)
     assert manifest.to_dict() == values
     assert PrecisionManifest.from_dict(json.loads(manifest.to_json())) == manifest
+    text = manifest.to_json(tmp_path / "manifest.json")  # Written too: from_json reads it.
+    assert (tmp_path / "manifest.json").read_text() == text == manifest.to_json()
+    assert PrecisionManifest.from_json(tmp_path / "manifest.json") == manifest
     assert manifest.rules[0] == Rule(
         policy="float32", path="a/.*", layer_class="Dense", reason="why"
     )

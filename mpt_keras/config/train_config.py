@@ -19,7 +19,7 @@ from mpt_keras.config.component_sections import ComponentConfig, DataConfig, Mod
 from mpt_keras.config.names import JIT_COMPILE, MAX_SEED, MODULE_NAME
 from mpt_keras.config.optimizer_sections import DivergenceConfig, OptimizerConfig
 from mpt_keras.errors import UserInputError
-from mpt_keras.files import read_json_object
+from mpt_keras.files import read_json_object, write_text_atomic
 from mpt_keras.precision.names import PRECISIONS
 from mpt_keras.scaling.settings import LossScaleSettings
 
@@ -115,8 +115,13 @@ class TrainConfig:
         """Plain JSON values (`from_dict` inverts it)."""
         return schema.to_plain(self)
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+    def to_json(self, path: str | os.PathLike | None = None) -> str:
+        """The config as indented JSON text, also written to `path` (through a rename) when
+        given: the file `from_json(path)` reads."""
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+        if path is not None:
+            write_text_atomic(path, text)
+        return text
 
     def merged(self, overrides: Mapping[str, Any], source: str = "override") -> TrainConfig:
         """This config with `overrides` (shaped like the file) merged in (`schema.deep_merge`);

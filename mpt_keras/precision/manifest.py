@@ -40,7 +40,7 @@ import keras
 
 from mpt_keras.checks import as_json, refusal
 from mpt_keras.errors import UserInputError
-from mpt_keras.files import read_json_object
+from mpt_keras.files import read_json_object, write_text_atomic
 from mpt_keras.keras_bridge.layer_paths import LayerPath, iter_layer_paths
 from mpt_keras.keras_bridge.traced_functions import forget_traced_functions
 from mpt_keras.precision.application import Application, units
@@ -106,9 +106,13 @@ class PrecisionManifest:
             "rules": [rule.to_dict() for rule in self.rules],
         }
 
-    def to_json(self) -> str:
-        """The manifest as indented JSON text."""
-        return json.dumps(self.to_dict(), indent=2) + "\n"
+    def to_json(self, path: str | os.PathLike | None = None) -> str:
+        """The manifest as indented JSON text, also written to `path` (through a rename) when
+        given: the file `from_json(path)` reads."""
+        text = json.dumps(self.to_dict(), indent=2) + "\n"
+        if path is not None:
+            write_text_atomic(path, text)
+        return text
 
     def decide(self, model: keras.Model, inputs: Any = None) -> dict[str, str]:
         """`{layer path: policy name}` as `apply` would decide each (`float8` for a float8
