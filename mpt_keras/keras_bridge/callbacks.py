@@ -102,7 +102,8 @@ class WorkerHookCallback(GlobalStepCallback):
 
     def on_fit_thread(self, work: Callable[[], None]) -> None:
         """Runs `work` (which may read the model) on `fit`'s thread: now when the batch hook
-        runs there, else before the next step (or at the epoch's or training's end)."""
+        runs there, else at the next batch start after this (or the epoch's or training's
+        end)."""
         if threading.get_ident() == self._fit_thread:
             work()
         else:

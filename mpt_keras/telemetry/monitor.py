@@ -33,10 +33,10 @@ class MixedPrecisionMonitor(WorkerHookCallback):
 
     No wait for the device per step: Keras may run its batch hook on a worker thread, behind
     the steps (`WorkerHookCallback`); the model is read at a write, on `fit`'s thread, and a
-    step's values are what it logged. A diagnosis runs on `fit`'s thread too, before the
-    next step when the hook ran behind (the weights then those of the steps since, the same
-    unless they applied an update). Step time leaves out each epoch's first batch (tracing)
-    and between-epoch time. Only the chief writes.
+    step's values are what it logged. A diagnosis runs on `fit`'s thread too, at the first
+    batch start after the hook flagged its step (the weights then may include the steps
+    since; a skipped step changes none). Step time leaves out each epoch's first batch
+    (tracing) and between-epoch time. Only the chief writes.
 
     Args:
         histogram_freq: Steps between histograms; 0: none.
