@@ -167,7 +167,7 @@ def test_a_read_waits_for_a_missing_hook_then_goes_on_with_a_warning(caplog):
 
 def test_the_telemetry_callbacks_let_keras_run_their_hooks_behind_the_steps(tmp_path):
     assert MixedPrecisionMonitor(str(tmp_path)).async_safe
-    # A diagnosis runs the model on `fit`'s thread, before the next step.
+    # A diagnosis runs the model on `fit`'s thread, at the first batch start after its step.
     assert MixedPrecisionMonitor(str(tmp_path), diagnosis_data=(np.ones((1, 3)),) * 2).async_safe
     assert PrometheusExporter.async_safe
     assert MetricsCsv(str(tmp_path / "metrics.csv"), every=2).async_safe
