@@ -85,8 +85,7 @@ class WorkerHookCallback(GlobalStepCallback):
     def __init__(self):
         super().__init__()
         self._lock = threading.Lock()  # Keras' workers may run two batch hooks at once.
-        self._handled = threading.Condition()
-        self._handled_step = 0  # The last step whose batch hook is done.
+        self._handled = threading.Condition()  # Notified as batches are handled.
         self._read_step = 0  # The step the model was last read at (or training began).
         self._arrived: dict[int, tuple[int, dict[str, Any]]] = {}  # By last step: not handled.
         self._fit_thread: int | None = None
@@ -114,7 +113,7 @@ class WorkerHookCallback(GlobalStepCallback):
         self._fit_thread = threading.get_ident()
         self._fit_thread_work.clear()
         self._arrived.clear()
-        self._handled_step = self._read_step = self.global_step
+        self._read_step = self.global_step
 
     def on_train_batch_begin(self, batch, logs=None):
         self._catch_up(self._epoch_start_step + batch)
@@ -153,7 +152,6 @@ class WorkerHookCallback(GlobalStepCallback):
                 self.after_batch(previous_step, logs)
         finally:
             with self._handled:
-                self._handled_step = self.global_step
                 self._handled.notify_all()
 
     def _catch_up(self, step: int) -> None:
@@ -162,9 +160,11 @@ class WorkerHookCallback(GlobalStepCallback):
         (after waiting for the worker to have handled `step`)."""
         read = crossed(self._read_step, step, self.read_every)
         if read:
+            # Counted as its handling starts; the work and the read below take `_lock`, so
+            # they follow the end of its `after_batch`.
             with self._handled:
                 came = self._handled.wait_for(
-                    lambda: self._handled_step >= step, timeout=self.hook_wait_seconds
+                    lambda: self.global_step >= step, timeout=self.hook_wait_seconds
                 )
             if not came:
                 _LOGGER.warning(

@@ -310,8 +310,11 @@ def test_a_data_factorys_arrays_train_on_jax(tmp_path):
 def test_auto_promote_moves_layers_that_keep_overflowing_out_of_float16_on_jax(tmp_path):
     # As tests/test_runs_training.py on TensorFlow. The step JAX jitted before the promotion
     # kept float16 (a new jit of the same step object ran its old trace).
-    metrics = _run(overflowing_config(None, tmp_path), tmp_path / "run")
+    hooks = _HookThreads()
+    metrics = _run(overflowing_config(None, tmp_path), tmp_path / "run", callbacks=(hooks,))
     assert (metrics["step"], metrics["skipped_steps"]) == (12, 4)
+    # AutoPromote reads the model every `check_every` steps in its batch hook: in step.
+    assert hooks.threads == {threading.get_ident()}
     promoted = mpt_keras.PrecisionManifest.from_json(tmp_path / "run" / "promoted_manifest.json")
     assert [(rule.path, rule.policy) for rule in promoted.rules] == [
         ("dense_0", "mixed_bfloat16"),
